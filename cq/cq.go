@@ -1,0 +1,155 @@
+// Package cq holds completion queues.
+//
+// Create a CQ on an open device, give it to one or more queue pairs, and
+// Poll it into a slice you own: Poll makes no system call and allocates
+// nothing. A CQ is polled by one goroutine at a time.
+package cq
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/uverbs/provider"
+)
+
+// WC is a work completion.
+type WC = uverbs.WC
+
+// CQ is a completion queue.
+type CQ struct {
+	ctx    *uverbs.Context
+	drv    provider.CQ
+	handle uint32
+	cqe    int
+	mu     sync.Mutex
+	closed atomic.Bool
+}
+
+// Create makes a CQ of at least cqe entries on ctx.
+func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
+	if ctx == nil {
+		return nil, errors.New("cq: create: nil context")
+	}
+	if ctx.Closed() {
+		return nil, ErrClosed
+	}
+	max := int(ctx.Attr().MaxCQE)
+	if cqe < 1 || cqe > max {
+		return nil, fmt.Errorf("cq: create: %d entries: want 1..%d (device limit)", cqe, max)
+	}
+	drv, err := ctx.Driver().NewCQ(cqe)
+	if err != nil {
+		return nil, fmt.Errorf("cq: create: %w", err)
+	}
+	in, out := drv.Udata()
+	var handle, granted uint32
+	f := ctx.File()
+	err = ioctl.ErrNotSupported
+	if !f.UsesWrite() {
+		var c ioctl.Call
+		c.Reset(ioctl.UVERBS_OBJECT_CQ, ioctl.UVERBS_METHOD_CQ_CREATE, f.DriverID())
+		h := c.NewIDR(ioctl.UVERBS_ATTR_CREATE_CQ_HANDLE)
+		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_CQE, uint32(cqe))
+		c.InU64(ioctl.UVERBS_ATTR_CREATE_CQ_USER_HANDLE, 0)
+		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, 0)
+		c.Out(ioctl.UVERBS_ATTR_CREATE_CQ_RESP_CQE, unsafe.Pointer(&granted), 4, ioctl.AttrMandatory)
+		if len(in) > 0 {
+			c.InBytes(ioctl.AttrUHWIn, in, 0)
+		}
+		if len(out) > 0 {
+			c.OutBytes(ioctl.AttrUHWOut, out, 0)
+		}
+		if err = f.Do(&c, "CQ_CREATE"); err == nil {
+			handle = uint32(c.Data(h))
+		}
+	}
+	if errors.Is(err, ioctl.ErrNotSupported) {
+		req := ioctl.CreateCQ{Cqe: uint32(cqe), Comp_channel: -1}
+		var resp ioctl.CreateCQResp
+		err = f.Write(&ioctl.Cmd{
+			Command: ioctl.IB_USER_VERBS_CMD_CREATE_CQ,
+			In:      unsafe.Pointer(&req), InLen: ioctl.SizeofCreateCQ,
+			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateCQResp,
+			DriverIn: in, DriverOut: out,
+		}, "CREATE_CQ")
+		handle, granted = resp.Handle, resp.Cqe
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
+	}
+	q := &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted)}
+	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
+		q.destroy()
+		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
+	}
+	if err := ctx.Track(q); err != nil {
+		q.destroy()
+		drv.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// ErrClosed is returned for a use after Close.
+var ErrClosed = uverbs.ErrClosed
+
+// Len is the number of entries the kernel granted (at least the number asked).
+func (q *CQ) Len() int { return q.cqe }
+
+// Handle is the kernel handle, for packages that create queue pairs.
+func (q *CQ) Handle() (uint32, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return 0, ErrClosed
+	}
+	return q.handle, nil
+}
+
+// Context returns the device context.
+func (q *CQ) Context() *uverbs.Context { return q.ctx }
+
+// Poll moves up to len(wc) completions into wc and returns how many. It
+// makes no system call and allocates nothing. It returns ErrClosed after
+// Close. Check each WC's Status (or wc[i].Err()).
+func (q *CQ) Poll(wc []WC) (int, error) {
+	if q.closed.Load() {
+		return 0, ErrClosed
+	}
+	return q.drv.Poll(wc), nil
+}
+
+func (q *CQ) destroy() error {
+	req := ioctl.DestroyCQ{Handle: q.handle}
+	var resp ioctl.DestroyCQResp
+	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
+	return q.ctx.Destroy(&uverbs.Destroy{
+		Op: "CQ_DESTROY", Object: ioctl.UVERBS_OBJECT_CQ, Method: ioctl.UVERBS_METHOD_CQ_DESTROY,
+		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_HANDLE, Handle: q.handle,
+		RespAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyCQResp,
+		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_CQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyCQ,
+			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyCQResp},
+	})
+}
+
+// Close destroys the CQ. It fails, and the CQ stays usable, while a queue
+// pair still uses it. Idempotent. Do not Close while another goroutine
+// polls: the ring is unmapped.
+func (q *CQ) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return nil
+	}
+	if err := q.destroy(); err != nil {
+		return fmt.Errorf("cq: destroy: %w", err)
+	}
+	q.closed.Store(true)
+	q.ctx.Untrack(q)
+	return q.drv.Close()
+}

@@ -1,0 +1,83 @@
+// Package rxetest finds real RDMA devices for tests and skips, or fails,
+// when there are none.
+//
+// With GOVERBS_RXE=required (scripts/test sets it inside the guest) a test
+// that would skip for want of a device fails instead, so a broken harness
+// cannot pass silently.
+package rxetest
+
+import (
+	"os"
+	"testing"
+
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// Required reports whether device tests must not skip.
+func Required() bool { return os.Getenv("GOVERBS_RXE") == "required" }
+
+func skip(t testing.TB, why string) {
+	t.Helper()
+	if Required() {
+		t.Fatalf("GOVERBS_RXE=required but %s", why)
+	}
+	t.Skipf("no RDMA device: %s (run through scripts/vm, or set GOVERBS_RXE=required to make this a failure)", why)
+}
+
+// Active returns the names of the devices with an ACTIVE port 1.
+func Active(t testing.TB) []string {
+	t.Helper()
+	devs, err := uverbs.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range devs {
+		if p := d.Port(1); p != nil && p.State == "ACTIVE" {
+			names = append(names, d.Name)
+		}
+	}
+	return names
+}
+
+// Pair returns two ACTIVE devices (rxe0 and rxe1 in the guest), or skips.
+func Pair(t testing.TB) (string, string) {
+	t.Helper()
+	names := Active(t)
+	if len(names) < 2 {
+		skip(t, "need two ACTIVE RDMA devices, have "+itoa(len(names)))
+	}
+	return names[0], names[1]
+}
+
+// One returns an ACTIVE device, or skips.
+func One(t testing.TB) string {
+	t.Helper()
+	names := Active(t)
+	if len(names) == 0 {
+		skip(t, "need an ACTIVE RDMA device")
+	}
+	return names[0]
+}
+
+// Open opens a device and closes it when the test ends.
+func Open(t testing.TB, name string) *uverbs.Context {
+	t.Helper()
+	c, err := uverbs.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close %s: %v", name, err)
+		}
+	})
+	return c
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return "many"
+}

@@ -1,0 +1,217 @@
+// Package mr registers memory with an RDMA device.
+//
+// A user allocates memory outside the Go heap with Alloc (anonymous mmap,
+// huge pages where the system has them), registers it in a protection
+// domain with Register, and hands the MR's LKey (and, to peers, its RKey
+// and address) to work requests. Close deregisters; Memory.Close unmaps.
+package mr
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs"
+	"golang.org/x/sys/unix"
+)
+
+// Access says what the device may do with a region (IB_ACCESS_*).
+type Access uint32
+
+// Access flags.
+const (
+	LocalWrite   Access = ioctl.IB_UVERBS_ACCESS_LOCAL_WRITE
+	RemoteWrite  Access = ioctl.IB_UVERBS_ACCESS_REMOTE_WRITE
+	RemoteRead   Access = ioctl.IB_UVERBS_ACCESS_REMOTE_READ
+	RemoteAtomic Access = ioctl.IB_UVERBS_ACCESS_REMOTE_ATOMIC
+)
+
+func (a Access) String() string {
+	var s []string
+	for _, f := range []struct {
+		a Access
+		n string
+	}{{LocalWrite, "LocalWrite"}, {RemoteWrite, "RemoteWrite"}, {RemoteRead, "RemoteRead"}, {RemoteAtomic, "RemoteAtomic"}} {
+		if a&f.a != 0 {
+			s = append(s, f.n)
+			a &^= f.a
+		}
+	}
+	if a != 0 {
+		s = append(s, fmt.Sprintf("%#x", uint32(a)))
+	}
+	if len(s) == 0 {
+		return "LocalRead"
+	}
+	return strings.Join(s, "|")
+}
+
+const known = LocalWrite | RemoteWrite | RemoteRead | RemoteAtomic
+
+// Memory is a block of memory outside the Go heap.
+type Memory struct {
+	mu   sync.Mutex
+	buf  []byte
+	huge bool
+}
+
+// hugePage is the size of the huge pages Alloc tries.
+const hugePage = 2 << 20
+
+// Alloc maps size bytes of zeroed anonymous memory outside the Go heap.
+// Sizes that are a multiple of 2 MiB try huge pages first and fall back to
+// normal pages when the system has none reserved.
+func Alloc(size int) (*Memory, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("mr: alloc %d bytes: size must be positive", size)
+	}
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	if size%hugePage == 0 {
+		if b, err := unix.Mmap(-1, 0, size, prot, flags|unix.MAP_HUGETLB); err == nil {
+			return &Memory{buf: b, huge: true}, nil
+		}
+	}
+	b, err := unix.Mmap(-1, 0, size, prot, flags)
+	if err != nil {
+		return nil, fmt.Errorf("mr: alloc %d bytes: %w", size, err)
+	}
+	return &Memory{buf: b}, nil
+}
+
+// Bytes returns the memory, or nil after Close.
+func (m *Memory) Bytes() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.buf
+}
+
+// Huge reports whether the memory sits on huge pages.
+func (m *Memory) Huge() bool { return m.huge }
+
+// Close unmaps the memory. Deregister every MR on it first. Idempotent.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.buf == nil {
+		return nil
+	}
+	err := unix.Munmap(m.buf)
+	m.buf = nil
+	return err
+}
+
+// MR is a registered memory region.
+type MR struct {
+	pd     *uverbs.PD
+	buf    []byte
+	access Access
+	handle uint32
+	lkey   uint32
+	rkey   uint32
+	mu     sync.Mutex
+	closed bool
+}
+
+// Register registers buf in pd. buf must stay mapped, and must not be
+// memory the Go garbage collector may free, until the MR is closed: use
+// Alloc. Remote write and remote atomic access need LocalWrite too.
+func Register(pd *uverbs.PD, buf []byte, access Access) (*MR, error) {
+	if pd == nil {
+		return nil, errors.New("mr: register: nil PD")
+	}
+	if len(buf) == 0 {
+		return nil, errors.New("mr: register: empty buffer")
+	}
+	if access&^known != 0 {
+		return nil, fmt.Errorf("mr: register: unknown access flags %#x", uint32(access&^known))
+	}
+	if access&(RemoteWrite|RemoteAtomic) != 0 && access&LocalWrite == 0 {
+		return nil, fmt.Errorf("mr: register: access %v: remote write and remote atomic need LocalWrite too", access)
+	}
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("mr: register: PD: %w", err)
+	}
+	ctx := pd.Context()
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	req := ioctl.RegMR{Start: addr, Length: uint64(len(buf)), Hca_va: addr, Pd_handle: ph, Access_flags: uint32(access)}
+	var resp ioctl.RegMRResp
+	err = ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_REG_MR,
+		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofRegMR,
+		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofRegMRResp,
+	}, "REG_MR")
+	if err != nil {
+		return nil, fmt.Errorf("mr: register %d bytes at %#x (%v) on %s: %w", len(buf), addr, access, ctx.Name(), err)
+	}
+	m := &MR{pd: pd, buf: buf, access: access, handle: resp.Handle, lkey: resp.Lkey, rkey: resp.Rkey}
+	if err := ctx.Track(m); err != nil {
+		m.destroy()
+		return nil, err
+	}
+	return m, nil
+}
+
+// LKey is the local key that SGEs name.
+func (m *MR) LKey() uint32 { return m.lkey }
+
+// RKey is the remote key a peer uses for RDMA and atomics.
+func (m *MR) RKey() uint32 { return m.rkey }
+
+// Addr is the address of the first byte, as work requests name it.
+func (m *MR) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.buf[0]))) }
+
+// Len is the region's length in bytes.
+func (m *MR) Len() int { return len(m.buf) }
+
+// Bytes is the registered memory.
+func (m *MR) Bytes() []byte { return m.buf }
+
+// Access returns the region's access flags.
+func (m *MR) Access() Access { return m.access }
+
+// PD returns the protection domain.
+func (m *MR) PD() *uverbs.PD { return m.pd }
+
+// Contains reports whether [addr, addr+n) lies inside the region.
+func (m *MR) Contains(addr uint64, n int) bool {
+	a := m.Addr()
+	return addr >= a && n >= 0 && addr+uint64(n) <= a+uint64(len(m.buf)) && addr+uint64(n) >= addr
+}
+
+// SGE returns the SGE for n bytes at offset off, or an error if that range
+// is outside the region.
+func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
+	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
+		return uverbs.SGE{}, fmt.Errorf("mr: SGE [%d, %d) outside the %d-byte region", off, off+n, len(m.buf))
+	}
+	return uverbs.SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.lkey}, nil
+}
+
+func (m *MR) destroy() error {
+	req := ioctl.DeregMR{Handle: m.handle}
+	return m.pd.Context().Destroy(&uverbs.Destroy{
+		Op: "MR_DESTROY", Object: ioctl.UVERBS_OBJECT_MR, Method: ioctl.UVERBS_METHOD_MR_DESTROY,
+		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_MR_HANDLE, Handle: m.handle,
+		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEREG_MR, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeregMR},
+	})
+}
+
+// Close deregisters the region. Idempotent.
+func (m *MR) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	if err := m.destroy(); err != nil {
+		return fmt.Errorf("mr: deregister: %w", err)
+	}
+	m.closed = true
+	m.pd.Context().Untrack(m)
+	return nil
+}

@@ -1,0 +1,309 @@
+package qp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// AttrMask selects the fields of Attr a Modify sets (IB_QP_*; the values are
+// the InfiniBand verbs' and rdma-core's IBV_QP_*).
+type AttrMask uint32
+
+// Attribute mask bits.
+const (
+	MaskState           AttrMask = 1 << 0
+	MaskCurState        AttrMask = 1 << 1
+	MaskAccessFlags     AttrMask = 1 << 3
+	MaskPKeyIndex       AttrMask = 1 << 4
+	MaskPort            AttrMask = 1 << 5
+	MaskQKey            AttrMask = 1 << 6
+	MaskAV              AttrMask = 1 << 7
+	MaskPathMTU         AttrMask = 1 << 8
+	MaskTimeout         AttrMask = 1 << 9
+	MaskRetryCnt        AttrMask = 1 << 10
+	MaskRNRRetry        AttrMask = 1 << 11
+	MaskRQPSN           AttrMask = 1 << 12
+	MaskMaxQPRdAtomic   AttrMask = 1 << 13
+	MaskMinRNRTimer     AttrMask = 1 << 15
+	MaskSQPSN           AttrMask = 1 << 16
+	MaskMaxDestRdAtomic AttrMask = 1 << 17
+	MaskDestQPN         AttrMask = 1 << 20
+)
+
+// AV is an address vector: where a connected QP sends. RoCE needs a GID.
+type AV struct {
+	DGID         net.IP // 16-byte destination GID
+	SGIDIndex    uint8
+	HopLimit     uint8
+	TrafficClass uint8
+	FlowLabel    uint32
+	DLID         uint16
+	SL           uint8
+	Port         uint8
+	IsGlobal     bool
+}
+
+// Attr holds QP attributes for Modify and Query.
+type Attr struct {
+	State           State
+	CurState        State
+	Access          mr.Access
+	PKeyIndex       uint16
+	Port            uint8
+	QKey            uint32
+	AV              AV
+	PathMTU         uverbs.MTU
+	Timeout         uint8
+	RetryCnt        uint8
+	RNRRetry        uint8
+	RQPSN           uint32
+	SQPSN           uint32
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+	MinRNRTimer     uint8
+	DestQPN         uint32
+	// Filled by Query only.
+	Caps interface{}
+}
+
+// Modify changes the QP's attributes selected by mask; with MaskState it
+// moves the QP to attr.State. Port, MTU and GID index are checked against
+// the device before the kernel sees them.
+func (q *QP) Modify(attr *Attr, mask AttrMask) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return ErrClosed
+	}
+	if err := q.check(attr, mask); err != nil {
+		return err
+	}
+	c := ioctl.ModifyQP{
+		Qp_handle: q.handle, Attr_mask: uint32(mask), Qkey: attr.QKey, Rq_psn: attr.RQPSN, Sq_psn: attr.SQPSN,
+		Dest_qp_num: attr.DestQPN, Qp_access_flags: uint32(attr.Access), Pkey_index: attr.PKeyIndex,
+		Qp_state: uint8(attr.State), Cur_qp_state: uint8(attr.CurState), Path_mtu: uint8(attr.PathMTU),
+		Max_rd_atomic: attr.MaxRdAtomic, Max_dest_rd_atomic: attr.MaxDestRdAtomic, Min_rnr_timer: attr.MinRNRTimer,
+		Port_num: attr.Port, Timeout: attr.Timeout, Retry_cnt: attr.RetryCnt, Rnr_retry: attr.RNRRetry,
+	}
+	if mask&MaskAV != 0 {
+		av := &attr.AV
+		copy(c.Dest.Dgid[:], av.DGID.To16())
+		c.Dest.Flow_label = av.FlowLabel
+		c.Dest.Dlid = av.DLID
+		c.Dest.Sgid_index = av.SGIDIndex
+		c.Dest.Hop_limit = av.HopLimit
+		c.Dest.Traffic_class = av.TrafficClass
+		c.Dest.Sl = av.SL
+		c.Dest.Port_num = av.Port
+		if av.IsGlobal {
+			c.Dest.Is_global = 1
+		}
+	}
+	err := q.ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP, In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP,
+	}, "MODIFY_QP")
+	if err != nil {
+		if mask&MaskState != 0 {
+			return fmt.Errorf("qp: QP %d: modify to %v: %w", q.qpn, attr.State, err)
+		}
+		return fmt.Errorf("qp: QP %d: modify: %w", q.qpn, err)
+	}
+	if mask&MaskPort != 0 {
+		q.port = attr.Port
+	}
+	if mask&MaskState != 0 {
+		q.state.Store(uint32(attr.State))
+	}
+	return nil
+}
+
+// check validates what the kernel would only answer with EINVAL.
+func (q *QP) check(attr *Attr, mask AttrMask) error {
+	if mask&MaskState != 0 && attr.State > Err {
+		return fmt.Errorf("qp: QP %d: modify: unknown state %d", q.qpn, attr.State)
+	}
+	port := int(q.port)
+	if mask&MaskPort != 0 {
+		port = int(attr.Port)
+	}
+	if mask&MaskAV != 0 && attr.AV.Port != 0 {
+		port = int(attr.AV.Port)
+	}
+	if mask&(MaskPort|MaskAV|MaskPathMTU) == 0 {
+		return nil
+	}
+	if port < 1 || port > int(q.ctx.Attr().PhysPortCnt) {
+		return fmt.Errorf("qp: QP %d: port %d out of range: %s has ports 1..%d", q.qpn, port, q.ctx.Name(), q.ctx.Attr().PhysPortCnt)
+	}
+	if mask&(MaskPathMTU|MaskAV) == 0 {
+		return nil
+	}
+	pa, err := q.ctx.QueryPort(port)
+	if err != nil {
+		return err
+	}
+	if mask&MaskPathMTU != 0 {
+		if attr.PathMTU.Bytes() == 0 {
+			return fmt.Errorf("qp: QP %d: modify to %v: invalid path MTU %v", q.qpn, attr.State, attr.PathMTU)
+		}
+		if attr.PathMTU > pa.ActiveMTU {
+			return fmt.Errorf("qp: QP %d: modify to %v: path MTU %v > port %d active MTU %v", q.qpn, attr.State, attr.PathMTU, port, pa.ActiveMTU)
+		}
+	}
+	if mask&MaskAV != 0 && attr.AV.IsGlobal {
+		if uint32(attr.AV.SGIDIndex) >= pa.GIDTableLen {
+			return fmt.Errorf("qp: QP %d: modify to %v: GID index %d out of range 0..%d", q.qpn, attr.State, attr.AV.SGIDIndex, pa.GIDTableLen-1)
+		}
+		if _, err := q.ctx.GID(port, int(attr.AV.SGIDIndex)); err != nil {
+			return err
+		}
+		if len(attr.AV.DGID) != net.IPv6len && attr.AV.DGID.To16() == nil {
+			return fmt.Errorf("qp: QP %d: modify to %v: destination GID %v is not 16 bytes", q.qpn, attr.State, attr.AV.DGID)
+		}
+	}
+	return nil
+}
+
+// Query asks the kernel for the QP's current attributes and state.
+func (q *QP) Query() (Attr, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return Attr{}, ErrClosed
+	}
+	var r ioctl.QueryQPResp
+	req := ioctl.QueryQP{Qp_handle: q.handle, Attr_mask: 0xffffffff}
+	err := q.ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_QUERY_QP, In: unsafe.Pointer(&req), InLen: ioctl.SizeofQueryQP,
+		Out: unsafe.Pointer(&r), OutLen: ioctl.SizeofQueryQPResp,
+	}, "QUERY_QP")
+	if err != nil {
+		return Attr{}, fmt.Errorf("qp: QP %d: query: %w", q.qpn, err)
+	}
+	a := Attr{
+		State: State(r.Qp_state), CurState: State(r.Cur_qp_state), Access: mr.Access(r.Qp_access_flags),
+		PKeyIndex: r.Pkey_index, Port: r.Port_num, QKey: r.Qkey, PathMTU: uverbs.MTU(r.Path_mtu),
+		Timeout: r.Timeout, RetryCnt: r.Retry_cnt, RNRRetry: r.Rnr_retry, RQPSN: r.Rq_psn, SQPSN: r.Sq_psn,
+		MaxRdAtomic: r.Max_rd_atomic, MaxDestRdAtomic: r.Max_dest_rd_atomic, MinRNRTimer: r.Min_rnr_timer,
+		DestQPN: r.Dest_qp_num,
+		AV: AV{DGID: net.IP(append([]byte(nil), r.Dest.Dgid[:]...)), SGIDIndex: r.Dest.Sgid_index,
+			HopLimit: r.Dest.Hop_limit, TrafficClass: r.Dest.Traffic_class, FlowLabel: r.Dest.Flow_label,
+			DLID: r.Dest.Dlid, SL: r.Dest.Sl, Port: r.Dest.Port_num, IsGlobal: r.Dest.Is_global != 0},
+	}
+	return a, nil
+}
+
+// Remote is what a peer tells about its QP so that ours can connect to it.
+type Remote struct {
+	QPN uint32
+	PSN uint32 // the peer's send PSN: our receive PSN
+	GID net.IP // the peer's GID (RoCE); nil on InfiniBand with LID
+	LID uint16
+}
+
+// ConnectOptions tune Connect. The zero value works on RoCE: port 1, the
+// default GID (RoCE v2, IPv4), the port's active MTU, rdma-core's
+// pingpong timeouts.
+type ConnectOptions struct {
+	Port     uint8      // default 1
+	GIDIndex int        // -1 or unset (0 with UseGIDIndex false): DefaultGID
+	UseGID   bool       // use GIDIndex as given
+	MTU      uverbs.MTU // default: port active MTU
+	PSN      uint32     // our send PSN
+	Access   mr.Access  // remote access the peer may use on this QP
+	SL       uint8
+	// Timeouts and retries; zero means the default shown.
+	Timeout     uint8 // 14 (4.096 us * 2^14 = 67 ms)
+	RetryCnt    uint8 // 7
+	RNRRetry    uint8 // 7 (infinite)
+	MinRNRTimer uint8 // 12 (0.64 ms)
+	MaxRdAtomic uint8 // 1; outstanding RDMA reads/atomics we issue
+	MaxDestRd   uint8 // 1; the peer's we serve
+}
+
+// Connect moves an RC or UC QP from RESET through INIT and RTR to RTS,
+// connected to remote.
+func (q *QP) Connect(remote Remote, o ConnectOptions) error {
+	if q.cfg.Type == UD {
+		return errors.New("qp: Connect is for RC and UC QPs; a UD QP needs ToRTS with a QKey")
+	}
+	if o.Port == 0 {
+		o.Port = 1
+	}
+	if int(o.Port) > int(q.ctx.Attr().PhysPortCnt) {
+		return fmt.Errorf("qp: QP %d: connect: port %d out of range: %s has ports 1..%d", q.qpn, o.Port, q.ctx.Name(), q.ctx.Attr().PhysPortCnt)
+	}
+	def := func(v *uint8, d uint8) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Timeout, 14)
+	def(&o.RetryCnt, 7)
+	def(&o.RNRRetry, 7)
+	def(&o.MinRNRTimer, 12)
+	def(&o.MaxRdAtomic, 1)
+	def(&o.MaxDestRd, 1)
+	pa, err := q.ctx.QueryPort(int(o.Port))
+	if err != nil {
+		return err
+	}
+	if o.MTU == 0 {
+		o.MTU = pa.ActiveMTU
+	}
+	av := AV{Port: o.Port, SL: o.SL, DLID: remote.LID, HopLimit: 1}
+	if remote.GID != nil && !remote.GID.Equal(net.IPv6zero) {
+		var g uverbs.GID
+		if o.UseGID {
+			g, err = q.ctx.GID(int(o.Port), o.GIDIndex)
+		} else {
+			g, err = q.ctx.DefaultGID(int(o.Port))
+		}
+		if err != nil {
+			return err
+		}
+		av.IsGlobal, av.DGID, av.SGIDIndex = true, remote.GID.To16(), uint8(g.Index)
+	}
+	if q.State() != Reset {
+		if err := q.Modify(&Attr{State: Reset}, MaskState); err != nil {
+			return err
+		}
+	}
+	if err := q.Modify(&Attr{State: Init, Port: o.Port, Access: o.Access},
+		MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags); err != nil {
+		return err
+	}
+	mask := MaskState | MaskAV | MaskPathMTU | MaskDestQPN | MaskRQPSN
+	if q.cfg.Type == RC {
+		mask |= MaskMaxDestRdAtomic | MaskMinRNRTimer
+	}
+	if err := q.Modify(&Attr{State: RTR, AV: av, PathMTU: o.MTU, DestQPN: remote.QPN, RQPSN: remote.PSN & 0xffffff,
+		MaxDestRdAtomic: o.MaxDestRd, MinRNRTimer: o.MinRNRTimer}, mask); err != nil {
+		return err
+	}
+	mask = MaskState | MaskSQPSN
+	if q.cfg.Type == RC {
+		mask |= MaskTimeout | MaskRetryCnt | MaskRNRRetry | MaskMaxQPRdAtomic
+	}
+	return q.Modify(&Attr{State: RTS, SQPSN: o.PSN & 0xffffff, Timeout: o.Timeout, RetryCnt: o.RetryCnt,
+		RNRRetry: o.RNRRetry, MaxRdAtomic: o.MaxRdAtomic}, mask)
+}
+
+// Init moves a RESET QP to INIT on port with the given remote access; a
+// receive may be posted from then on.
+func (q *QP) Init(port uint8, access mr.Access) error {
+	if port == 0 {
+		port = 1
+	}
+	return q.Modify(&Attr{State: Init, Port: port, Access: access}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags)
+}
+
+// ToError moves the QP to ERR: outstanding work requests complete with
+// flush errors.
+func (q *QP) ToError() error { return q.Modify(&Attr{State: Err}, MaskState) }

@@ -1,0 +1,347 @@
+// Package qp holds queue pairs.
+//
+// Create a QP in a protection domain with its completion queues, bring it
+// up with Connect (RESET -> INIT -> RTR -> RTS, given the peer's QPN, PSN
+// and GID), then PostRecv and PostSend batches of work requests; each batch
+// costs one doorbell. Completions arrive on the CQs. A QP's send side is
+// used by one goroutine at a time, and so is its receive side.
+package qp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/uverbs/provider"
+)
+
+// Work request types.
+type (
+	SGE       = uverbs.SGE
+	SendWR    = uverbs.SendWR
+	RecvWR    = uverbs.RecvWR
+	Opcode    = uverbs.Opcode
+	SendFlags = uverbs.SendFlags
+)
+
+// Send opcodes.
+const (
+	OpRDMAWrite         = provider.OpRDMAWrite
+	OpRDMAWriteWithImm  = provider.OpRDMAWriteWithImm
+	OpSend              = provider.OpSend
+	OpSendWithImm       = provider.OpSendWithImm
+	OpRDMARead          = provider.OpRDMARead
+	OpAtomicCmpAndSwp   = provider.OpAtomicCmpAndSwp
+	OpAtomicFetchAndAdd = provider.OpAtomicFetchAndAdd
+)
+
+// Send flags.
+const (
+	Fence     = provider.SendFence
+	Signaled  = provider.SendSignaled
+	Solicited = provider.SendSolicited
+	Inline    = provider.SendInline
+)
+
+// ErrQueueFull is returned when the send or receive queue cannot take the
+// whole batch; nothing of the batch was posted.
+var ErrQueueFull = provider.ErrQueueFull
+
+// ErrClosed is returned for a use after Close.
+var ErrClosed = uverbs.ErrClosed
+
+// Type is a QP transport type.
+type Type uint32
+
+// QP types.
+const (
+	RC Type = ioctl.IB_UVERBS_QPT_RC
+	UC Type = ioctl.IB_UVERBS_QPT_UC
+	UD Type = ioctl.IB_UVERBS_QPT_UD
+)
+
+func (t Type) String() string {
+	switch t {
+	case RC:
+		return "RC"
+	case UC:
+		return "UC"
+	case UD:
+		return "UD"
+	}
+	return fmt.Sprintf("Type(%d)", uint32(t))
+}
+
+// State is a QP state.
+type State uint8
+
+// QP states.
+const (
+	Reset State = iota
+	Init
+	RTR
+	RTS
+	SQD
+	SQE
+	Err
+)
+
+func (s State) String() string {
+	names := [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
+	if int(s) < len(names) {
+		return names[s]
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Config describes a QP to create.
+type Config struct {
+	Type           Type
+	SendCQ, RecvCQ *cq.CQ
+	MaxSendWR      uint32
+	MaxRecvWR      uint32
+	MaxSendSGE     uint32 // default 1
+	MaxRecvSGE     uint32 // default 1
+	MaxInline      uint32
+	// SignalAll makes every send produce a completion.
+	SignalAll bool
+}
+
+// QP is a queue pair.
+type QP struct {
+	pd     *uverbs.PD
+	ctx    *uverbs.Context
+	cfg    Config
+	drv    provider.QP
+	handle uint32
+	qpn    uint32
+	caps   provider.QPCaps
+	state  atomic.Uint32
+	port   uint8
+	mu     sync.Mutex // serialises Modify and Close
+	closed atomic.Bool
+}
+
+// Create makes a QP in pd. Its capabilities are checked against the
+// device's limits first.
+func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
+	if pd == nil {
+		return nil, errors.New("qp: create: nil PD")
+	}
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
+		return nil, errors.New("qp: create: SendCQ and RecvCQ are required")
+	}
+	if cfg.Type == 0 {
+		cfg.Type = RC
+	}
+	if cfg.MaxSendSGE == 0 {
+		cfg.MaxSendSGE = 1
+	}
+	if cfg.MaxRecvSGE == 0 {
+		cfg.MaxRecvSGE = 1
+	}
+	ctx := pd.Context()
+	if err := checkCaps(ctx.Attr(), cfg); err != nil {
+		return nil, err
+	}
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: PD: %w", err)
+	}
+	sh, err := cfg.SendCQ.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: send CQ: %w", err)
+	}
+	rh, err := cfg.RecvCQ.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: receive CQ: %w", err)
+	}
+	drv, err := ctx.Driver().NewQP(provider.QPRequest{
+		Type: uint32(cfg.Type), MaxSendWR: cfg.MaxSendWR, MaxRecvWR: cfg.MaxRecvWR,
+		MaxSendSGE: cfg.MaxSendSGE, MaxRecvSGE: cfg.MaxRecvSGE, MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: %w", err)
+	}
+	in, out := drv.Udata()
+	f := ctx.File()
+	cap := ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
+		Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}
+	var rcap ioctl.QPCap
+	var handle, qpn uint32
+	err = ioctl.ErrNotSupported
+	if !f.UsesWrite() {
+		var c ioctl.Call
+		c.Reset(ioctl.UVERBS_OBJECT_QP, ioctl.UVERBS_METHOD_QP_CREATE, f.DriverID())
+		h := c.NewIDR(ioctl.UVERBS_ATTR_CREATE_QP_HANDLE)
+		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_PD_HANDLE, ph)
+		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, sh)
+		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, rh)
+		c.InU64(ioctl.UVERBS_ATTR_CREATE_QP_USER_HANDLE, 0)
+		c.InPtr(ioctl.UVERBS_ATTR_CREATE_QP_CAP, unsafe.Pointer(&cap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
+		c.InConst(ioctl.UVERBS_ATTR_CREATE_QP_TYPE, uint64(cfg.Type))
+		var flags uint32
+		if cfg.SignalAll {
+			flags |= ioctl.IB_UVERBS_QP_CREATE_SQ_SIG_ALL
+		}
+		c.InU32(ioctl.UVERBS_ATTR_CREATE_QP_FLAGS, flags)
+		c.Out(ioctl.UVERBS_ATTR_CREATE_QP_RESP_CAP, unsafe.Pointer(&rcap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
+		c.Out(ioctl.UVERBS_ATTR_CREATE_QP_RESP_QP_NUM, unsafe.Pointer(&qpn), 4, ioctl.AttrMandatory)
+		if len(in) > 0 {
+			c.InBytes(ioctl.AttrUHWIn, in, 0)
+		}
+		if len(out) > 0 {
+			c.OutBytes(ioctl.AttrUHWOut, out, 0)
+		}
+		if err = f.Do(&c, "QP_CREATE"); err == nil {
+			handle = uint32(c.Data(h))
+		}
+	}
+	if errors.Is(err, ioctl.ErrNotSupported) {
+		req := ioctl.CreateQP{Pd_handle: ph, Send_cq_handle: sh, Recv_cq_handle: rh,
+			Max_send_wr: cfg.MaxSendWR, Max_recv_wr: cfg.MaxRecvWR, Max_send_sge: cfg.MaxSendSGE,
+			Max_recv_sge: cfg.MaxRecvSGE, Max_inline_data: cfg.MaxInline, Qp_type: uint8(cfg.Type)}
+		if cfg.SignalAll {
+			req.Sq_sig_all = 1
+		}
+		var resp ioctl.CreateQPResp
+		err = f.Write(&ioctl.Cmd{
+			Command: ioctl.IB_USER_VERBS_CMD_CREATE_QP,
+			In:      unsafe.Pointer(&req), InLen: ioctl.SizeofCreateQP,
+			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateQPResp,
+			DriverIn: in, DriverOut: out,
+		}, "CREATE_QP")
+		handle, qpn = resp.Qp_handle, resp.Qpn
+		rcap = ioctl.QPCap{Send_wr: resp.Max_send_wr, Recv_wr: resp.Max_recv_wr, Send_sge: resp.Max_send_sge,
+			Recv_sge: resp.Max_recv_sge, Inline_data: resp.Max_inline_data}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)
+	}
+	q := &QP{pd: pd, ctx: ctx, cfg: cfg, drv: drv, handle: handle, qpn: qpn,
+		caps: provider.QPCaps{MaxSendWR: rcap.Send_wr, MaxRecvWR: rcap.Recv_wr, MaxSendSGE: rcap.Send_sge,
+			MaxRecvSGE: rcap.Recv_sge, MaxInline: rcap.Inline_data}}
+	if err := drv.Attach(ctx.Device(), handle, qpn, q.caps); err != nil {
+		q.destroy()
+		return nil, fmt.Errorf("qp: create on %s: %w", ctx.Name(), err)
+	}
+	if err := ctx.Track(q); err != nil {
+		q.destroy()
+		drv.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
+	switch cfg.Type {
+	case RC, UC, UD:
+	default:
+		return fmt.Errorf("qp: create: unknown QP type %d", uint32(cfg.Type))
+	}
+	type lim struct {
+		name      string
+		got, max  uint32
+		allowZero bool
+	}
+	for _, l := range []lim{
+		{"MaxSendWR", cfg.MaxSendWR, a.MaxQPWR, false},
+		{"MaxRecvWR", cfg.MaxRecvWR, a.MaxQPWR, false},
+		{"MaxSendSGE", cfg.MaxSendSGE, a.MaxSGE, false},
+		{"MaxRecvSGE", cfg.MaxRecvSGE, a.MaxSGE, false},
+	} {
+		if l.got > l.max || (l.got == 0 && !l.allowZero) {
+			return fmt.Errorf("qp: create: %s %d out of range 1..%d (device limit)", l.name, l.got, l.max)
+		}
+	}
+	return nil
+}
+
+// QPN is the queue pair number peers address.
+func (q *QP) QPN() uint32 { return q.qpn }
+
+// Type is the QP's transport type.
+func (q *QP) Type() Type { return q.cfg.Type }
+
+// Caps returns what the kernel granted.
+func (q *QP) Caps() provider.QPCaps { return q.caps }
+
+// State is the state the QP was last moved to by this process. The kernel
+// may have moved it to ERR since; Query tells.
+func (q *QP) State() State { return State(q.state.Load()) }
+
+// PostSend posts a batch of send work requests with one doorbell. The whole
+// batch is posted or none of it: ErrQueueFull when it does not fit, an error
+// naming the request when one is invalid. The QP must be in RTS.
+func (q *QP) PostSend(wrs []SendWR) error {
+	if q.closed.Load() {
+		return ErrClosed
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	if s := q.State(); s != RTS && s != SQD {
+		return &StateError{Op: "post send", State: s, Want: "RTS"}
+	}
+	return q.drv.PostSend(wrs)
+}
+
+// PostRecv posts a batch of receive work requests (no system call on rxe).
+// The whole batch is posted or none of it. The QP must be past RESET.
+func (q *QP) PostRecv(wrs []RecvWR) error {
+	if q.closed.Load() {
+		return ErrClosed
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	if q.State() == Reset {
+		return &StateError{Op: "post receive", State: Reset, Want: "INIT, RTR or RTS"}
+	}
+	return q.drv.PostRecv(wrs)
+}
+
+// StateError is returned for an operation the QP's state does not allow.
+type StateError struct {
+	Op    string
+	State State
+	Want  string
+}
+
+func (e *StateError) Error() string {
+	return fmt.Sprintf("qp: %s: QP is in state %v, must be %s", e.Op, e.State, e.Want)
+}
+
+func (q *QP) destroy() error {
+	req := ioctl.DestroyQP{Handle: q.handle}
+	var resp ioctl.DestroyQPResp
+	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
+	return q.ctx.Destroy(&uverbs.Destroy{
+		Op: "QP_DESTROY", Object: ioctl.UVERBS_OBJECT_QP, Method: ioctl.UVERBS_METHOD_QP_DESTROY,
+		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_QP_HANDLE, Handle: q.handle,
+		RespAttr: ioctl.UVERBS_ATTR_DESTROY_QP_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyQPResp,
+		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_QP, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyQP,
+			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyQPResp},
+	})
+}
+
+// Close destroys the QP and unmaps its queues. Idempotent. Do not Close
+// while another goroutine posts.
+func (q *QP) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return nil
+	}
+	if err := q.destroy(); err != nil {
+		return fmt.Errorf("qp: destroy QP %d: %w", q.qpn, err)
+	}
+	q.closed.Store(true)
+	q.ctx.Untrack(q)
+	return q.drv.Close()
+}

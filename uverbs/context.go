@@ -1,0 +1,227 @@
+package uverbs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/uverbs/rxe"
+	"golang.org/x/sys/unix"
+)
+
+// ErrClosed is returned for any use of a closed object.
+var ErrClosed = ioctl.ErrClosed
+
+// Provider is implemented by a driver's userspace half; see package provider.
+type Provider = provider.Provider
+
+var (
+	providersMu sync.Mutex
+	providers   = map[string]Provider{"rxe": rxe.Provider{}}
+)
+
+// RegisterProvider makes a provider available for devices whose driver has
+// the given name (as DeviceInfo.Driver reports it).
+func RegisterProvider(driver string, p Provider) {
+	providersMu.Lock()
+	defer providersMu.Unlock()
+	providers[driver] = p
+}
+
+func providerFor(driver string) (Provider, bool) {
+	providersMu.Lock()
+	defer providersMu.Unlock()
+	p, ok := providers[driver]
+	return p, ok
+}
+
+// Context is an open device: the uverbs command descriptor with its kernel
+// context. It owns every object created on it; Close destroys what is left.
+//
+// A Context is safe for concurrent use.
+type Context struct {
+	info   DeviceInfo
+	file   *ioctl.File
+	prov   Provider
+	pctx   provider.Context
+	attr   DeviceAttr
+	nvecs  uint32
+	mu     sync.Mutex
+	closed bool
+	// objs are the live child objects in creation order.
+	objs []io.Closer
+}
+
+// Options tune Open.
+type Options struct {
+	// LegacyWrite sends legacy commands with write() instead of the
+	// INVOKE_WRITE ioctl method, as rdma-core does on kernels without the
+	// ioctl interface.
+	LegacyWrite bool
+}
+
+// Open opens the RDMA device of the given name ("rxe0").
+func Open(name string) (*Context, error) { return OpenWith(name, Options{}) }
+
+// OpenWith opens a device with options.
+func OpenWith(name string, opts Options) (*Context, error) {
+	info, err := Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := providerFor(info.Driver)
+	if !ok {
+		return nil, fmt.Errorf("uverbs: device %s: no provider for driver %q (goverbs has: rxe)", name, info.Driver)
+	}
+	if err := p.CheckABI(info.ABIVersion); err != nil {
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	f, err := ioctl.Open(info.DevPath, p.DriverID())
+	if err != nil {
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	f.ForceWrite(opts.LegacyWrite)
+	c := &Context{info: info, file: f, prov: p, pctx: p.NewContext()}
+	if err := c.getContext(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	if err := c.pctx.Attach(device{c}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	if c.attr, err = c.queryDevice(); err != nil {
+		c.pctx.Close()
+		f.Close()
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	return c, nil
+}
+
+func (c *Context) getContext() error {
+	in, out := c.pctx.Udata()
+	if !c.file.UsesWrite() {
+		var call ioctl.Call
+		var support uint64
+		call.Reset(ioctl.UVERBS_OBJECT_DEVICE, ioctl.UVERBS_METHOD_GET_CONTEXT, c.file.DriverID())
+		call.Out(ioctl.UVERBS_ATTR_GET_CONTEXT_NUM_COMP_VECTORS, unsafe.Pointer(&c.nvecs), 4, 0)
+		call.Out(ioctl.UVERBS_ATTR_GET_CONTEXT_CORE_SUPPORT, unsafe.Pointer(&support), 8, 0)
+		if len(in) > 0 {
+			call.InBytes(ioctl.AttrUHWIn, in, 0)
+		}
+		if len(out) > 0 {
+			call.OutBytes(ioctl.AttrUHWOut, out, 0)
+		}
+		err := c.file.Do(&call, "GET_CONTEXT")
+		if err == nil || !errors.Is(err, ioctl.ErrNotSupported) {
+			return err
+		}
+		// No ioctl interface: everything goes through write() from now.
+		c.file.ForceWrite(true)
+	}
+	var req ioctl.GetContext
+	var resp ioctl.GetContextResp
+	err := c.file.Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_GET_CONTEXT,
+		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofGetContext,
+		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofGetContextResp,
+		DriverIn: in, DriverOut: out,
+	}, "GET_CONTEXT")
+	c.nvecs = resp.Num_comp_vectors
+	return err
+}
+
+// Info returns what sysfs said of the device when it was opened.
+func (c *Context) Info() DeviceInfo { return c.info }
+
+// Name returns the device name.
+func (c *Context) Name() string { return c.info.Name }
+
+// NumCompVectors is the number of completion vectors of the device.
+func (c *Context) NumCompVectors() int { return int(c.nvecs) }
+
+// File returns the command descriptor, for packages that issue commands.
+func (c *Context) File() *ioctl.File { return c.file }
+
+// Driver returns the provider's context, for packages that create queues.
+func (c *Context) Driver() provider.Context { return c.pctx }
+
+// Device returns the device handle lent to providers.
+func (c *Context) Device() provider.Device { return device{c} }
+
+// Attr returns the device attributes queried at Open.
+func (c *Context) Attr() DeviceAttr { return c.attr }
+
+// Track registers a child object so that Close destroys it. It fails with
+// ErrClosed after Close.
+func (c *Context) Track(o io.Closer) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.objs = append(c.objs, o)
+	return nil
+}
+
+// Untrack forgets a child object that was destroyed on its own.
+func (c *Context) Untrack(o io.Closer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i := slices.Index(c.objs, o); i >= 0 {
+		c.objs = slices.Delete(c.objs, i, i+1)
+	}
+}
+
+// Closed reports whether Close was called.
+func (c *Context) Closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// Close destroys every object still open on the context, newest first,
+// unmaps the provider's pages and closes the descriptor. It is idempotent.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	objs := c.objs
+	c.objs = nil
+	c.mu.Unlock()
+	var errs []error
+	for i := len(objs) - 1; i >= 0; i-- {
+		if err := objs[i].Close(); err != nil && !errors.Is(err, ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, c.pctx.Close(), c.file.Close())
+	return errors.Join(errs...)
+}
+
+// device implements provider.Device.
+type device struct{ c *Context }
+
+func (d device) File() *ioctl.File { return d.c.file }
+
+func (d device) Mmap(offset int64, length int) ([]byte, error) {
+	fd := d.c.file.Fd()
+	if fd < 0 {
+		return nil, ErrClosed
+	}
+	b, err := unix.Mmap(fd, offset, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d bytes at offset %#x: %w", length, offset, err)
+	}
+	return b, nil
+}
+
+func (d device) Munmap(b []byte) error { return unix.Munmap(b) }

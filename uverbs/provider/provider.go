@@ -1,0 +1,106 @@
+// Package provider is the contract between the core of goverbs and one
+// driver's userspace half (rxe today; siw and mlx5 later).
+//
+// The core (package uverbs) issues every kernel command: GET_CONTEXT,
+// CQ_CREATE, QP_CREATE and so on. A provider adds its private request and
+// response data ("udata") to those commands, then owns the data path that
+// follows: it maps the queues the kernel handed out, writes work requests in
+// its hardware's format, rings its doorbell (a system call on rxe, an MMIO
+// store into a UAR page on mlx5), and decodes completions.
+//
+// Users of goverbs never import this package; provider authors do.
+package provider
+
+import (
+	"errors"
+
+	"github.com/goverbs/goverbs/ioctl"
+)
+
+// ErrQueueFull is returned by PostSend and PostRecv when the queue cannot
+// take the whole batch. Nothing of that batch was posted.
+var ErrQueueFull = errors.New("work queue full")
+
+// Device is what the core lends a provider for one open device.
+type Device interface {
+	// File is the command descriptor (/dev/infiniband/uverbsN).
+	File() *ioctl.File
+	// Mmap maps length bytes of the command descriptor at offset: rings on
+	// rxe, UAR and doorbell pages on mlx5.
+	Mmap(offset int64, length int) ([]byte, error)
+	// Munmap undoes Mmap.
+	Munmap(b []byte) error
+}
+
+// Provider creates per-device driver contexts.
+type Provider interface {
+	// Name is the driver's short name: "rxe".
+	Name() string
+	// DriverID is the RDMA_DRIVER_* value the kernel checks in every ioctl.
+	DriverID() uint32
+	// CheckABI rejects a driver ABI version (sysfs abi_version of the
+	// uverbs device) this provider does not speak.
+	CheckABI(version int) error
+	// NewContext returns a context to be attached to a GET_CONTEXT.
+	NewContext() Context
+}
+
+// Context is a provider's state for one open device.
+type Context interface {
+	// Udata returns the private request and response of GET_CONTEXT;
+	// either may be nil.
+	Udata() (in, out []byte)
+	// Attach runs once GET_CONTEXT succeeded (mlx5 maps its UAR pages here).
+	Attach(dev Device) error
+	// NewCQ prepares a completion queue of at least cqe entries.
+	NewCQ(cqe int) (CQ, error)
+	// NewQP prepares a queue pair.
+	NewQP(req QPRequest) (QP, error)
+	// Close releases what Attach mapped.
+	Close() error
+}
+
+// CQ is a provider's completion queue. Poll is called by one goroutine at
+// a time.
+type CQ interface {
+	Udata() (in, out []byte)
+	// Attach runs after CQ_CREATE granted cqe entries.
+	Attach(dev Device, handle uint32, cqe int) error
+	// Poll moves up to len(wc) completions into wc, without a system call
+	// where the hardware allows, and returns how many.
+	Poll(wc []WC) int
+	// Close unmaps the queue; the core destroys the kernel object first.
+	Close() error
+}
+
+// QPRequest is what the core asks of a provider QP.
+type QPRequest struct {
+	Type         uint32 // IB_UVERBS_QPT_*
+	MaxSendWR    uint32
+	MaxRecvWR    uint32
+	MaxSendSGE   uint32
+	MaxRecvSGE   uint32
+	MaxInline    uint32
+	HasSRQ       bool
+	SignalAll    bool
+	PageSizeHint int
+}
+
+// QPCaps are the capabilities the kernel granted.
+type QPCaps struct {
+	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInline uint32
+}
+
+// QP is a provider's queue pair data path. PostSend and PostRecv are called
+// by one goroutine at a time (each may have its own).
+type QP interface {
+	Udata() (in, out []byte)
+	// Attach runs after QP_CREATE.
+	Attach(dev Device, handle, qpn uint32, caps QPCaps) error
+	// PostSend posts the whole batch and rings the doorbell once, or posts
+	// nothing and returns an error (ErrQueueFull when it does not fit).
+	PostSend(wrs []SendWR) error
+	// PostRecv posts the whole batch or nothing.
+	PostRecv(wrs []RecvWR) error
+	Close() error
+}

@@ -1,0 +1,126 @@
+package provider
+
+import "fmt"
+
+// WCStatus is a completion's status (IB_WC_*).
+type WCStatus uint32
+
+// Completion statuses.
+const (
+	WCSuccess WCStatus = iota
+	WCLocLenErr
+	WCLocQPOpErr
+	WCLocEECOpErr
+	WCLocProtErr
+	WCWRFlushErr
+	WCMWBindErr
+	WCBadRespErr
+	WCLocAccessErr
+	WCRemInvReqErr
+	WCRemAccessErr
+	WCRemOpErr
+	WCRetryExcErr
+	WCRNRRetryExcErr
+	WCLocRDDViolErr
+	WCRemInvRDReqErr
+	WCRemAbortErr
+	WCInvEECNErr
+	WCInvEECStateErr
+	WCFatalErr
+	WCRespTimeoutErr
+	WCGeneralErr
+)
+
+var statusNames = [...]string{
+	"success", "local length error", "local QP operation error", "local EE context operation error",
+	"local protection error", "WR flushed", "memory window bind error", "bad response",
+	"local access error", "remote invalid request", "remote access error", "remote operation error",
+	"transport retry counter exceeded", "RNR retry counter exceeded", "local RDD violation",
+	"remote invalid RD request", "remote aborted", "invalid EE context number",
+	"invalid EE context state", "fatal error", "response timeout", "general error",
+}
+
+func (s WCStatus) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("WCStatus(%d)", uint32(s))
+}
+
+// WCOpcode says what completed (IB_WC_*).
+type WCOpcode uint32
+
+// Completion opcodes.
+const (
+	WCSend        WCOpcode = 0
+	WCRDMAWrite   WCOpcode = 1
+	WCRDMARead    WCOpcode = 2
+	WCCompSwap    WCOpcode = 3
+	WCFetchAdd    WCOpcode = 4
+	WCBindMW      WCOpcode = 5
+	WCLocalInv    WCOpcode = 6
+	WCRecv        WCOpcode = 128
+	WCRecvRDMAImm WCOpcode = 129
+)
+
+var wcOpNames = map[WCOpcode]string{
+	WCSend: "SEND", WCRDMAWrite: "RDMA_WRITE", WCRDMARead: "RDMA_READ", WCCompSwap: "COMP_SWAP",
+	WCFetchAdd: "FETCH_ADD", WCBindMW: "BIND_MW", WCLocalInv: "LOCAL_INV", WCRecv: "RECV",
+	WCRecvRDMAImm: "RECV_RDMA_WITH_IMM",
+}
+
+func (o WCOpcode) String() string {
+	if s, ok := wcOpNames[o]; ok {
+		return s
+	}
+	return fmt.Sprintf("WCOpcode(%d)", uint32(o))
+}
+
+// WCFlags qualify a completion (IB_WC_*).
+type WCFlags uint32
+
+// Completion flags.
+const (
+	WCWithGRH WCFlags = 1
+	WCWithImm WCFlags = 2
+)
+
+// WC is a work completion.
+type WC struct {
+	ID        uint64
+	Status    WCStatus
+	Opcode    WCOpcode
+	VendorErr uint32
+	ByteLen   uint32
+	// Imm is the immediate data in host order when Flags has WCWithImm.
+	Imm          uint32
+	QPNum        uint32
+	SrcQP        uint32
+	Flags        WCFlags
+	PKeyIndex    uint16
+	SLID         uint16
+	SL           uint8
+	DLIDPathBits uint8
+	PortNum      uint8
+}
+
+// Err returns nil for a successful completion, else an error naming the
+// status, opcode and work request id.
+func (wc *WC) Err() error {
+	if wc.Status == WCSuccess {
+		return nil
+	}
+	return &WCError{Status: wc.Status, Opcode: wc.Opcode, ID: wc.ID, VendorErr: wc.VendorErr}
+}
+
+// WCError is a failed completion.
+type WCError struct {
+	Status    WCStatus
+	Opcode    WCOpcode
+	ID        uint64
+	VendorErr uint32
+}
+
+func (e *WCError) Error() string {
+	return fmt.Sprintf("work request %d (%v) completed with status %d: %v (vendor error %#x)", e.ID, e.Opcode, uint32(e.Status), e.Status, e.VendorErr)
+}

@@ -1,0 +1,78 @@
+package provider
+
+import "fmt"
+
+// SGE is one scatter/gather element: Length bytes at Addr in the memory
+// region whose local key is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// Opcode is a send work request's operation (IB_UVERBS_WR_*).
+type Opcode uint32
+
+// The send opcodes rxe supports.
+const (
+	OpRDMAWrite         Opcode = 0
+	OpRDMAWriteWithImm  Opcode = 1
+	OpSend              Opcode = 2
+	OpSendWithImm       Opcode = 3
+	OpRDMARead          Opcode = 4
+	OpAtomicCmpAndSwp   Opcode = 5
+	OpAtomicFetchAndAdd Opcode = 6
+)
+
+var opcodeNames = map[Opcode]string{
+	OpRDMAWrite: "RDMA_WRITE", OpRDMAWriteWithImm: "RDMA_WRITE_WITH_IMM",
+	OpSend: "SEND", OpSendWithImm: "SEND_WITH_IMM", OpRDMARead: "RDMA_READ",
+	OpAtomicCmpAndSwp: "ATOMIC_CMP_AND_SWP", OpAtomicFetchAndAdd: "ATOMIC_FETCH_AND_ADD",
+}
+
+func (o Opcode) String() string {
+	if s, ok := opcodeNames[o]; ok {
+		return s
+	}
+	return fmt.Sprintf("Opcode(%d)", uint32(o))
+}
+
+// SendFlags modify a send work request (IB_SEND_*).
+type SendFlags uint32
+
+// Send flags.
+const (
+	SendFence     SendFlags = 1
+	SendSignaled  SendFlags = 2
+	SendSolicited SendFlags = 4
+	SendInline    SendFlags = 8
+)
+
+// SendWR is a send work request. Fields that do not apply to its opcode are
+// ignored.
+type SendWR struct {
+	ID     uint64
+	Opcode Opcode
+	Flags  SendFlags
+	// Imm is the immediate data of *_WITH_IMM, in host order; it travels
+	// in network order and arrives in WC.Imm in host order.
+	Imm  uint32
+	SGEs []SGE
+	// RDMA and atomics: the peer's address and remote key.
+	RemoteAddr uint64
+	RKey       uint32
+	// Atomics: the compare (CMP_AND_SWP) or add (FETCH_AND_ADD) operand,
+	// and the swap value.
+	CompareAdd uint64
+	Swap       uint64
+	// UD: address handle number (from CREATE_AH), remote QPN and QKey.
+	AHNum      uint32
+	RemoteQPN  uint32
+	RemoteQKey uint32
+}
+
+// RecvWR is a receive work request.
+type RecvWR struct {
+	ID   uint64
+	SGEs []SGE
+}
