@@ -70,7 +70,8 @@ func Open(name string) (*Context, error) { return OpenWith(name, Options{}) }
 
 // OpenWith opens a device with options.
 func OpenWith(name string, opts Options) (*Context, error) {
-	info, err := Lookup(name)
+	// The GID table is not needed to open; GIDs reads it when asked.
+	info, err := lookup(name, false)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,8 @@ func (c *Context) getContext() error {
 	return err
 }
 
-// Info returns what sysfs said of the device when it was opened.
+// Info returns what sysfs said of the device when it was opened, without
+// the GID tables (see GIDs).
 func (c *Context) Info() DeviceInfo { return c.info }
 
 // Name returns the device name.

@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -198,20 +202,73 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 	}, nil
 }
 
-// GIDs returns the port's populated GID table entries, read from sysfs anew.
+// GIDs returns the port's populated GID table entries. It asks the kernel
+// (QUERY_GID_TABLE, one ioctl) and reads sysfs on kernels without that method.
 func (c *Context) GIDs(port int) ([]GID, error) {
+	if c.Closed() {
+		return nil, ErrClosed
+	}
 	if err := c.checkPort(port); err != nil {
 		return nil, err
 	}
-	info, err := Lookup(c.info.Name)
+	gids, err := c.queryGIDTable(port)
+	if errors.Is(err, ioctl.ErrNotSupported) {
+		return c.sysfsGIDs(port)
+	}
+	return gids, err
+}
+
+func (c *Context) queryGIDTable(port int) ([]GID, error) {
+	if c.file.UsesWrite() {
+		return nil, ioctl.ErrNotSupported
+	}
+	pa, err := c.QueryPort(port)
 	if err != nil {
 		return nil, err
 	}
-	p := info.Port(port)
-	if p == nil {
-		return nil, fmt.Errorf("uverbs: %s: port %d not in sysfs", c.info.Name, port)
+	// The method returns the entries of every port.
+	max := int(pa.GIDTableLen) * int(c.attr.PhysPortCnt)
+	entries := make([]ioctl.GIDEntry, max)
+	var num uint64
+	var call ioctl.Call
+	call.Reset(ioctl.UVERBS_OBJECT_DEVICE, ioctl.UVERBS_METHOD_QUERY_GID_TABLE, c.file.DriverID())
+	call.InConst(ioctl.UVERBS_ATTR_QUERY_GID_TABLE_ENTRY_SIZE, ioctl.SizeofGIDEntry)
+	if max > 0 {
+		call.Out(ioctl.UVERBS_ATTR_QUERY_GID_TABLE_RESP_ENTRIES, unsafe.Pointer(&entries[0]), max*ioctl.SizeofGIDEntry, ioctl.AttrMandatory)
 	}
-	return p.GIDs, nil
+	call.Out(ioctl.UVERBS_ATTR_QUERY_GID_TABLE_RESP_NUM_ENTRIES, unsafe.Pointer(&num), 8, ioctl.AttrMandatory)
+	if err := c.file.Do(&call, "QUERY_GID_TABLE"); err != nil {
+		return nil, fmt.Errorf("uverbs: %s: query GID table: %w", c.info.Name, err)
+	}
+	var gids []GID
+	for _, e := range entries[:min(int(num), max)] {
+		if int(e.Port_num) != port {
+			continue
+		}
+		ip := make(net.IP, 16)
+		copy(ip, unsafe.Slice((*byte)(unsafe.Pointer(&e.Gid[0])), 16))
+		g := GID{Index: int(e.Gid_index), GID: ip, Type: gidTypes[e.Gid_type]}
+		if ifi, err := net.InterfaceByIndex(int(e.Netdev_ifindex)); err == nil {
+			g.Netdev = ifi.Name
+		}
+		gids = append(gids, g)
+	}
+	sort.Slice(gids, func(a, b int) bool { return gids[a].Index < gids[b].Index })
+	return gids, nil
+}
+
+var gidTypes = map[uint32]GIDType{
+	ioctl.IB_UVERBS_GID_TYPE_IB:      GIDTypeIB,
+	ioctl.IB_UVERBS_GID_TYPE_ROCE_V1: GIDTypeIB,
+	ioctl.IB_UVERBS_GID_TYPE_ROCE_V2: GIDTypeRoCEv2,
+}
+
+func (c *Context) sysfsGIDs(port int) ([]GID, error) {
+	base := filepath.Join(sysfsRoot, "class/infiniband", c.info.Name, "ports", strconv.Itoa(port))
+	if _, err := os.Stat(base); err != nil {
+		return nil, fmt.Errorf("uverbs: %s: port %d not in sysfs: %w", c.info.Name, port, err)
+	}
+	return readGIDs(base), nil
 }
 
 // GID returns the entry at index, failing with a clear error when the

@@ -109,7 +109,7 @@ func List() ([]DeviceInfo, error) {
 		if ibdev == "" {
 			continue
 		}
-		d, err := describe(ibdev, e.Name())
+		d, err := describe(ibdev, e.Name(), true)
 		if err != nil {
 			return nil, err
 		}
@@ -119,26 +119,37 @@ func List() ([]DeviceInfo, error) {
 	return devs, nil
 }
 
-// Lookup returns the device of the given name.
-func Lookup(name string) (DeviceInfo, error) {
-	devs, err := List()
-	if err != nil {
-		return DeviceInfo{}, err
+// Lookup returns the device of the given name. It reads only that
+// device's part of sysfs.
+func Lookup(name string) (DeviceInfo, error) { return lookup(name, true) }
+
+func lookup(name string, withGIDs bool) (DeviceInfo, error) {
+	dir := filepath.Join(sysfsRoot, "class/infiniband_verbs")
+	ents, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return DeviceInfo{}, fmt.Errorf("uverbs: list devices: %w", err)
 	}
 	var names []string
-	for _, d := range devs {
-		if d.Name == name {
-			return d, nil
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "uverbs") {
+			continue
 		}
-		names = append(names, d.Name)
+		ibdev := readAttr(filepath.Join(dir, e.Name(), "ibdev"))
+		if ibdev == name && name != "" {
+			return describe(ibdev, e.Name(), withGIDs)
+		}
+		if ibdev != "" {
+			names = append(names, ibdev)
+		}
 	}
 	if len(names) == 0 {
 		return DeviceInfo{}, fmt.Errorf("uverbs: device %q: %w (this host has no RDMA device with a uverbs node)", name, ErrNoDevice)
 	}
+	sort.Strings(names)
 	return DeviceInfo{}, fmt.Errorf("uverbs: device %q: %w (have %s)", name, ErrNoDevice, strings.Join(names, ", "))
 }
 
-func describe(ibdev, uv string) (DeviceInfo, error) {
+func describe(ibdev, uv string, withGIDs bool) (DeviceInfo, error) {
 	base := filepath.Join(sysfsRoot, "class/infiniband", ibdev)
 	d := DeviceInfo{
 		Name:         ibdev,
@@ -166,7 +177,9 @@ func describe(ibdev, uv string) (DeviceInfo, error) {
 			LinkLayer: readAttr(filepath.Join(pd, "link_layer")),
 			Rate:      readAttr(filepath.Join(pd, "rate")),
 		}
-		pi.GIDs = readGIDs(pd)
+		if withGIDs {
+			pi.GIDs = readGIDs(pd)
+		}
 		d.Ports = append(d.Ports, pi)
 	}
 	sort.Slice(d.Ports, func(i, j int) bool { return d.Ports[i].Num < d.Ports[j].Num })

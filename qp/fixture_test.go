@@ -1,0 +1,195 @@
+package qp_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// TestMain checks that the suite leaves no kernel object behind: the
+// resource counts `rdma resource show` reports are the same before and after.
+func TestMain(m *testing.M) {
+	before, haveRdma := resources()
+	fdsBefore := openFDs()
+	code := m.Run()
+	if code == 0 && haveRdma {
+		after, _ := resources()
+		if before != after {
+			fmt.Fprintf(os.Stderr, "kernel objects leaked:\nbefore: %s\nafter:  %s\n", before, after)
+			code = 1
+		}
+		if n := openFDs(); n > fdsBefore {
+			fmt.Fprintf(os.Stderr, "file descriptors leaked: %d before, %d after\n", fdsBefore, n)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// resources returns `rdma resource show` output (one line per device with
+// pd, cq, qp, mr and ctx counts), or false when there is no rdma tool or no
+// device.
+func resources() (string, bool) {
+	out, err := exec.Command("rdma", "resource", "show").Output()
+	if err != nil || len(out) == 0 {
+		return "", false
+	}
+	return strings.TrimSpace(string(out)), true
+}
+
+func openFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
+}
+
+// side is one end of a connection: device, PD, a registered buffer, a CQ
+// and a QP.
+type side struct {
+	ctx *uverbs.Context
+	pd  *uverbs.PD
+	mem *mr.Memory
+	mr  *mr.MR
+	cq  *cq.CQ
+	qp  *qp.QP
+	gid uverbs.GID
+	wc  []cq.WC
+}
+
+const bufSize = 4 << 20
+
+type pairOpts struct {
+	cfg    qp.Config
+	legacy bool
+	access mr.Access
+}
+
+func newSide(t testing.TB, name string, o pairOpts) *side {
+	t.Helper()
+	var err error
+	s := &side{wc: make([]cq.WC, 64)}
+	if s.ctx, err = uverbs.OpenWith(name, uverbs.Options{LegacyWrite: o.legacy}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.ctx.Close(); err != nil {
+			t.Errorf("close context: %v", err)
+		}
+		s.mem.Close()
+	})
+	if s.pd, err = s.ctx.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if s.mem, err = mr.Alloc(bufSize); err != nil {
+		t.Fatal(err)
+	}
+	acc := o.access
+	if acc == 0 {
+		acc = mr.LocalWrite | mr.RemoteWrite | mr.RemoteRead | mr.RemoteAtomic
+	}
+	if s.mr, err = mr.Register(s.pd, s.mem.Bytes(), acc); err != nil {
+		t.Fatal(err)
+	}
+	if s.cq, err = cq.Create(s.ctx, 256); err != nil {
+		t.Fatal(err)
+	}
+	cfg := o.cfg
+	cfg.SendCQ, cfg.RecvCQ = s.cq, s.cq
+	if cfg.MaxSendWR == 0 {
+		cfg.MaxSendWR = 64
+	}
+	if cfg.MaxRecvWR == 0 {
+		cfg.MaxRecvWR = 64
+	}
+	if s.qp, err = qp.Create(s.pd, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if s.gid, err = s.ctx.DefaultGID(1); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// connectedPair returns two RC QPs on rxe0 and rxe1 connected to each other.
+func connectedPair(t testing.TB, o pairOpts) (*side, *side) {
+	t.Helper()
+	na, nb := rxetest.Pair(t)
+	a, b := newSide(t, na, o), newSide(t, nb, o)
+	acc := mr.RemoteWrite | mr.RemoteRead | mr.RemoteAtomic
+	if err := a.qp.Connect(qp.Remote{QPN: b.qp.QPN(), PSN: 0x2222, GID: b.gid.GID}, qp.ConnectOptions{PSN: 0x1111, Access: acc}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.Connect(qp.Remote{QPN: a.qp.QPN(), PSN: 0x1111, GID: a.gid.GID}, qp.ConnectOptions{PSN: 0x2222, Access: acc}); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+// sge returns the SGE for n bytes at off in the side's buffer.
+func (s *side) sge(t testing.TB, off, n int) qp.SGE {
+	t.Helper()
+	g, err := s.mr.SGE(off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (s *side) addr(off int) uint64 { return s.mr.Addr() + uint64(off) }
+
+// wait polls until n completions arrived or the deadline passed.
+func (s *side) wait(t testing.TB, n int) []cq.WC {
+	t.Helper()
+	var got []cq.WC
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) < n {
+		k, err := s.cq.Poll(s.wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s.wc[:k]...)
+		if k == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d completions after 20 s: %+v", s.ctx.Name(), len(got), n, got)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	return got
+}
+
+// waitOK waits for n completions and fails on any error status.
+func (s *side) waitOK(t testing.TB, n int) []cq.WC {
+	t.Helper()
+	got := s.wait(t, n)
+	for i := range got {
+		if err := got[i].Err(); err != nil {
+			t.Fatalf("%s: %v", s.ctx.Name(), err)
+		}
+	}
+	return got
+}
+
+// noMore checks that no further completion arrives within d.
+func (s *side) noMore(t testing.TB, d time.Duration) {
+	t.Helper()
+	time.Sleep(d)
+	if k, _ := s.cq.Poll(s.wc); k != 0 {
+		t.Fatalf("%s: unexpected completions: %+v", s.ctx.Name(), s.wc[:k])
+	}
+}
+
+// fill writes a pattern that depends on seed into b.
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+}
