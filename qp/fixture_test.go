@@ -48,6 +48,12 @@ func resources() (string, bool) {
 
 func openFDs() int {
 	ents, _ := os.ReadDir("/proc/self/fd")
+	if os.Getenv("GOVERBS_DEBUG_FDS") != "" {
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			fmt.Fprintln(os.Stderr, e.Name(), l)
+		}
+	}
 	return len(ents)
 }
 

@@ -45,14 +45,17 @@ func providerFor(driver string) (Provider, bool) {
 //
 // A Context is safe for concurrent use.
 type Context struct {
-	info   DeviceInfo
-	file   *ioctl.File
-	prov   Provider
-	pctx   provider.Context
-	attr   DeviceAttr
-	nvecs  uint32
-	mu     sync.Mutex
-	closed bool
+	info  DeviceInfo
+	file  *ioctl.File
+	prov  Provider
+	pctx  provider.Context
+	attr  DeviceAttr
+	nvecs uint32
+	// asyncFD is the async event descriptor GET_CONTEXT made on the
+	// write() path, or -1.
+	asyncFD int
+	mu      sync.Mutex
+	closed  bool
 	// objs are the live child objects in creation order.
 	objs []io.Closer
 }
@@ -87,16 +90,18 @@ func OpenWith(name string, opts Options) (*Context, error) {
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
 	}
 	f.ForceWrite(opts.LegacyWrite)
-	c := &Context{info: info, file: f, prov: p, pctx: p.NewContext()}
+	c := &Context{info: info, file: f, prov: p, pctx: p.NewContext(), asyncFD: -1}
 	if err := c.getContext(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
 	}
 	if err := c.pctx.Attach(device{c}); err != nil {
+		c.closeAsync()
 		f.Close()
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
 	}
 	if c.attr, err = c.queryDevice(); err != nil {
+		c.closeAsync()
 		c.pctx.Close()
 		f.Close()
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
@@ -133,8 +138,14 @@ func (c *Context) getContext() error {
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofGetContextResp,
 		DriverIn: in, DriverOut: out,
 	}, "GET_CONTEXT")
+	if err != nil {
+		return err
+	}
 	c.nvecs = resp.Num_comp_vectors
-	return err
+	// The legacy command always creates the context's async event file and
+	// installs a descriptor for it in this process: it is ours to close.
+	c.asyncFD = int(resp.Async_fd)
+	return nil
 }
 
 // Info returns what sysfs said of the device when it was opened, without
@@ -205,8 +216,17 @@ func (c *Context) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.pctx.Close(), c.file.Close())
+	errs = append(errs, c.pctx.Close(), c.closeAsync(), c.file.Close())
 	return errors.Join(errs...)
+}
+
+func (c *Context) closeAsync() error {
+	if c.asyncFD < 0 {
+		return nil
+	}
+	err := unix.Close(c.asyncFD)
+	c.asyncFD = -1
+	return err
 }
 
 // device implements provider.Device.

@@ -1,0 +1,413 @@
+package qp_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+	"golang.org/x/sys/unix"
+)
+
+func wantErr(t *testing.T, err error, substr string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one containing %q", substr)
+	}
+	if !strings.Contains(err.Error(), substr) {
+		t.Fatalf("error %q does not contain %q", err, substr)
+	}
+}
+
+func TestUnknownDevice(t *testing.T) {
+	rxetest.One(t)
+	_, err := uverbs.Open("nosuchdev0")
+	wantErr(t, err, `device "nosuchdev0"`)
+	if !errors.Is(err, uverbs.ErrNoDevice) {
+		t.Errorf("error %v is not ErrNoDevice", err)
+	}
+	// It names the devices that exist.
+	wantErr(t, err, "rxe")
+}
+
+func TestBadPortAndGID(t *testing.T) {
+	c := rxetest.Open(t, rxetest.One(t))
+	for _, port := range []int{0, 99} {
+		_, err := c.QueryPort(port)
+		wantErr(t, err, "out of range")
+		_, err = c.GIDs(port)
+		wantErr(t, err, "out of range")
+	}
+	pa, err := c.QueryPort(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.GID(1, int(pa.GIDTableLen))
+	wantErr(t, err, "GID index")
+	_, err = c.GID(1, -1)
+	wantErr(t, err, "GID index")
+
+	pd, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccq, err := cq.Create(c, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := c.DefaultGID(1)
+	remote := qp.Remote{QPN: q.QPN(), GID: g.GID}
+	wantErr(t, q.Connect(remote, qp.ConnectOptions{Port: 99}), "port 99 out of range")
+	wantErr(t, q.Connect(remote, qp.ConnectOptions{UseGID: true, GIDIndex: int(pa.GIDTableLen) + 5}), "GID index")
+	err = q.Connect(remote, qp.ConnectOptions{MTU: pa.ActiveMTU + 1})
+	wantErr(t, err, "active MTU")
+	if q.State() != qp.Init {
+		t.Errorf("after a refused RTR the QP is %v, want INIT", q.State())
+	}
+	// A QP refused on the way up still connects with good arguments.
+	if err := q.Connect(remote, qp.ConnectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if q.State() != qp.RTS {
+		t.Errorf("state %v, want RTS", q.State())
+	}
+}
+
+func TestCapsAboveLimits(t *testing.T) {
+	c := rxetest.Open(t, rxetest.One(t))
+	pd, _ := c.AllocPD()
+	ccq, err := cq.Create(c, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Attr()
+	for _, cfg := range []qp.Config{
+		{MaxSendWR: a.MaxQPWR + 1, MaxRecvWR: 4},
+		{MaxSendWR: 4, MaxRecvWR: a.MaxQPWR + 1},
+		{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: a.MaxSGE + 1},
+		{MaxSendWR: 4, MaxRecvWR: 4, MaxRecvSGE: a.MaxSGE + 1},
+		{MaxSendWR: 0, MaxRecvWR: 4},
+	} {
+		cfg.SendCQ, cfg.RecvCQ = ccq, ccq
+		_, err := qp.Create(pd, cfg)
+		wantErr(t, err, "device limit")
+	}
+	_, err = qp.Create(pd, qp.Config{Type: 99, SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4})
+	wantErr(t, err, "QP type")
+	_, err = qp.Create(pd, qp.Config{MaxSendWR: 4, MaxRecvWR: 4})
+	wantErr(t, err, "CQ")
+	// Inline data above what rxe supports is refused by the kernel.
+	_, err = qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4, MaxInline: 1 << 20})
+	if err == nil {
+		t.Error("1 MiB of inline data accepted")
+	}
+}
+
+func TestCQSize(t *testing.T) {
+	c := rxetest.Open(t, rxetest.One(t))
+	for _, n := range []int{0, -1, int(c.Attr().MaxCQE) + 1} {
+		_, err := cq.Create(c, n)
+		wantErr(t, err, "entries")
+	}
+	q, err := cq.Create(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Len() < 1 {
+		t.Errorf("CQ of %d entries", q.Len())
+	}
+}
+
+func TestPostOnResetQP(t *testing.T) {
+	s := newSide(t, rxetest.One(t), pairOpts{})
+	sge := s.sge(t, 0, 8)
+	err := s.qp.PostSend([]qp.SendWR{{Opcode: qp.OpSend, SGEs: []qp.SGE{sge}}})
+	var se *qp.StateError
+	if !errors.As(err, &se) || se.State != qp.Reset {
+		t.Fatalf("PostSend on a RESET QP: %v, want a StateError naming RESET", err)
+	}
+	wantErr(t, err, "RESET")
+	err = s.qp.PostRecv([]qp.RecvWR{{SGEs: []qp.SGE{sge}}})
+	wantErr(t, err, "RESET")
+	// INIT accepts receives but not sends.
+	if err := s.qp.Init(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.qp.PostRecv([]qp.RecvWR{{SGEs: []qp.SGE{sge}}}); err != nil {
+		t.Errorf("PostRecv in INIT: %v", err)
+	}
+	wantErr(t, s.qp.PostSend([]qp.SendWR{{Opcode: qp.OpSend, SGEs: []qp.SGE{sge}}}), "INIT")
+}
+
+func TestBadSGE(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sge  func(a *side) qp.SGE
+	}{
+		{"wrong lkey", func(a *side) qp.SGE { g := a.sge(t, 0, 64); g.LKey ^= 0x5a5a00; return g }},
+		{"outside MR", func(a *side) qp.SGE { return qp.SGE{Addr: a.addr(bufSize - 16), Length: 64, LKey: a.mr.LKey()} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := connectedPair(t, pairOpts{})
+			if err := b.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{b.sge(t, 0, 4096)}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.qp.PostSend([]qp.SendWR{{ID: 42, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{tc.sge(a)}}}); err != nil {
+				t.Fatal(err)
+			}
+			w := a.wait(t, 1)[0]
+			err := w.Err()
+			var we *uverbs.WCError
+			if !errors.As(err, &we) || we.ID != 42 {
+				t.Fatalf("completion %+v: error %v, want a WCError for work request 42", w, err)
+			}
+			// The verbs spec says local protection error; rxe reports a
+			// bad lkey as a local QP operation error.
+			if w.Status != uverbs.WCStatus(4) && w.Status != uverbs.WCStatus(2) {
+				t.Errorf("status %v, want local protection or local QP operation error", w.Status)
+			}
+			t.Logf("clear error: %v", err)
+			// The QP is now in ERR: later sends flush.
+			attr, err := a.qp.Query()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if attr.State != qp.Err {
+				t.Errorf("QP state after a protection error: %v, want ERR", attr.State)
+			}
+			// Nothing reached the receiver.
+			b.noMore(t, 100*time.Millisecond)
+		})
+	}
+}
+
+func TestUseAfterCloseAndDoubleClose(t *testing.T) {
+	c, err := uverbs.Open(rxetest.One(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, _ := c.AllocPD()
+	mem, _ := mr.Alloc(4096)
+	defer mem.Close()
+	m, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccq, _ := cq.Create(c, 8)
+	q, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range []interface{ Close() error }{q, q, ccq, ccq, m, m, pd, pd} {
+		if err := cl.Close(); err != nil {
+			t.Fatalf("Close %T: %v", cl, err)
+		}
+	}
+	if err := q.PostSend([]qp.SendWR{{Opcode: qp.OpSend}}); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("PostSend after Close: %v", err)
+	}
+	if err := q.PostRecv([]qp.RecvWR{{}}); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("PostRecv after Close: %v", err)
+	}
+	if _, err := q.Query(); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("Query after Close: %v", err)
+	}
+	if err := q.ToError(); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("Modify after Close: %v", err)
+	}
+	if _, err := ccq.Poll(make([]cq.WC, 1)); !errors.Is(err, cq.ErrClosed) {
+		t.Errorf("Poll after Close: %v", err)
+	}
+	if _, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("Register on a closed PD: %v", err)
+	}
+	if _, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("Create on a closed PD: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close of the context: %v", err)
+	}
+	if _, err := c.AllocPD(); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("AllocPD after Close: %v", err)
+	}
+	if _, err := cq.Create(c, 4); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("cq.Create after Close: %v", err)
+	}
+	if _, err := c.QueryPort(1); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("QueryPort after Close: %v", err)
+	}
+}
+
+func TestDestroyInUse(t *testing.T) {
+	c := rxetest.Open(t, rxetest.One(t))
+	pd, _ := c.AllocPD()
+	mem, _ := mr.Alloc(4096)
+	defer mem.Close()
+	m, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pd.Close()
+	if !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("closing a PD with an MR: %v, want EBUSY", err)
+	}
+	wantErr(t, err, "still in use")
+	// The PD is still usable.
+	m2, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite)
+	if err != nil {
+		t.Fatalf("PD unusable after a refused Close: %v", err)
+	}
+	ccq, _ := cq.Create(c, 8)
+	q, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ccq.Close(); !errors.Is(err, unix.EBUSY) {
+		t.Errorf("closing a CQ used by a QP: %v, want EBUSY", err)
+	}
+	for _, cl := range []interface{ Close() error }{q, ccq, m, m2, pd} {
+		if err := cl.Close(); err != nil {
+			t.Fatalf("Close %T: %v", cl, err)
+		}
+	}
+}
+
+// TestContextCloseReleasesAll leaves objects open and closes the context:
+// everything must go (TestMain checks the kernel's counts).
+func TestContextCloseReleasesAll(t *testing.T) {
+	c, err := uverbs.Open(rxetest.One(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, _ := c.AllocPD()
+	mem, _ := mr.Alloc(1 << 16)
+	defer mem.Close()
+	if _, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	ccq, _ := cq.Create(c, 8)
+	if _, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMRBadInput(t *testing.T) {
+	c := rxetest.Open(t, rxetest.One(t))
+	pd, _ := c.AllocPD()
+	mem, _ := mr.Alloc(4096)
+	defer mem.Close()
+	_, err := mr.Register(pd, nil, mr.LocalWrite)
+	wantErr(t, err, "empty")
+	_, err = mr.Register(pd, mem.Bytes(), mr.RemoteWrite)
+	wantErr(t, err, "LocalWrite")
+	_, err = mr.Register(pd, mem.Bytes(), 1<<20)
+	wantErr(t, err, "unknown access")
+	_, err = mr.Register(nil, mem.Bytes(), mr.LocalWrite)
+	wantErr(t, err, "nil PD")
+	_, err = mr.Alloc(0)
+	wantErr(t, err, "size")
+	m, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.SGE(4000, 200)
+	wantErr(t, err, "outside")
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQueueFull fills the queues: a batch that does not fit is refused
+// whole, with ErrQueueFull, and the rings stay usable.
+func TestQueueFull(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{cfg: qp.Config{MaxSendWR: 8, MaxRecvWR: 8}})
+	rcap := int(b.qp.Caps().MaxRecvWR)
+	recvs := make([]qp.RecvWR, 4*rcap)
+	for i := range recvs {
+		recvs[i] = qp.RecvWR{ID: uint64(i), SGEs: []qp.SGE{b.sge(t, dstOff+i*64, 64)}}
+	}
+	// Fill the receive queue one by one until it refuses.
+	posted := 0
+	for ; posted < len(recvs); posted++ {
+		err := b.qp.PostRecv(recvs[posted : posted+1])
+		if errors.Is(err, qp.ErrQueueFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if posted < rcap || posted == len(recvs) {
+		t.Fatalf("receive queue took %d, granted %d", posted, rcap)
+	}
+	// Send more than the send queue holds in one batch: refused whole.
+	scap := int(a.qp.Caps().MaxSendWR)
+	sends := make([]qp.SendWR, 4*scap)
+	for i := range sends {
+		sends[i] = qp.SendWR{ID: uint64(i), Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, i*64, 8)}}
+	}
+	if err := a.qp.PostSend(sends); !errors.Is(err, qp.ErrQueueFull) {
+		t.Fatalf("oversized batch: %v, want ErrQueueFull", err)
+	}
+	// Nothing of it went out.
+	b.noMore(t, 200*time.Millisecond)
+	a.noMore(t, 0)
+	// The posted receives are consumed by exactly `posted` sends.
+	for off := 0; off < posted; off += 4 {
+		n := min(4, posted-off)
+		if err := a.qp.PostSend(sends[off : off+n]); err != nil {
+			t.Fatal(err)
+		}
+		a.waitOK(t, n)
+	}
+	got := b.waitOK(t, posted)
+	for i, w := range got {
+		if w.ID != uint64(i) {
+			t.Fatalf("receive %d completed as %d", i, w.ID)
+		}
+	}
+	b.noMore(t, 0)
+}
+
+// TestLegacyWrite runs a connection with every command sent by write(),
+// the path for kernels without the ioctl interface.
+func TestLegacyWrite(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{legacy: true})
+	if !a.ctx.File().UsesWrite() {
+		t.Fatal("legacy mode not in effect")
+	}
+	fill(a.mem.Bytes()[:100], 1)
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{b.sge(t, dstOff, 100)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend([]qp.SendWR{{ID: 1, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, 0, 100)}}}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOK(t, 1)
+	if w := b.waitOK(t, 1)[0]; w.ByteLen != 100 {
+		t.Fatalf("received %d bytes", w.ByteLen)
+	}
+	gids, err := a.ctx.GIDs(1)
+	if err != nil || len(gids) == 0 {
+		t.Fatalf("GIDs through sysfs: %v %v", gids, err)
+	}
+	attr, err := a.qp.Query()
+	if err != nil || attr.State != qp.RTS || attr.DestQPN != b.qp.QPN() {
+		t.Fatalf("Query: %+v %v", attr, err)
+	}
+}
