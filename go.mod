@@ -3,6 +3,6 @@ module github.com/goverbs/goverbs
 go 1.26.0
 
 require (
-	github.com/google/go-cmp v0.7.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
+	github.com/google/go-cmp v0.7.0
+	golang.org/x/sys v0.50.0
 )

@@ -63,18 +63,20 @@ func (c *Call) Object() uint16 { return c.buf.hdr.Object_id }
 // Method returns the method id of the call.
 func (c *Call) Method() uint16 { return c.buf.hdr.Method_id }
 
+// add appends an attribute and returns its index, or -1 when the call
+// already failed to encode (see Err).
 func (c *Call) add(id uint16, length int, flags uint16, data uint64, keep unsafe.Pointer) int {
 	n := int(c.buf.hdr.Num_attrs)
 	if c.err != nil {
-		return n
+		return -1
 	}
 	if n == MaxAttrs {
 		c.err = fmt.Errorf("ioctl: more than %d attributes in one call", MaxAttrs)
-		return n
+		return -1
 	}
 	if length < 0 || length > 0xffff {
 		c.err = fmt.Errorf("ioctl: attribute %#x: length %d out of range 0..65535", id, length)
-		return n
+		return -1
 	}
 	c.buf.attrs[n] = Attr{Attr_id: id, Len: uint16(length), Flags: flags, Data: data}
 	c.keep[n] = keep
@@ -144,11 +146,21 @@ func (c *Call) OutBytes(id uint16, p []byte, flags uint16) int {
 }
 
 // Data returns the data field of attribute i after the call: the new handle
-// of a NewIDR attribute.
-func (c *Call) Data(i int) uint64 { return c.buf.attrs[i].Data }
+// of a NewIDR attribute. An index that names no attribute gives 0.
+func (c *Call) Data(i int) uint64 {
+	if i < 0 || i >= int(c.buf.hdr.Num_attrs) {
+		return 0
+	}
+	return c.buf.attrs[i].Data
+}
 
-// Flags returns the flags of attribute i after the call.
-func (c *Call) Flags(i int) uint16 { return c.buf.attrs[i].Flags }
+// Flags returns the flags of attribute i after the call, or 0.
+func (c *Call) Flags(i int) uint16 {
+	if i < 0 || i >= int(c.buf.hdr.Num_attrs) {
+		return 0
+	}
+	return c.buf.attrs[i].Flags
+}
 
 // Err reports an encoding error (too many attributes, oversized blob).
 func (c *Call) Err() error { return c.err }

@@ -169,7 +169,9 @@ type Cmd struct {
 func (f *File) Write(cmd *Cmd, op string) error {
 	if !f.writeViaSyscall.Load() {
 		err := f.invokeWrite(cmd, op)
-		if err == nil || !errors.Is(err, ErrNotSupported) {
+		// Only "no ioctl at all" and "no INVOKE_WRITE method" mean the
+		// kernel lacks the path; EOPNOTSUPP is one verb's answer.
+		if err == nil || !(errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EPROTONOSUPPORT)) {
 			return err
 		}
 		f.writeViaSyscall.Store(true)
@@ -199,6 +201,9 @@ func (f *File) invokeWrite(cmd *Cmd, op string) error {
 // EncodeWrite returns the bytes write() sends for cmd, with the response
 // pointer set to resp (core response followed by the driver response).
 func EncodeWrite(cmd *Cmd, resp []byte) ([]byte, error) {
+	if len(resp) > 0 && cmd.InLen < 8 {
+		return nil, fmt.Errorf("ioctl: write command %d: request of %d bytes has no room for the response pointer", cmd.Command, cmd.InLen)
+	}
 	total := SizeofCmdHdr + cmd.InLen + len(cmd.DriverIn)
 	if total%4 != 0 || total/4 > 0xffff {
 		return nil, fmt.Errorf("ioctl: write command %d: request of %d bytes is not a word multiple below 256 KiB", cmd.Command, total)
