@@ -17,6 +17,11 @@ import (
 // guest may run the tests with a PATH that lacks it).
 func goTool(t *testing.T) string {
 	t.Helper()
+	if os.Getenv("GOVERBS_VM_GUEST") == "1" {
+		// The guest sees the host's files over 9p, where the linker cannot
+		// mmap its output; scripts/test runs these checks on the host.
+		t.Skip("build checks run on the host, not in the rxe guest")
+	}
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
