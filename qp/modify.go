@@ -228,7 +228,9 @@ type ConnectOptions struct {
 }
 
 // Connect moves an RC or UC QP from RESET through INIT and RTR to RTS,
-// connected to remote.
+// connected to remote. A QP already in INIT keeps its posted receives (and
+// the port and access it was given by Init); one in any other state is
+// reset first, which drops its outstanding work requests.
 func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 	if q.cfg.Type == UD {
 		return errors.New("qp: Connect is for RC and UC QPs; a UD QP needs ToRTS with a QKey")
@@ -270,14 +272,20 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 		}
 		av.IsGlobal, av.DGID, av.SGIDIndex = true, remote.GID.To16(), uint8(g.Index)
 	}
-	if q.State() != Reset {
+	switch q.State() {
+	case Init:
+		// Receives may already be posted (rdma-core's pingpong posts them
+		// in INIT): keep the QP and them.
+	default:
 		if err := q.Modify(&Attr{State: Reset}, MaskState); err != nil {
 			return err
 		}
-	}
-	if err := q.Modify(&Attr{State: Init, Port: o.Port, Access: o.Access},
-		MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags); err != nil {
-		return err
+		fallthrough
+	case Reset:
+		if err := q.Modify(&Attr{State: Init, Port: o.Port, Access: o.Access},
+			MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags); err != nil {
+			return err
+		}
 	}
 	mask := MaskState | MaskAV | MaskPathMTU | MaskDestQPN | MaskRQPSN
 	if q.cfg.Type == RC {
