@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"time"
@@ -162,6 +163,13 @@ type pingpong struct {
 }
 
 func runPingpong(args []string, stdout, stderr io.Writer) error {
+	// The ping-pong is one busy-polling goroutine, like rdma-core's one
+	// thread: a second P only lets the runtime's other threads compete with
+	// the peer and the kernel's rxe work for the CPUs. GOMAXPROCS in the
+	// environment still wins.
+	if os.Getenv("GOMAXPROCS") == "" {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	}
 	fs, o := pingpongFlags(stderr)
 	rest, err := parseGetopt(fs, args)
 	if err != nil {
