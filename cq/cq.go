@@ -28,10 +28,37 @@ type CQ struct {
 	cqe    int
 	mu     sync.Mutex
 	closed atomic.Bool
+
+	// Event-driven completions (Options.Channel or Options.Events).
+	user    uint64
+	ch      *uverbs.CompChannel
+	ownCh   bool
+	ready   <-chan struct{}
+	armReq  ioctl.ReqNotifyCQ
+	armed   atomic.Uint64
+	wakeups atomic.Uint64
 }
 
-// Create makes a CQ of at least cqe entries on ctx.
+// Options are the optional parts of a CQ.
+type Options struct {
+	// Channel attaches the CQ to a completion channel shared with other
+	// CQs; Wait then works.
+	Channel *uverbs.CompChannel
+	// Events gives the CQ a completion channel of its own (closed with the
+	// CQ), so Wait works. Ignored when Channel is set.
+	Events bool
+	// Vector is the completion vector (interrupt) to use; default 0.
+	Vector int
+}
+
+// Create makes a CQ of at least cqe entries on ctx. Poll it; for Wait use
+// CreateWith and Options.Events or Options.Channel.
 func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
+	return CreateWith(ctx, cqe, Options{})
+}
+
+// CreateWith makes a CQ with options.
+func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	if ctx == nil {
 		return nil, errors.New("cq: create: nil context")
 	}
@@ -42,6 +69,34 @@ func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
 	if cqe < 1 || cqe > max {
 		return nil, fmt.Errorf("cq: create: %d entries: want 1..%d (device limit)", cqe, max)
 	}
+	if o.Vector < 0 || o.Vector >= max1(ctx.NumCompVectors()) {
+		return nil, fmt.Errorf("cq: create: completion vector %d out of range 0..%d", o.Vector, max1(ctx.NumCompVectors())-1)
+	}
+	ch, ownCh := o.Channel, false
+	if ch != nil && ch.Context() != ctx {
+		return nil, errors.New("cq: create: the completion channel belongs to another device context")
+	}
+	if ch == nil && o.Events {
+		if ch, err = ctx.CreateCompChannel(); err != nil {
+			return nil, fmt.Errorf("cq: create: %w", err)
+		}
+		ownCh = true
+		defer func() {
+			if err != nil {
+				ch.Close()
+			}
+		}()
+	}
+	chFd := -1
+	if ch != nil {
+		chFd = ch.Fd()
+	}
+	user := ctx.NewUserHandle(nil)
+	defer func() {
+		if err != nil {
+			ctx.ReleaseUserHandle(user)
+		}
+	}()
 	drv, err := ctx.Driver().NewCQ(cqe)
 	if err != nil {
 		return nil, fmt.Errorf("cq: create: %w", err)
@@ -55,8 +110,11 @@ func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
 		c.Reset(ioctl.UVERBS_OBJECT_CQ, ioctl.UVERBS_METHOD_CQ_CREATE, f.DriverID())
 		h := c.NewIDR(ioctl.UVERBS_ATTR_CREATE_CQ_HANDLE)
 		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_CQE, uint32(cqe))
-		c.InU64(ioctl.UVERBS_ATTR_CREATE_CQ_USER_HANDLE, 0)
-		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, 0)
+		c.InU64(ioctl.UVERBS_ATTR_CREATE_CQ_USER_HANDLE, user)
+		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, uint32(o.Vector))
+		if chFd >= 0 {
+			c.InFD(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_CHANNEL, chFd)
+		}
 		c.Out(ioctl.UVERBS_ATTR_CREATE_CQ_RESP_CQE, unsafe.Pointer(&granted), 4, ioctl.AttrMandatory)
 		if len(in) > 0 {
 			c.InBytes(ioctl.AttrUHWIn, in, 0)
@@ -69,7 +127,7 @@ func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
 		}
 	}
 	if errors.Is(err, ioctl.ErrNotSupported) {
-		req := ioctl.CreateCQ{Cqe: uint32(cqe), Comp_channel: -1}
+		req := ioctl.CreateCQ{Cqe: uint32(cqe), Comp_channel: int32(chFd), User_handle: user, Comp_vector: uint32(o.Vector)}
 		var resp ioctl.CreateCQResp
 		err = f.Write(&ioctl.Cmd{
 			Command: ioctl.IB_USER_VERBS_CMD_CREATE_CQ,
@@ -82,10 +140,18 @@ func Create(ctx *uverbs.Context, cqe int) (*CQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
-	q := &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted)}
+	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
+	q.armReq.Cq_handle = handle
 	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
 		q.destroy()
 		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
+	}
+	if ch != nil {
+		if q.ready, err = ch.Register(user); err != nil {
+			q.destroy()
+			drv.Close()
+			return nil, fmt.Errorf("cq: create: %w", err)
+		}
 	}
 	if err := ctx.Track(q); err != nil {
 		q.destroy()
@@ -151,5 +217,20 @@ func (q *CQ) Close() error {
 	}
 	q.closed.Store(true)
 	q.ctx.Untrack(q)
-	return q.drv.Close()
+	q.ctx.ReleaseUserHandle(q.user)
+	err := q.drv.Close()
+	if q.ch != nil {
+		q.ch.Unregister(q.user)
+		if q.ownCh {
+			err = errors.Join(err, q.ch.Close())
+		}
+	}
+	return err
+}
+
+func max1(n int) int {
+	if n < 1 {
+		return 1
+	}
+	return n
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -58,6 +59,10 @@ type Context struct {
 	closed  bool
 	// objs are the live child objects in creation order.
 	objs []io.Closer
+	// handles are the user handles given to the kernel with CQs, QPs and
+	// SRQs; events name their object by it.
+	lastHandle atomic.Uint64
+	handles    sync.Map // uint64 -> any
 }
 
 // Options tune Open.
@@ -181,6 +186,20 @@ func (c *Context) Track(o io.Closer) error {
 	c.objs = append(c.objs, o)
 	return nil
 }
+
+// NewUserHandle returns a fresh user handle for obj: the value the kernel
+// echoes in completion and async events about it.
+func (c *Context) NewUserHandle(obj any) uint64 {
+	h := c.lastHandle.Add(1)
+	c.handles.Store(h, obj)
+	return h
+}
+
+// ReleaseUserHandle forgets a user handle.
+func (c *Context) ReleaseUserHandle(h uint64) { c.handles.Delete(h) }
+
+// ObjectOf returns the object a user handle was made for.
+func (c *Context) ObjectOf(h uint64) (any, bool) { return c.handles.Load(h) }
 
 // Untrack forgets a child object that was destroyed on its own.
 func (c *Context) Untrack(o io.Closer) {

@@ -69,8 +69,17 @@ type CQ interface {
 	// Poll moves up to len(wc) completions into wc, without a system call
 	// where the hardware allows, and returns how many.
 	Poll(wc []WC) int
+	// Empty reports whether no completion is waiting to be polled.
+	Empty() bool
 	// Close unmaps the queue; the core destroys the kernel object first.
 	Close() error
+}
+
+// CQArmer is implemented by providers that arm a CQ for an event without
+// the kernel (mlx5 writes its doorbell record). Without it the core sends
+// REQ_NOTIFY_CQ.
+type CQArmer interface {
+	Arm(solicitedOnly bool) error
 }
 
 // QPRequest is what the core asks of a provider QP.

@@ -82,6 +82,9 @@ func (c *cq) Attach(dev provider.Device, handle uint32, cqe int) error {
 
 func (c *cq) Poll(wc []provider.WC) int {
 	r := &c.r
+	if r.mem == nil {
+		return 0
+	}
 	cons := atomic.LoadUint32(r.cons)
 	prod := atomic.LoadUint32(r.prod) // acquire: entries before it are written
 	n := 0
@@ -109,6 +112,13 @@ func (c *cq) Poll(wc []provider.WC) int {
 		atomic.StoreUint32(r.cons, cons) // release: the slots are free again
 	}
 	return n
+}
+
+func (c *cq) Empty() bool {
+	if c.r.mem == nil {
+		return true
+	}
+	return atomic.LoadUint32(c.r.cons) == atomic.LoadUint32(c.r.prod)
 }
 
 func (c *cq) Close() error {

@@ -1,0 +1,301 @@
+package cq_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// loop is two RC QPs on one device connected to each other, with separate
+// event-driven CQs for the sender and the receiver.
+type loop struct {
+	ctx      *uverbs.Context
+	m        *mr.MR
+	scq, rcq *cq.CQ
+	sqp, rqp *qp.QP
+	sendWR   []qp.SendWR
+	recvWR   []qp.RecvWR
+	wc       []cq.WC
+	mem      *mr.Memory
+}
+
+func newLoop(t *testing.T, rcqOpts cq.Options) *loop {
+	t.Helper()
+	return newLoopOn(t, rxetest.Open(t, rxetest.One(t)), rcqOpts)
+}
+
+func TestWaitWakesOnCompletion(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	for i := range 5 {
+		if err := l.rqp.PostRecv(l.recvWR); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for {
+				n, err := l.rcq.Poll(l.wc)
+				if err != nil || n > 0 {
+					if err == nil {
+						err = l.wc[0].Err()
+					}
+					done <- err
+					return
+				}
+				if err := l.rcq.Wait(ctx); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		// Let the waiter park first (the common case), then send.
+		time.Sleep(20 * time.Millisecond)
+		if err := l.sqp.PostSend(l.sendWR); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		// The sender's CQ is event driven too.
+		drain(t, l.scq, l.wc)
+	}
+	st := l.rcq.Stats()
+	if st.Arms == 0 || st.Wakeups == 0 {
+		t.Errorf("stats %+v: want arms and event wakeups", st)
+	}
+}
+
+// drain waits for one completion with Wait and Poll.
+func drain(t *testing.T, c *cq.CQ, wc []cq.WC) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		n, err := c.Poll(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			if err := wc[0].Err(); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if err := c.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestWaitRaceCompletionBeforeArm: a completion that is already queued when
+// Wait arms raises no event; Wait must still return at once.
+func TestWaitRaceCompletionBeforeArm(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	if err := l.rqp.PostRecv(l.recvWR); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.sqp.PostSend(l.sendWR); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, l.scq, l.wc) // the receive has arrived once the send completed
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := l.rcq.Wait(ctx); err != nil {
+		t.Fatalf("Wait with a queued completion: %v", err)
+	}
+	if n, _ := l.rcq.Poll(l.wc); n != 1 {
+		t.Fatalf("polled %d after Wait, want 1", n)
+	}
+}
+
+func TestWaitContext(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := l.rcq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait with a deadline: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("deadline of 50 ms honoured after %v", d)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { time.Sleep(30 * time.Millisecond); cancel() }()
+	if err := l.rcq.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait cancelled: %v", err)
+	}
+	// A CQ without a channel cannot Wait.
+	plain, err := cq.Create(l.ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Wait(context.Background()); !errors.Is(err, cq.ErrNoChannel) {
+		t.Errorf("Wait without a channel: %v", err)
+	}
+	if err := plain.Notify(false); !errors.Is(err, cq.ErrNoChannel) {
+		t.Errorf("Notify without a channel: %v", err)
+	}
+	// A closed CQ says so.
+	if err := l.rqp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.rcq.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.rcq.Wait(context.Background()); !errors.Is(err, cq.ErrClosed) {
+		t.Errorf("Wait after Close: %v", err)
+	}
+}
+
+func TestSharedChannel(t *testing.T) {
+	ctx := rxetest.Open(t, rxetest.One(t))
+	ch, err := ctx.CreateCompChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The receive CQ shares the channel with an idle CQ.
+	idle, err := cq.CreateWith(ctx, 4, cq.Options{Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLoopOn(t, ctx, cq.Options{Channel: ch})
+	if err := l.rqp.PostRecv(l.recvWR); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		l.sqp.PostSend(l.sendWR)
+	}()
+	drain(t, l.rcq, l.wc)
+	// The idle CQ saw no event.
+	tctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := idle.Wait(tctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("idle CQ on a shared channel woke: %v", err)
+	}
+	if ch.Events() == 0 {
+		t.Error("the shared channel counted no event")
+	}
+}
+
+// newLoopOn is newLoop on an already open context.
+func newLoopOn(t *testing.T, ctx *uverbs.Context, rcqOpts cq.Options) *loop {
+	t.Helper()
+	l := &loop{ctx: ctx, wc: make([]cq.WC, 8)}
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.mem, err = mr.Alloc(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.mem.Close() })
+	if l.m, err = mr.Register(pd, l.mem.Bytes(), mr.LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if l.scq, err = cq.CreateWith(ctx, 16, cq.Options{Events: true}); err != nil {
+		t.Fatal(err)
+	}
+	if l.rcq, err = cq.CreateWith(ctx, 16, rcqOpts); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(c *cq.CQ) *qp.QP {
+		q, err := qp.Create(pd, qp.Config{SendCQ: c, RecvCQ: c, MaxSendWR: 8, MaxRecvWR: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	l.sqp, l.rqp = mk(l.scq), mk(l.rcq)
+	g, err := ctx.DefaultGID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.sqp.Connect(qp.Remote{QPN: l.rqp.QPN(), GID: g.GID}, qp.ConnectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.rqp.Connect(qp.Remote{QPN: l.sqp.QPN(), GID: g.GID}, qp.ConnectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := l.m.SGE(0, 64)
+	r, _ := l.m.SGE(4096, 64)
+	l.sendWR = []qp.SendWR{{ID: 1, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{s}}}
+	l.recvWR = []qp.RecvWR{{ID: 2, SGEs: []qp.SGE{r}}}
+	return l
+}
+
+func threads(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	t.Fatal("no Threads line in /proc/self/status")
+	return 0
+}
+
+// TestManyWaitersFewThreads parks 1000 goroutines, each in Wait on its own
+// CQ and channel, and counts the process's threads: parked waiters must
+// not hold an OS thread each.
+func TestManyWaitersFewThreads(t *testing.T) {
+	n := 1000
+	if testing.Short() {
+		n = 200
+	}
+	ctx := rxetest.Open(t, rxetest.One(t))
+	before := threads(t)
+	cqs := make([]*cq.CQ, n)
+	for i := range cqs {
+		c, err := cq.CreateWith(ctx, 1, cq.Options{Events: true})
+		if err != nil {
+			t.Fatalf("CQ %d: %v", i, err)
+		}
+		cqs[i] = c
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for _, c := range cqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- c.Wait(wctx)
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	during := threads(t)
+	cancel()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("waiter returned %v, want context.Canceled", err)
+		}
+	}
+	t.Logf("threads: %d before, %d with %d goroutines waiting", before, during, n)
+	if during-before > 20 {
+		t.Errorf("%d waiters took %d more OS threads", n, during-before)
+	}
+	for _, c := range cqs {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

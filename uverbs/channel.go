@@ -1,0 +1,172 @@
+package uverbs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"golang.org/x/sys/unix"
+)
+
+// CompChannel is a completion channel: the kernel writes an event to it when
+// an armed CQ attached to it gets a completion. Its descriptor lives in Go's
+// netpoller, so a goroutine waiting for a completion is parked, not a thread
+// blocked in a system call.
+//
+// One goroutine per channel reads its events and wakes the waiter of the CQ
+// each event names. A CompChannel is safe for concurrent use.
+type CompChannel struct {
+	ctx  *Context
+	file *os.File
+	fd   int
+
+	mu      sync.Mutex
+	waiters map[uint64]chan struct{}
+	started bool
+	closed  bool
+	done    chan struct{}
+	events  atomic.Uint64
+	err     atomic.Pointer[error]
+}
+
+// CreateCompChannel creates a completion channel.
+func (c *Context) CreateCompChannel() (*CompChannel, error) {
+	if c.Closed() {
+		return nil, ErrClosed
+	}
+	var req ioctl.CreateCompChannel
+	var resp ioctl.CreateCompChannelResp
+	err := c.file.Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL,
+		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofCreateCompChannel,
+		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateCompChannelResp,
+	}, "CREATE_COMP_CHANNEL")
+	if err != nil {
+		return nil, fmt.Errorf("uverbs: %s: create completion channel: %w", c.info.Name, err)
+	}
+	fd := int(resp.Fd)
+	f, err := pollable(fd, "uverbs-comp-channel")
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("uverbs: %s: completion channel: %w", c.info.Name, err)
+	}
+	ch := &CompChannel{ctx: c, file: f, fd: fd, waiters: map[uint64]chan struct{}{}, done: make(chan struct{})}
+	if err := c.Track(ch); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return ch, nil
+}
+
+// pollable makes fd non-blocking and hands it to the netpoller.
+func pollable(fd int, name string) (*os.File, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, err
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// Fd returns the channel's descriptor, for the CQ_CREATE command.
+func (ch *CompChannel) Fd() int { return ch.fd }
+
+// Context returns the device context.
+func (ch *CompChannel) Context() *Context { return ch.ctx }
+
+// Events is the number of completion events read so far.
+func (ch *CompChannel) Events() uint64 { return ch.events.Load() }
+
+// Register returns a channel that receives a token whenever an event for
+// userHandle (the CQ's user handle) arrives; the token is not queued twice.
+func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return nil, ErrClosed
+	}
+	if _, dup := ch.waiters[userHandle]; dup {
+		return nil, fmt.Errorf("uverbs: completion channel: user handle %d registered twice", userHandle)
+	}
+	w := make(chan struct{}, 1)
+	ch.waiters[userHandle] = w
+	if !ch.started {
+		ch.started = true
+		go ch.read()
+	}
+	return w, nil
+}
+
+// Unregister forgets a CQ's user handle.
+func (ch *CompChannel) Unregister(userHandle uint64) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	delete(ch.waiters, userHandle)
+}
+
+// Err returns the error that stopped the reader, if any.
+func (ch *CompChannel) Err() error {
+	if p := ch.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Done is closed when the channel's reader stopped (Close, or a read error).
+func (ch *CompChannel) Done() <-chan struct{} { return ch.done }
+
+func (ch *CompChannel) read() {
+	defer close(ch.done)
+	var buf [ioctl.SizeofCompEventDesc]byte
+	for {
+		n, err := ch.file.Read(buf[:])
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) && !errors.Is(err, io.EOF) {
+				e := fmt.Errorf("uverbs: completion channel read: %w", err)
+				ch.err.Store(&e)
+			}
+			return
+		}
+		if n != len(buf) {
+			continue
+		}
+		ch.events.Add(1)
+		h := binary.NativeEndian.Uint64(buf[:])
+		ch.mu.Lock()
+		w := ch.waiters[h]
+		ch.mu.Unlock()
+		if w != nil {
+			select {
+			case w <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// Close closes the channel. Destroy the CQs that use it first: the kernel
+// keeps the channel alive for them, but nobody reads it any more. It is
+// idempotent.
+func (ch *CompChannel) Close() error {
+	ch.mu.Lock()
+	if ch.closed {
+		ch.mu.Unlock()
+		return nil
+	}
+	ch.closed = true
+	started := ch.started
+	ch.mu.Unlock()
+	err := ch.file.Close()
+	if started {
+		<-ch.done
+	} else {
+		close(ch.done)
+	}
+	ch.ctx.Untrack(ch)
+	return err
+}
