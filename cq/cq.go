@@ -142,6 +142,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	}
 	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
 	q.armReq.Cq_handle = handle
+	ctx.BindUserHandle(user, q)
 	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
 		q.destroy()
 		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
@@ -163,6 +164,11 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 
 // ErrClosed is returned for a use after Close.
 var ErrClosed = uverbs.ErrClosed
+
+// IsClosed reports whether Close was called.
+func (q *CQ) IsClosed() bool { return q.closed.Load() }
+
+func (q *CQ) String() string { return fmt.Sprintf("CQ %d on %s", q.handle, q.ctx.Name()) }
 
 // Len is the number of entries the kernel granted (at least the number asked).
 func (q *CQ) Len() int { return q.cqe }

@@ -123,6 +123,7 @@ type QP struct {
 	caps   provider.QPCaps
 	state  atomic.Uint32
 	port   uint8
+	user   uint64
 	mu     sync.Mutex // serialises Modify and Close
 	closed atomic.Bool
 }
@@ -170,6 +171,7 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	}
 	in, out := drv.Udata()
 	f := ctx.File()
+	user := ctx.NewUserHandle(nil)
 	cap := ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
 		Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}
 	var rcap ioctl.QPCap
@@ -182,7 +184,7 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_PD_HANDLE, ph)
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, sh)
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, rh)
-		c.InU64(ioctl.UVERBS_ATTR_CREATE_QP_USER_HANDLE, 0)
+		c.InU64(ioctl.UVERBS_ATTR_CREATE_QP_USER_HANDLE, user)
 		c.InPtr(ioctl.UVERBS_ATTR_CREATE_QP_CAP, unsafe.Pointer(&cap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
 		c.InConst(ioctl.UVERBS_ATTR_CREATE_QP_TYPE, uint64(cfg.Type))
 		var flags uint32
@@ -203,7 +205,7 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		}
 	}
 	if errors.Is(err, ioctl.ErrNotSupported) {
-		req := ioctl.CreateQP{Pd_handle: ph, Send_cq_handle: sh, Recv_cq_handle: rh,
+		req := ioctl.CreateQP{User_handle: user, Pd_handle: ph, Send_cq_handle: sh, Recv_cq_handle: rh,
 			Max_send_wr: cfg.MaxSendWR, Max_recv_wr: cfg.MaxRecvWR, Max_send_sge: cfg.MaxSendSGE,
 			Max_recv_sge: cfg.MaxRecvSGE, Max_inline_data: cfg.MaxInline, Qp_type: uint8(cfg.Type)}
 		if cfg.SignalAll {
@@ -221,16 +223,20 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 			Recv_sge: resp.Max_recv_sge, Inline_data: resp.Max_inline_data}
 	}
 	if err != nil {
+		ctx.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)
 	}
-	q := &QP{pd: pd, ctx: ctx, cfg: cfg, drv: drv, handle: handle, qpn: qpn,
+	q := &QP{pd: pd, ctx: ctx, cfg: cfg, drv: drv, handle: handle, qpn: qpn, user: user,
 		caps: provider.QPCaps{MaxSendWR: rcap.Send_wr, MaxRecvWR: rcap.Recv_wr, MaxSendSGE: rcap.Send_sge,
 			MaxRecvSGE: rcap.Recv_sge, MaxInline: rcap.Inline_data}}
+	ctx.BindUserHandle(user, q)
 	if err := drv.Attach(ctx.Device(), handle, qpn, q.caps); err != nil {
+		ctx.ReleaseUserHandle(user)
 		q.destroy()
 		return nil, fmt.Errorf("qp: create on %s: %w", ctx.Name(), err)
 	}
 	if err := ctx.Track(q); err != nil {
+		ctx.ReleaseUserHandle(user)
 		q.destroy()
 		drv.Close()
 		return nil, err
@@ -261,6 +267,11 @@ func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
 	}
 	return nil
 }
+
+// IsClosed reports whether Close was called.
+func (q *QP) IsClosed() bool { return q.closed.Load() }
+
+func (q *QP) String() string { return fmt.Sprintf("%v QP %d on %s", q.cfg.Type, q.qpn, q.ctx.Name()) }
 
 // QPN is the queue pair number peers address.
 func (q *QP) QPN() uint32 { return q.qpn }
@@ -343,5 +354,6 @@ func (q *QP) Close() error {
 	}
 	q.closed.Store(true)
 	q.ctx.Untrack(q)
+	q.ctx.ReleaseUserHandle(q.user)
 	return q.drv.Close()
 }

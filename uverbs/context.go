@@ -55,6 +55,7 @@ type Context struct {
 	// asyncFD is the async event descriptor GET_CONTEXT made on the
 	// write() path, or -1.
 	asyncFD int
+	async   asyncEvents
 	mu      sync.Mutex
 	closed  bool
 	// objs are the live child objects in creation order.
@@ -97,6 +98,10 @@ func OpenWith(name string, opts Options) (*Context, error) {
 	f.ForceWrite(opts.LegacyWrite)
 	c := &Context{info: info, file: f, prov: p, pctx: p.NewContext(), asyncFD: -1}
 	if err := c.getContext(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
+	}
+	if err := c.allocAsyncFD(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
 	}
@@ -195,6 +200,9 @@ func (c *Context) NewUserHandle(obj any) uint64 {
 	return h
 }
 
+// BindUserHandle sets the object of a user handle made before the object.
+func (c *Context) BindUserHandle(h uint64, obj any) { c.handles.Store(h, obj) }
+
 // ReleaseUserHandle forgets a user handle.
 func (c *Context) ReleaseUserHandle(h uint64) { c.handles.Delete(h) }
 
@@ -237,15 +245,6 @@ func (c *Context) Close() error {
 	}
 	errs = append(errs, c.pctx.Close(), c.closeAsync(), c.file.Close())
 	return errors.Join(errs...)
-}
-
-func (c *Context) closeAsync() error {
-	if c.asyncFD < 0 {
-		return nil
-	}
-	err := unix.Close(c.asyncFD)
-	c.asyncFD = -1
-	return err
 }
 
 // device implements provider.Device.
