@@ -103,11 +103,14 @@ func (s State) String() string {
 type Config struct {
 	Type           Type
 	SendCQ, RecvCQ *cq.CQ
-	MaxSendWR      uint32
-	MaxRecvWR      uint32
-	MaxSendSGE     uint32 // default 1
-	MaxRecvSGE     uint32 // default 1
-	MaxInline      uint32
+	// SRQ makes the QP receive from a shared receive queue; MaxRecvWR and
+	// MaxRecvSGE must then be 0.
+	SRQ        *SRQ
+	MaxSendWR  uint32
+	MaxRecvWR  uint32
+	MaxSendSGE uint32 // default 1
+	MaxRecvSGE uint32 // default 1
+	MaxInline  uint32
 	// SignalAll makes every send produce a completion.
 	SignalAll bool
 }
@@ -124,6 +127,7 @@ type QP struct {
 	state  atomic.Uint32
 	port   uint8
 	user   uint64
+	udMTU  atomic.Uint32
 	mu     sync.Mutex // serialises Modify and Close
 	closed atomic.Bool
 }
@@ -143,7 +147,7 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if cfg.MaxSendSGE == 0 {
 		cfg.MaxSendSGE = 1
 	}
-	if cfg.MaxRecvSGE == 0 {
+	if cfg.MaxRecvSGE == 0 && cfg.SRQ == nil {
 		cfg.MaxRecvSGE = 1
 	}
 	ctx := pd.Context()
@@ -162,8 +166,17 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qp: create: receive CQ: %w", err)
 	}
+	var srqh uint32
+	if cfg.SRQ != nil {
+		if srqh, err = cfg.SRQ.Handle(); err != nil {
+			return nil, fmt.Errorf("qp: create: SRQ: %w", err)
+		}
+		if cfg.SRQ.pd.Context() != ctx {
+			return nil, errors.New("qp: create: the SRQ belongs to another device context")
+		}
+	}
 	drv, err := ctx.Driver().NewQP(provider.QPRequest{
-		Type: uint32(cfg.Type), MaxSendWR: cfg.MaxSendWR, MaxRecvWR: cfg.MaxRecvWR,
+		HasSRQ: cfg.SRQ != nil, Type: uint32(cfg.Type), MaxSendWR: cfg.MaxSendWR, MaxRecvWR: cfg.MaxRecvWR,
 		MaxSendSGE: cfg.MaxSendSGE, MaxRecvSGE: cfg.MaxRecvSGE, MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll,
 	})
 	if err != nil {
@@ -184,6 +197,9 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_PD_HANDLE, ph)
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, sh)
 		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, rh)
+		if cfg.SRQ != nil {
+			c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SRQ_HANDLE, srqh)
+		}
 		c.InU64(ioctl.UVERBS_ATTR_CREATE_QP_USER_HANDLE, user)
 		c.InPtr(ioctl.UVERBS_ATTR_CREATE_QP_CAP, unsafe.Pointer(&cap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
 		c.InConst(ioctl.UVERBS_ATTR_CREATE_QP_TYPE, uint64(cfg.Type))
@@ -210,6 +226,9 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 			Max_recv_sge: cfg.MaxRecvSGE, Max_inline_data: cfg.MaxInline, Qp_type: uint8(cfg.Type)}
 		if cfg.SignalAll {
 			req.Sq_sig_all = 1
+		}
+		if cfg.SRQ != nil {
+			req.Srq_handle, req.Is_srq = srqh, 1
 		}
 		var resp ioctl.CreateQPResp
 		err = f.Write(&ioctl.Cmd{
@@ -255,11 +274,15 @@ func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
 		got, max  uint32
 		allowZero bool
 	}
+	srq := cfg.SRQ != nil
+	if srq && (cfg.MaxRecvWR != 0 || cfg.MaxRecvSGE != 0) {
+		return fmt.Errorf("qp: create: MaxRecvWR %d and MaxRecvSGE %d must be 0 with an SRQ", cfg.MaxRecvWR, cfg.MaxRecvSGE)
+	}
 	for _, l := range []lim{
 		{"MaxSendWR", cfg.MaxSendWR, a.MaxQPWR, false},
-		{"MaxRecvWR", cfg.MaxRecvWR, a.MaxQPWR, false},
+		{"MaxRecvWR", cfg.MaxRecvWR, a.MaxQPWR, srq},
 		{"MaxSendSGE", cfg.MaxSendSGE, a.MaxSGE, false},
-		{"MaxRecvSGE", cfg.MaxRecvSGE, a.MaxSGE, false},
+		{"MaxRecvSGE", cfg.MaxRecvSGE, a.MaxSGE, srq},
 	} {
 		if l.got > l.max || (l.got == 0 && !l.allowZero) {
 			return fmt.Errorf("qp: create: %s %d out of range 1..%d (device limit)", l.name, l.got, l.max)
@@ -299,6 +322,11 @@ func (q *QP) PostSend(wrs []SendWR) error {
 	if s := q.State(); s != RTS && s != SQD {
 		return &StateError{Op: "post send", State: s, Want: "RTS"}
 	}
+	if q.cfg.Type == UD {
+		if err := q.checkUD(wrs); err != nil {
+			return err
+		}
+	}
 	return q.drv.PostSend(wrs)
 }
 
@@ -310,6 +338,9 @@ func (q *QP) PostRecv(wrs []RecvWR) error {
 	}
 	if len(wrs) == 0 {
 		return nil
+	}
+	if q.cfg.SRQ != nil {
+		return errors.New("qp: post receive: the QP receives through its SRQ: post there")
 	}
 	if q.State() == Reset {
 		return &StateError{Op: "post receive", State: Reset, Want: "INIT, RTR or RTS"}

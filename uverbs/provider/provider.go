@@ -56,6 +56,10 @@ type Context interface {
 	NewCQ(cqe int) (CQ, error)
 	// NewQP prepares a queue pair.
 	NewQP(req QPRequest) (QP, error)
+	// NewSRQ prepares a shared receive queue.
+	NewSRQ(maxWR, maxSGE uint32) (SRQ, error)
+	// NewAH prepares an address handle (UD).
+	NewAH() (AH, error)
 	// Close releases what Attach mapped.
 	Close() error
 }
@@ -73,6 +77,25 @@ type CQ interface {
 	Empty() bool
 	// Close unmaps the queue; the core destroys the kernel object first.
 	Close() error
+}
+
+// SRQ is a provider's shared receive queue. PostRecv is called by one
+// goroutine at a time.
+type SRQ interface {
+	Udata() (in, out []byte)
+	// Attach runs after CREATE_SRQ granted maxWR and maxSGE.
+	Attach(dev Device, handle, maxWR, maxSGE uint32) error
+	// PostRecv posts the whole batch or nothing (ErrQueueFull).
+	PostRecv(wrs []RecvWR) error
+	// ModifyUdata is the private data of MODIFY_SRQ (rxe needs 8 bytes).
+	ModifyUdata() []byte
+	Close() error
+}
+
+// AH is a provider's address handle, named by UD send work requests.
+type AH interface {
+	Udata() (in, out []byte)
+	Attach(handle uint32) error
 }
 
 // CQArmer is implemented by providers that arm a CQ for an event without

@@ -65,8 +65,8 @@ type SendWR struct {
 	// and the swap value.
 	CompareAdd uint64
 	Swap       uint64
-	// UD: address handle number (from CREATE_AH), remote QPN and QKey.
-	AHNum      uint32
+	// UD: the address handle, remote QPN and QKey.
+	AH         AH
 	RemoteQPN  uint32
 	RemoteQKey uint32
 }

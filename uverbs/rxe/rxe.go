@@ -43,6 +43,9 @@ func (c *context) Udata() (in, out []byte)            { return nil, nil }
 func (c *context) Attach(dev provider.Device) error   { c.dev = dev; return nil }
 func (c *context) Close() error                       { return nil }
 func (c *context) NewCQ(cqe int) (provider.CQ, error) { return &cq{}, nil }
+func (c *context) NewAH() (provider.AH, error)        { return &AH{}, nil }
+
+func (c *context) NewSRQ(maxWR, maxSGE uint32) (provider.SRQ, error) { return &srq{}, nil }
 
 func (c *context) NewQP(req provider.QPRequest) (provider.QP, error) {
 	if req.Type != ioctl.IB_UVERBS_QPT_RC && req.Type != ioctl.IB_UVERBS_QPT_UC && req.Type != ioctl.IB_UVERBS_QPT_UD {
@@ -280,6 +283,11 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 	}
 	switch wr.Opcode {
 	case provider.OpSend, provider.OpSendWithImm:
+		if q.typ == ioctl.IB_UVERBS_QPT_UD {
+			if ah, ok := wr.AH.(*AH); !ok || ah == nil || ah.resp.Num == 0 {
+				return fmt.Errorf("rxe: send work request %d (id %d): a UD send needs an address handle of this device", i, wr.ID)
+			}
+		}
 	case provider.OpRDMAWrite, provider.OpRDMAWriteWithImm, provider.OpRDMARead:
 		if q.typ == ioctl.IB_UVERBS_QPT_UD || (q.typ == ioctl.IB_UVERBS_QPT_UC && wr.Opcode == provider.OpRDMARead) {
 			return fmt.Errorf("rxe: send work request %d (id %d): %v is not allowed on this QP type", i, wr.ID, wr.Opcode)
@@ -336,7 +344,8 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 	default:
 		if q.typ == ioctl.IB_UVERBS_QPT_UD {
 			ud := (*ioctl.RxeWrUD)(u)
-			ud.Remote_qpn, ud.Remote_qkey, ud.Ah_num = wr.RemoteQPN, wr.RemoteQKey, wr.AHNum
+			ud.Remote_qpn, ud.Remote_qkey = wr.RemoteQPN, wr.RemoteQKey
+			ud.Ah_num = wr.AH.(*AH).resp.Num
 		}
 	}
 	// The kernel takes the remote address from iova, not from the union.
@@ -377,4 +386,68 @@ func (q *qp) ring() error {
 		return &ioctl.Error{Op: "rxe: doorbell (POST_SEND)", Errno: e}
 	}
 	return nil
+}
+
+// AH is an rxe address handle: the kernel keeps the address vector and
+// hands out a number that UD send WQEs carry.
+type AH struct {
+	resp ioctl.RxeCreateAHResp
+}
+
+// Udata implements provider.AH.
+func (a *AH) Udata() (in, out []byte) {
+	return nil, unsafe.Slice((*byte)(unsafe.Pointer(&a.resp)), ioctl.SizeofRxeCreateAHResp)
+}
+
+// Attach implements provider.AH.
+func (a *AH) Attach(handle uint32) error {
+	if a.resp.Num == 0 {
+		return errors.New("rxe: CREATE_AH returned no ah_num (kernel older than 5.10?)")
+	}
+	return nil
+}
+
+// Num is the ah_num UD sends carry.
+func (a *AH) Num() uint32 { return a.resp.Num }
+
+// srq is a shared receive queue: a ring of receive WQEs like a QP's.
+type srq struct {
+	resp   ioctl.RxeCreateSRQResp
+	modify ioctl.RxeModifySRQCmd
+	dev    provider.Device
+	maxSGE uint32
+	r      ring
+}
+
+func (s *srq) Udata() (in, out []byte) {
+	return nil, unsafe.Slice((*byte)(unsafe.Pointer(&s.resp)), ioctl.SizeofRxeCreateSRQResp)
+}
+
+func (s *srq) ModifyUdata() []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s.modify)), ioctl.SizeofRxeModifySRQCmd)
+}
+
+func (s *srq) Attach(dev provider.Device, handle, maxWR, maxSGE uint32) error {
+	mem, err := dev.Mmap(int64(s.resp.Mi.Offset), int(s.resp.Mi.Size))
+	if err != nil {
+		return fmt.Errorf("rxe: map shared receive queue: %w", err)
+	}
+	r, err := newRing(mem)
+	if err != nil {
+		dev.Munmap(mem)
+		return err
+	}
+	s.dev, s.r, s.maxSGE = dev, r, maxSGE
+	return nil
+}
+
+func (s *srq) PostRecv(wrs []provider.RecvWR) error { return postRecv(&s.r, s.maxSGE, wrs) }
+
+func (s *srq) Close() error {
+	if s.r.mem == nil {
+		return nil
+	}
+	err := s.dev.Munmap(s.r.mem)
+	s.r = ring{}
+	return err
 }

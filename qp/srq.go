@@ -1,0 +1,212 @@
+package qp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/uverbs/provider"
+)
+
+// SRQConfig describes a shared receive queue.
+type SRQConfig struct {
+	MaxWR  uint32
+	MaxSGE uint32 // default 1
+	// Limit arms the limit event at creation: when fewer than Limit
+	// receives remain posted the device reports EventSRQLimitReached once.
+	Limit uint32
+}
+
+// SRQ is a shared receive queue: one pool of posted receive buffers that
+// any number of QPs receive into. Its receive side is used by one
+// goroutine at a time.
+type SRQ struct {
+	pd     *uverbs.PD
+	ctx    *uverbs.Context
+	drv    provider.SRQ
+	handle uint32
+	num    uint32
+	maxWR  uint32
+	maxSGE uint32
+	user   uint64
+	mu     sync.Mutex
+	closed atomic.Bool
+}
+
+// SRQ modify mask bits (IB_SRQ_*).
+const (
+	srqMaxWR = 1 << 0
+	srqLimit = 1 << 1
+)
+
+// CreateSRQ makes a shared receive queue in pd, checked against the
+// device's limits.
+func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
+	if pd == nil {
+		return nil, errors.New("qp: create SRQ: nil PD")
+	}
+	if cfg.MaxSGE == 0 {
+		cfg.MaxSGE = 1
+	}
+	ctx := pd.Context()
+	a := ctx.Attr()
+	if a.MaxSRQ == 0 {
+		return nil, fmt.Errorf("qp: create SRQ: %s has no shared receive queues", ctx.Name())
+	}
+	if cfg.MaxWR == 0 || cfg.MaxWR > a.MaxSRQWR {
+		return nil, fmt.Errorf("qp: create SRQ: MaxWR %d out of range 1..%d (device limit)", cfg.MaxWR, a.MaxSRQWR)
+	}
+	if cfg.MaxSGE > a.MaxSRQSGE {
+		return nil, fmt.Errorf("qp: create SRQ: MaxSGE %d out of range 1..%d (device limit)", cfg.MaxSGE, a.MaxSRQSGE)
+	}
+	if cfg.Limit > cfg.MaxWR {
+		return nil, fmt.Errorf("qp: create SRQ: Limit %d above MaxWR %d", cfg.Limit, cfg.MaxWR)
+	}
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
+	}
+	drv, err := ctx.Driver().NewSRQ(cfg.MaxWR, cfg.MaxSGE)
+	if err != nil {
+		return nil, fmt.Errorf("qp: create SRQ: %w", err)
+	}
+	in, out := drv.Udata()
+	user := ctx.NewUserHandle(nil)
+	req := ioctl.CreateSRQ{User_handle: user, Pd_handle: ph, Max_wr: cfg.MaxWR, Max_sge: cfg.MaxSGE, Srq_limit: cfg.Limit}
+	var resp ioctl.CreateSRQResp
+	err = ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_CREATE_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateSRQ,
+		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateSRQResp, DriverIn: in, DriverOut: out,
+	}, "CREATE_SRQ")
+	if err != nil {
+		ctx.ReleaseUserHandle(user)
+		return nil, fmt.Errorf("qp: create SRQ of %d on %s: %w", cfg.MaxWR, ctx.Name(), err)
+	}
+	s := &SRQ{pd: pd, ctx: ctx, drv: drv, handle: resp.Srq_handle, num: resp.Srqn, maxWR: resp.Max_wr,
+		maxSGE: resp.Max_sge, user: user}
+	ctx.BindUserHandle(user, s)
+	if err := drv.Attach(ctx.Device(), s.handle, s.maxWR, s.maxSGE); err != nil {
+		ctx.ReleaseUserHandle(user)
+		s.destroy()
+		return nil, fmt.Errorf("qp: create SRQ on %s: %w", ctx.Name(), err)
+	}
+	if err := ctx.Track(s); err != nil {
+		ctx.ReleaseUserHandle(user)
+		s.destroy()
+		drv.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// MaxWR is the number of receives the SRQ holds (at least what was asked).
+func (s *SRQ) MaxWR() uint32 { return s.maxWR }
+
+// MaxSGE is the number of SGEs per receive.
+func (s *SRQ) MaxSGE() uint32 { return s.maxSGE }
+
+// Num is the SRQ number.
+func (s *SRQ) Num() uint32 { return s.num }
+
+// IsClosed reports whether Close was called.
+func (s *SRQ) IsClosed() bool { return s.closed.Load() }
+
+func (s *SRQ) String() string { return fmt.Sprintf("SRQ %d on %s", s.num, s.ctx.Name()) }
+
+// Handle is the kernel handle, for QP creation.
+func (s *SRQ) Handle() (uint32, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	return s.handle, nil
+}
+
+// PostRecv posts a batch of receives (no system call on rxe), all or none.
+func (s *SRQ) PostRecv(wrs []RecvWR) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	return s.drv.PostRecv(wrs)
+}
+
+// SetLimit arms the limit event: when fewer than limit receives remain,
+// the device reports EventSRQLimitReached once, and the limit is disarmed
+// until set again. 0 disarms.
+func (s *SRQ) SetLimit(limit uint32) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if limit > s.maxWR {
+		return fmt.Errorf("qp: SRQ %d: limit %d above its %d receives", s.num, limit, s.maxWR)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	req := ioctl.ModifySRQ{Srq_handle: s.handle, Attr_mask: srqLimit, Srq_limit: limit}
+	err := s.ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_MODIFY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofModifySRQ,
+		DriverIn: s.drv.ModifyUdata(),
+	}, "MODIFY_SRQ")
+	if err != nil {
+		return fmt.Errorf("qp: SRQ %d: set limit %d: %w", s.num, limit, err)
+	}
+	return nil
+}
+
+// SRQAttr is what Query reports.
+type SRQAttr struct {
+	MaxWR, MaxSGE, Limit uint32
+}
+
+// Query asks the kernel for the SRQ's attributes; Limit reads 0 once the
+// limit event fired.
+func (s *SRQ) Query() (SRQAttr, error) {
+	if s.closed.Load() {
+		return SRQAttr{}, ErrClosed
+	}
+	req := ioctl.QuerySRQ{Handle: s.handle}
+	var r ioctl.QuerySRQResp
+	err := s.ctx.File().Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_QUERY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofQuerySRQ,
+		Out: unsafe.Pointer(&r), OutLen: ioctl.SizeofQuerySRQResp,
+	}, "QUERY_SRQ")
+	if err != nil {
+		return SRQAttr{}, fmt.Errorf("qp: SRQ %d: query: %w", s.num, err)
+	}
+	return SRQAttr{MaxWR: r.Max_wr, MaxSGE: r.Max_sge, Limit: r.Srq_limit}, nil
+}
+
+func (s *SRQ) destroy() error {
+	req := ioctl.DestroySRQ{Handle: s.handle}
+	var resp ioctl.DestroySRQResp
+	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
+	return s.ctx.Destroy(&uverbs.Destroy{
+		Op: "SRQ_DESTROY", Object: ioctl.UVERBS_OBJECT_SRQ, Method: ioctl.UVERBS_METHOD_SRQ_DESTROY,
+		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_HANDLE, Handle: s.handle,
+		RespAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroySRQResp,
+		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroySRQ,
+			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroySRQResp},
+	})
+}
+
+// Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
+func (s *SRQ) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return nil
+	}
+	if err := s.destroy(); err != nil {
+		return fmt.Errorf("qp: destroy SRQ %d: %w", s.num, err)
+	}
+	s.closed.Store(true)
+	s.ctx.Untrack(s)
+	s.ctx.ReleaseUserHandle(s.user)
+	return s.drv.Close()
+}

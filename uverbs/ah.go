@@ -1,0 +1,137 @@
+package uverbs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs/provider"
+)
+
+// AHAttr says where UD sends through an address handle go.
+type AHAttr struct {
+	Port         uint8  // default 1
+	DGID         net.IP // the destination GID; RoCE needs one
+	SGIDIndex    uint8  // our GID (DefaultGID's index when UseSGID is false)
+	UseSGID      bool
+	HopLimit     uint8 // default 64
+	TrafficClass uint8
+	FlowLabel    uint32
+	DLID         uint16 // InfiniBand only
+	SL           uint8
+}
+
+// AH is an address handle: the destination of UD sends.
+type AH struct {
+	pd     *PD
+	drv    provider.AH
+	handle uint32
+	attr   AHAttr
+	mu     sync.Mutex
+	closed bool
+}
+
+// CreateAH makes an address handle in the PD.
+func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
+	c := pd.ctx
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("uverbs: create AH: PD: %w", err)
+	}
+	if a.Port == 0 {
+		a.Port = 1
+	}
+	if err := c.checkPort(int(a.Port)); err != nil {
+		return nil, err
+	}
+	if a.HopLimit == 0 {
+		a.HopLimit = 64
+	}
+	if a.DGID == nil || a.DGID.To16() == nil {
+		return nil, errors.New("uverbs: create AH: a destination GID is required (RoCE)")
+	}
+	if a.UseSGID {
+		if _, err := c.GID(int(a.Port), int(a.SGIDIndex)); err != nil {
+			return nil, err
+		}
+	} else {
+		g, err := c.DefaultGID(int(a.Port))
+		if err != nil {
+			return nil, err
+		}
+		a.SGIDIndex = uint8(g.Index)
+	}
+	drv, err := c.pctx.NewAH()
+	if err != nil {
+		return nil, fmt.Errorf("uverbs: create AH: %w", err)
+	}
+	in, out := drv.Udata()
+	req := ioctl.CreateAH{Pd_handle: ph, Attr: ioctl.AHAttr{
+		Grh: ioctl.GlobalRoute{Flow_label: a.FlowLabel, Sgid_index: a.SGIDIndex, Hop_limit: a.HopLimit,
+			Traffic_class: a.TrafficClass},
+		Dlid: a.DLID, Sl: a.SL, Is_global: 1, Port_num: a.Port,
+	}}
+	copy(req.Attr.Grh.Dgid[:], a.DGID.To16())
+	var resp ioctl.CreateAHResp
+	err = c.file.Write(&ioctl.Cmd{
+		Command: ioctl.IB_USER_VERBS_CMD_CREATE_AH, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateAH,
+		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateAHResp, DriverIn: in, DriverOut: out,
+	}, "CREATE_AH")
+	if err != nil {
+		return nil, fmt.Errorf("uverbs: %s: create AH to %v: %w", c.info.Name, a.DGID, err)
+	}
+	ah := &AH{pd: pd, drv: drv, handle: resp.Handle, attr: a}
+	if err := drv.Attach(resp.Handle); err != nil {
+		ah.destroy()
+		return nil, err
+	}
+	if err := c.Track(ah); err != nil {
+		ah.destroy()
+		return nil, err
+	}
+	return ah, nil
+}
+
+// Provider returns the provider's handle, which UD send work requests carry
+// (SendWR.AH).
+func (ah *AH) Provider() provider.AH { return ah.drv }
+
+// Attr returns the address the handle was made for.
+func (ah *AH) Attr() AHAttr { return ah.attr }
+
+// PD returns the protection domain.
+func (ah *AH) PD() *PD { return ah.pd }
+
+// IsClosed reports whether Close was called.
+func (ah *AH) IsClosed() bool {
+	ah.mu.Lock()
+	defer ah.mu.Unlock()
+	return ah.closed
+}
+
+func (ah *AH) destroy() error {
+	req := ioctl.DestroyAH{Handle: ah.handle}
+	return ah.pd.ctx.Destroy(&Destroy{
+		Op: "AH_DESTROY", Object: ioctl.UVERBS_OBJECT_AH, Method: ioctl.UVERBS_METHOD_AH_DESTROY,
+		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_AH_HANDLE, Handle: ah.handle,
+		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_AH, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyAH},
+	})
+}
+
+// Close destroys the address handle. Idempotent.
+func (ah *AH) Close() error {
+	ah.mu.Lock()
+	defer ah.mu.Unlock()
+	if ah.closed {
+		return nil
+	}
+	if err := ah.destroy(); err != nil {
+		return fmt.Errorf("uverbs: destroy AH: %w", err)
+	}
+	ah.closed = true
+	ah.pd.ctx.Untrack(ah)
+	return nil
+}
