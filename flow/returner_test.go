@@ -1,0 +1,133 @@
+package flow
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// rop is one step of a Returner table test; pending is Pending() after it.
+type rop struct {
+	op      string        // consume, release, ctl, piggy, needs, resync, reset
+	n       uint64        // consume/release/ctl: count; piggy: want cumulative; resync: want granted; reset: grant
+	c       uint64        // resync: want consumed
+	at      time.Duration // needs: now - t0
+	epoch   uint32        // resync, reset
+	want    bool          // piggy: fresh; needs: due
+	err     error
+	pending uint64
+}
+
+func TestReturnerTable(t *testing.T) {
+	ms := time.Millisecond
+	tests := []struct {
+		name string
+		cfg  ReturnerConfig
+		ops  []rop
+	}{
+		{"policy", ReturnerConfig{Grant: 8, IdleTimeout: ms}, []rop{ // threshold 4
+			{op: "needs", want: false},
+			{op: "consume", n: 3},
+			{op: "release", n: 1, pending: 1},
+			{op: "needs", at: 0, want: false, pending: 1}, // idle clock starts
+			{op: "needs", at: ms / 2, want: false, pending: 1},
+			{op: "needs", at: ms, want: true, pending: 1}, // idle
+			{op: "piggy", n: 9, want: true},
+			{op: "piggy", n: 9, want: false},
+			{op: "release", n: 2, pending: 2},
+			{op: "release", n: 1, err: ErrOverRelease, pending: 2},
+			{op: "needs", at: 2 * ms, want: false, pending: 2},
+			{op: "consume", n: 6, pending: 2},                  // the peer used every credit told
+			{op: "consume", n: 1, err: ErrOverrun, pending: 2}, // one more is an overrun
+			{op: "needs", at: 2 * ms, want: false, pending: 2}, // starved peer: still batched
+			{op: "needs", at: 3 * ms, want: true, pending: 2},
+			{op: "release", n: 3, pending: 5},
+			{op: "piggy", n: 14, want: true},
+			// A credit update from the peer (it spent a credit on it).
+			{op: "consume", n: 1},
+			{op: "ctl", n: 1, pending: 1},
+			{op: "needs", at: 4 * ms, want: false, pending: 1},
+			{op: "needs", at: 6 * ms, want: false, pending: 1}, // control credits alone: no ping-pong
+			{op: "consume", n: 3, pending: 1},                  // the peer is down to its reserve
+			{op: "needs", at: 6 * ms, want: true, pending: 1},  // give it its stranded credit back
+			{op: "release", n: 4, pending: 5},
+			{op: "needs", at: 5 * ms, want: true, pending: 5}, // threshold
+			{op: "resync", epoch: 1, n: 19, c: 13},
+			{op: "resync", epoch: 1, err: ErrStaleEpoch},
+			{op: "piggy", n: 19, want: false},
+			{op: "release", n: 1, pending: 1},
+			{op: "reset", epoch: 2, n: 4},
+			{op: "piggy", n: 4, want: false},
+			{op: "consume", n: 4},
+			{op: "consume", n: 1, err: ErrOverrun},
+			{op: "release", n: 1, pending: 1},
+			{op: "needs", at: 9 * ms, want: false, pending: 1},
+			{op: "needs", at: 10 * ms, want: true, pending: 1}, // idle
+		}},
+		{"threshold and idle config", ReturnerConfig{Grant: 32, Threshold: 3, IdleTimeout: 10 * ms}, []rop{
+			{op: "consume", n: 10},
+			{op: "release", n: 2, pending: 2},
+			{op: "needs", at: 0, want: false, pending: 2},
+			{op: "needs", at: 9 * ms, want: false, pending: 2},
+			{op: "release", n: 1, pending: 3},
+			{op: "needs", at: 9 * ms, want: true, pending: 3},
+			{op: "piggy", n: 35, want: true},
+			{op: "release", n: 1, pending: 1},
+			{op: "needs", at: 11 * ms, want: false, pending: 1}, // clock restarted by the piggyback
+			{op: "needs", at: 21 * ms, want: true, pending: 1},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := NewReturner(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Unix(1000, 0)
+			for i, o := range tt.ops {
+				var err error
+				switch o.op {
+				case "consume":
+					err = r.Consumed(o.n)
+				case "release":
+					err = r.Released(o.n)
+				case "ctl":
+					err = r.ReleasedControl(o.n)
+				case "piggy":
+					g, fresh := r.Piggyback()
+					if g != o.n || fresh != o.want {
+						t.Fatalf("step %d %+v: Piggyback = %d, %v", i, o, g, fresh)
+					}
+				case "needs":
+					if got := r.NeedsUpdate(t0.Add(o.at)); got != o.want {
+						t.Fatalf("step %d %+v: NeedsUpdate = %v", i, o, got)
+					}
+				case "resync":
+					var g, c uint64
+					g, c, err = r.Resync(o.epoch)
+					if err == nil && (g != o.n || c != o.c || r.Epoch() != o.epoch) {
+						t.Fatalf("step %d %+v: Resync = %d, %d (epoch %d)", i, o, g, c, r.Epoch())
+					}
+				case "reset":
+					err = r.Reset(o.epoch, o.n)
+				default:
+					t.Fatalf("bad op %q", o.op)
+				}
+				if (o.err == nil) != (err == nil) || (o.err != nil && !errors.Is(err, o.err)) {
+					t.Fatalf("step %d %+v: err = %v", i, o, err)
+				}
+				if got := r.Pending(); got != o.pending {
+					t.Fatalf("step %d %+v: Pending = %d, want %d", i, o, got, o.pending)
+				}
+			}
+		})
+	}
+}
+
+func TestReturnerConfig(t *testing.T) {
+	for _, cfg := range []ReturnerConfig{{Grant: 2}, {Grant: 0}, {Grant: 4, IdleTimeout: -1}} {
+		if _, err := NewReturner(cfg); err == nil {
+			t.Errorf("NewReturner(%+v) accepted", cfg)
+		}
+	}
+}

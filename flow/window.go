@@ -1,0 +1,298 @@
+package flow
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Limits bound the messages and bytes outstanding in a Window. Zero means
+// unlimited.
+type Limits struct {
+	Msgs  int64
+	Bytes int64
+}
+
+// maxDepth bounds a window tree's height (a waiter's blocked levels are a
+// bit mask).
+const maxDepth = 32
+
+// WindowStats are cumulative counters of one Window (acquisitions through
+// it, including those started at a child).
+type WindowStats struct {
+	Acquired  uint64        // messages admitted
+	Stalls    uint64        // Acquire calls that had to wait (counted at the leaf)
+	Cancelled uint64        // waits ended by their context (leaf)
+	WaitTime  time.Duration // total time spent in waits that ended (leaf)
+	Oversize  uint64        // messages larger than Limits.Bytes admitted alone
+}
+
+// wtree is what all windows of one hierarchy share: one lock, so acquiring
+// a leaf and all its ancestors is atomic without lock ordering, and one
+// FIFO of waiters.
+type wtree struct {
+	mu sync.Mutex
+	q  waitq
+}
+
+// Window is a software send window bounding the messages and bytes
+// outstanding (posted, not yet completed) at one level: an endpoint, or a QP
+// under it. Windows form a tree (NewChild); acquiring at a window acquires
+// at it and every ancestor atomically, all or nothing.
+//
+// Fairness: waiters are served in FIFO order per window. A waiter blocks
+// later requests only at the windows where it does not fit, so a full QP
+// window does not stall its siblings, while a large message waiting for its
+// endpoint window keeps smaller later ones from overtaking it there.
+//
+// A message larger than Limits.Bytes is admitted alone: when the window has
+// no bytes outstanding, and nothing else fits while it is outstanding. It
+// is never rejected (a parameter-server tensor may be larger than any
+// sensible window) and never starves (it blocks later requests while it
+// waits).
+//
+// It is safe for concurrent use.
+type Window struct {
+	t      *wtree
+	path   []*Window // this window, then its ancestors
+	lim    Limits
+	closed bool
+
+	msgs, bytes int64
+	blocked     int32 // queued waiters blocked at this window
+	st          WindowStats
+}
+
+// NewWindow returns a root window (an endpoint's).
+func NewWindow(l Limits) *Window {
+	w := &Window{t: new(wtree), lim: l}
+	w.path = []*Window{w}
+	return w
+}
+
+// NewChild returns a window under w (a QP's under its endpoint's): an
+// acquire at the child also acquires at w and w's ancestors.
+func (w *Window) NewChild(l Limits) *Window {
+	if len(w.path) >= maxDepth {
+		panic("flow: window tree deeper than 32")
+	}
+	c := &Window{t: w.t, lim: l}
+	c.path = append([]*Window{c}, w.path...)
+	return c
+}
+
+// Limits returns the window's limits.
+func (w *Window) Limits() Limits { return w.lim }
+
+// Outstanding returns the messages and bytes outstanding at this window
+// (including those acquired through its children).
+func (w *Window) Outstanding() (msgs, bytes int64) {
+	w.t.mu.Lock()
+	defer w.t.mu.Unlock()
+	return w.msgs, w.bytes
+}
+
+// Stats returns a snapshot of the counters.
+func (w *Window) Stats() WindowStats {
+	w.t.mu.Lock()
+	defer w.t.mu.Unlock()
+	return w.st
+}
+
+func (w *Window) fits(b int64) bool {
+	if w.lim.Msgs > 0 && w.msgs >= w.lim.Msgs {
+		return false
+	}
+	return w.lim.Bytes <= 0 || w.bytes+b <= w.lim.Bytes || w.bytes == 0
+}
+
+// admissible: every level fits and nobody queued is blocked at it.
+func (w *Window) admissible(b int64) bool {
+	for _, x := range w.path {
+		if x.closed || x.blocked > 0 || !x.fits(b) {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *Window) take(b int64) {
+	for _, x := range w.path {
+		x.msgs++
+		x.bytes += b
+		x.st.Acquired++
+		if x.lim.Bytes > 0 && b > x.lim.Bytes {
+			x.st.Oversize++
+		}
+	}
+}
+
+func (w *Window) isClosed() bool {
+	for _, x := range w.path {
+		if x.closed {
+			return true
+		}
+	}
+	return false
+}
+
+// TryAcquire admits one message of b bytes if it fits now at every level
+// and no earlier waiter is blocked at any of them. It never blocks.
+func (w *Window) TryAcquire(b int64) bool {
+	if b < 0 {
+		return false
+	}
+	w.t.mu.Lock()
+	ok := w.admissible(b)
+	if ok {
+		w.take(b)
+	}
+	w.t.mu.Unlock()
+	return ok
+}
+
+// Acquire admits one message of b bytes, waiting (FIFO per window) until it
+// fits at every level, ctx is done (ctx.Err() is returned and nothing is
+// held) or a window on the path is closed (ErrClosed).
+func (w *Window) Acquire(ctx context.Context, b int64) error {
+	if b < 0 {
+		return fmt.Errorf("flow: window acquire of %d bytes", b)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t := w.t
+	t.mu.Lock()
+	if w.isClosed() {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	if w.admissible(b) {
+		w.take(b)
+		t.mu.Unlock()
+		return nil
+	}
+	wt := &waiter{n: uint64(b), win: w, ready: make(chan struct{})}
+	t.q.push(wt)
+	w.mark(wt)
+	w.st.Stalls++
+	t.mu.Unlock()
+
+	start := time.Now()
+	select {
+	case <-wt.ready:
+		t.mu.Lock()
+		w.st.WaitTime += time.Since(start)
+		t.mu.Unlock()
+		return wt.err
+	case <-ctx.Done():
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w.st.WaitTime += time.Since(start)
+	w.st.Cancelled++
+	switch {
+	case wt.granted:
+		w.put(b) // granted as we were cancelled: give it back
+		t.dispatch()
+	case wt.err == nil:
+		t.q.remove(wt)
+		wt.unmark()
+		t.dispatch()
+	}
+	return ctx.Err()
+}
+
+// mark records at which levels wt (just queued, or being rescanned) is
+// blocked: where it does not fit or an earlier waiter is blocked.
+func (w *Window) mark(wt *waiter) {
+	b := int64(wt.n)
+	var m uint32
+	for i, x := range w.path {
+		if x.blocked > 0 || !x.fits(b) {
+			m |= 1 << i
+		}
+	}
+	for i, x := range w.path {
+		if m&(1<<i) != 0 {
+			x.blocked++
+		}
+	}
+	wt.mask = m
+}
+
+func (wt *waiter) unmark() {
+	for i, x := range wt.win.path {
+		if wt.mask&(1<<i) != 0 {
+			x.blocked--
+		}
+	}
+	wt.mask = 0
+}
+
+// dispatch rescans the queue in FIFO order, admitting every waiter that is
+// admissible given the waiters before it.
+func (t *wtree) dispatch() {
+	if t.q.n == 0 {
+		return
+	}
+	for wt := t.q.head; wt != nil; wt = wt.next {
+		wt.unmark()
+	}
+	for wt := t.q.head; wt != nil; {
+		next := wt.next
+		w := wt.win
+		if w.admissible(int64(wt.n)) {
+			t.q.remove(wt)
+			w.take(int64(wt.n))
+			wt.wake(nil)
+		} else {
+			w.mark(wt)
+		}
+		wt = next
+	}
+}
+
+func (w *Window) put(b int64) {
+	for _, x := range w.path {
+		x.msgs--
+		x.bytes -= b
+	}
+}
+
+// Release returns one completed message of b bytes (the size it was
+// acquired with) to w and its ancestors. Releasing more than is
+// outstanding at any level changes nothing and returns ErrOverRelease.
+func (w *Window) Release(b int64) error {
+	w.t.mu.Lock()
+	defer w.t.mu.Unlock()
+	for _, x := range w.path {
+		if x.msgs < 1 || x.bytes < b || b < 0 {
+			return fmt.Errorf("%w: 1 message of %d bytes with %d messages, %d bytes outstanding",
+				ErrOverRelease, b, x.msgs, x.bytes)
+		}
+	}
+	w.put(b)
+	w.t.dispatch()
+	return nil
+}
+
+// Close fails waiting and future acquires through w (and its children)
+// with ErrClosed. Outstanding messages can still be released. Idempotent.
+func (w *Window) Close() {
+	t := w.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w.closed = true
+	for wt := t.q.head; wt != nil; {
+		next := wt.next
+		if wt.win.isClosed() {
+			t.q.remove(wt)
+			wt.unmark()
+			wt.wake(ErrClosed)
+		}
+		wt = next
+	}
+	t.dispatch()
+}
