@@ -1,0 +1,269 @@
+package bx_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+var token = []byte("0123456789abcdef-test-token")
+
+// pair returns a server endpoint on the second device listening on its
+// address, a client endpoint on the first, and the client's peer.
+func pair(t *testing.T, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer, sp *bx.Peer) {
+	t.Helper()
+	da, db := rxetest.Pair(t)
+	mk := func(dev string) *bx.Endpoint {
+		cfg := bx.Config{Device: dev, Token: token}
+		if mod != nil {
+			mod(&cfg)
+		}
+		e, err := bx.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("close endpoint: %v", err)
+			}
+		})
+		return e
+	}
+	srv, cli = mk(db), mk(da)
+	addr, err := srv.Listen(listenAddr(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p, err = cli.Dial(ctx, addr.String()); err != nil {
+		t.Fatal(err)
+	}
+	if sp, err = srv.Accept(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return srv, cli, p, sp
+}
+
+// listenAddr is the IPv4 address of the device's netdev, port 0.
+func listenAddr(t *testing.T, dev string) string {
+	t.Helper()
+	if dev == "rxe1" {
+		return "10.99.0.2:0"
+	}
+	return "127.0.0.1:0"
+}
+
+func TestStreams(t *testing.T) {
+	const streams, per = 1000, 3
+	_, _, p, sp := pair(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		for i := range streams {
+			for k := range per {
+				msg := fmt.Appendf(nil, "stream %d message %d", i, k)
+				if err := p.Stream(uint32(i)).Send(ctx, msg); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+		errc <- nil
+	}()
+	for i := range streams {
+		s := sp.Stream(uint32(i))
+		for k := range per {
+			m, err := s.Recv(ctx)
+			if err != nil {
+				t.Fatalf("stream %d: %v", i, err)
+			}
+			if want := fmt.Sprintf("stream %d message %d", i, k); string(m.Data()) != want {
+				t.Fatalf("stream %d got %q, want %q", i, m.Data(), want)
+			}
+			m.Release()
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRPC(t *testing.T) {
+	srv, _, p, _ := pair(t, nil)
+	srv.Handle(7, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		if bytes.HasPrefix(req.Data(), []byte("fail")) {
+			return nil, errors.New("asked to fail")
+		}
+		return append([]byte("echo:"), req.Data()...), nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				req := fmt.Sprintf("g%d-%d", g, i)
+				m, err := p.Call(ctx, 7, []byte(req))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if string(m.Data()) != "echo:"+req {
+					errs <- fmt.Errorf("call %s answered %q", req, m.Data())
+				}
+				m.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	_, err := p.Call(ctx, 7, []byte("fail please"))
+	if !bx.IsRemote(err) || !strings.Contains(err.Error(), "asked to fail") {
+		t.Errorf("remote error: %v", err)
+	}
+	_, err = p.Call(ctx, 99, []byte("x"))
+	if !bx.IsRemote(err) || !strings.Contains(err.Error(), "no handler") {
+		t.Errorf("no handler: %v", err)
+	}
+	// A deadline that passes while the handler runs.
+	srv.Handle(8, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		time.Sleep(300 * time.Millisecond)
+		return nil, nil
+	})
+	short, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel2()
+	if _, err := p.Call(short, 8, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("timeout: %v", err)
+	}
+}
+
+func TestRendezvous(t *testing.T) {
+	_, _, p, sp := pair(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sizes := []int{8000, 8144, 8145, 100_000, 1 << 20, 4 << 20}
+	go func() {
+		for i, n := range sizes {
+			b, err := p.Stream(1).Peer().Endpoint().Alloc(n)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			pl := b.Payload()
+			for k := range pl {
+				pl[k] = byte(k*7 + i)
+			}
+			if err := p.Stream(1).SendBuffer(ctx, b); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i, n := range sizes {
+		m, err := sp.Stream(1).Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Data()
+		if len(d) != n {
+			t.Fatalf("message %d: %d bytes, want %d", i, len(d), n)
+		}
+		for k := range d {
+			if d[k] != byte(k*7+i) {
+				t.Fatalf("message %d byte %d differs", i, k)
+			}
+		}
+		m.Release()
+	}
+	if _, err := p.Endpoint().Alloc(5 << 20); !errors.Is(err, bx.ErrTooLarge) {
+		t.Errorf("oversize alloc: %v", err)
+	}
+}
+
+func TestWrongToken(t *testing.T) {
+	da, db := rxetest.Pair(t)
+	srv, err := bx.New(bx.Config{Device: db, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, err := bx.New(bx.Config{Device: da, Token: []byte("another-token-of-16+bytes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	addr, err := srv.Listen("10.99.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Dial(ctx, addr.String()); !errors.Is(err, bx.ErrAuth) {
+		t.Fatalf("dial with a wrong token: %v, want ErrAuth", err)
+	}
+	if _, err := bx.New(bx.Config{Device: da, Token: []byte("short")}); err == nil {
+		t.Error("short token accepted")
+	}
+}
+
+// TestRecoveryForcedError forces the client's QPs to ERR in the middle of a
+// numbered stream: the peers rebuild the lanes over the control plane and
+// every message arrives exactly once, in order.
+func TestRecoveryForcedError(t *testing.T) {
+	_, cli, p, sp := pair(t, nil)
+	const n = 400
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		var b [8]byte
+		for i := range n {
+			binary.LittleEndian.PutUint64(b[:], uint64(i))
+			if err := p.Stream(3).Send(ctx, b[:]); err != nil {
+				errc <- err
+				return
+			}
+			if i == n/2 {
+				if err := p.BreakLanesForTest(); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+		errc <- nil
+	}()
+	for i := range n {
+		m, err := sp.Stream(3).Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if got := binary.LittleEndian.Uint64(m.Data()); got != uint64(i) {
+			t.Fatalf("message %d carries %d", i, got)
+		}
+		m.Release()
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if cli.Stats().Recoveries.Load() == 0 {
+		t.Error("no recovery counted")
+	}
+	t.Logf("duplicates dropped at the receiver: %d", sp.Endpoint().Stats().Duplicates.Load())
+}

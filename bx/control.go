@@ -1,0 +1,261 @@
+package bx
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// The control plane is one TCP connection per pair of endpoints: mutual
+// challenge-response authentication with a pre-shared token (the token never
+// crosses the wire), then the exchange of QP numbers, GIDs and credit
+// grants, then recovery requests for as long as the peers talk.
+
+// Control message types.
+const (
+	ctlHello   = 1 // server: nonce
+	ctlAuth    = 2 // client: nonce, MAC
+	ctlAuthOK  = 3 // server: MAC
+	ctlSetup   = 4 // both: endpoint id, GID, lanes, grant
+	ctlRecover = 5 // dialer: new lanes of a new epoch, next expected sequence per lane
+	ctlRecAck  = 6 // acceptor: its new lanes, next expected sequence per lane
+	ctlBye     = 7 // orderly close
+	ctlFail    = 8 // the other side refuses (no reason is given before authentication)
+	ctlPing    = 9 // liveness
+)
+
+const (
+	nonceSize = 32
+	macSize   = sha256.Size
+	// maxCtl bounds a control message: a peer cannot make us allocate more.
+	maxCtl = 4096
+	// maxLanes bounds the QPs a peer may ask for.
+	maxLanes = 16
+)
+
+// ctlMsg is a decoded control message.
+type ctlMsg struct {
+	Type  uint8
+	Nonce []byte
+	MAC   []byte
+	Setup setup
+}
+
+// lane is one QP's connection data.
+type laneInfo struct {
+	QPN  uint32
+	PSN  uint32
+	Next uint64 // next sequence number the sender of this message expects on the lane
+}
+
+// setup describes one side's end of a connection.
+type setup struct {
+	ID    uint64 // endpoint incarnation: a restarted peer has a new one
+	Epoch uint32
+	GID   [16]byte
+	Grant uint64 // cumulative receive credits granted to the peer (control reserve included)
+	// Consumed is, in recovery, how many of those the peer's messages used.
+	Consumed uint64
+	Lanes    []laneInfo
+}
+
+func writeCtl(c net.Conn, typ uint8, body []byte, deadline time.Duration) error {
+	if len(body)+1 > maxCtl {
+		return fmt.Errorf("bx: control message of %d bytes", len(body))
+	}
+	b := make([]byte, 4+1+len(body))
+	binary.LittleEndian.PutUint32(b, uint32(1+len(body)))
+	b[4] = typ
+	copy(b[5:], body)
+	if deadline > 0 {
+		c.SetWriteDeadline(time.Now().Add(deadline))
+		defer c.SetWriteDeadline(time.Time{})
+	}
+	_, err := c.Write(b)
+	return err
+}
+
+func readCtl(c net.Conn, deadline time.Duration) (ctlMsg, error) {
+	if deadline > 0 {
+		c.SetReadDeadline(time.Now().Add(deadline))
+		defer c.SetReadDeadline(time.Time{})
+	}
+	var lb [4]byte
+	if _, err := io.ReadFull(c, lb[:]); err != nil {
+		return ctlMsg{}, err
+	}
+	n := binary.LittleEndian.Uint32(lb[:])
+	if n == 0 || n > maxCtl {
+		return ctlMsg{}, fmt.Errorf("bx: control message of %d bytes outside 1..%d", n, maxCtl)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return ctlMsg{}, err
+	}
+	return decodeCtl(b)
+}
+
+// decodeCtl parses one control message (type byte and body). It is what a
+// peer, authenticated or not, controls: every length is checked.
+func decodeCtl(b []byte) (ctlMsg, error) {
+	if len(b) == 0 {
+		return ctlMsg{}, errors.New("bx: empty control message")
+	}
+	m := ctlMsg{Type: b[0]}
+	body := b[1:]
+	switch m.Type {
+	case ctlHello:
+		if len(body) != nonceSize {
+			return m, fmt.Errorf("bx: hello of %d bytes", len(body))
+		}
+		m.Nonce = body
+	case ctlAuth:
+		if len(body) != nonceSize+macSize {
+			return m, fmt.Errorf("bx: auth of %d bytes", len(body))
+		}
+		m.Nonce, m.MAC = body[:nonceSize], body[nonceSize:]
+	case ctlAuthOK:
+		if len(body) != macSize {
+			return m, fmt.Errorf("bx: auth ok of %d bytes", len(body))
+		}
+		m.MAC = body
+	case ctlSetup, ctlRecover, ctlRecAck:
+		s, err := decodeSetup(body)
+		if err != nil {
+			return m, err
+		}
+		m.Setup = s
+	case ctlBye, ctlFail, ctlPing:
+		if len(body) != 0 {
+			return m, fmt.Errorf("bx: control message %d with %d body bytes", m.Type, len(body))
+		}
+	default:
+		return m, fmt.Errorf("bx: unknown control message type %d", m.Type)
+	}
+	return m, nil
+}
+
+const setupFixed = 8 + 4 + 16 + 8 + 8 + 1
+const laneSize = 4 + 4 + 8
+
+func (s *setup) encode() []byte {
+	b := make([]byte, setupFixed+laneSize*len(s.Lanes))
+	binary.LittleEndian.PutUint64(b[0:], s.ID)
+	binary.LittleEndian.PutUint32(b[8:], s.Epoch)
+	copy(b[12:28], s.GID[:])
+	binary.LittleEndian.PutUint64(b[28:], s.Grant)
+	binary.LittleEndian.PutUint64(b[36:], s.Consumed)
+	b[44] = uint8(len(s.Lanes))
+	for i, l := range s.Lanes {
+		o := setupFixed + i*laneSize
+		binary.LittleEndian.PutUint32(b[o:], l.QPN)
+		binary.LittleEndian.PutUint32(b[o+4:], l.PSN)
+		binary.LittleEndian.PutUint64(b[o+8:], l.Next)
+	}
+	return b
+}
+
+func decodeSetup(b []byte) (setup, error) {
+	var s setup
+	if len(b) < setupFixed {
+		return s, fmt.Errorf("bx: setup of %d bytes", len(b))
+	}
+	s.ID = binary.LittleEndian.Uint64(b[0:])
+	s.Epoch = binary.LittleEndian.Uint32(b[8:])
+	copy(s.GID[:], b[12:28])
+	s.Grant = binary.LittleEndian.Uint64(b[28:])
+	s.Consumed = binary.LittleEndian.Uint64(b[36:])
+	if s.Consumed > s.Grant {
+		return s, fmt.Errorf("bx: setup says %d of %d credits consumed", s.Consumed, s.Grant)
+	}
+	n := int(b[44])
+	if n == 0 || n > maxLanes {
+		return s, fmt.Errorf("bx: setup with %d lanes outside 1..%d", n, maxLanes)
+	}
+	if len(b) != setupFixed+n*laneSize {
+		return s, fmt.Errorf("bx: setup of %d bytes for %d lanes", len(b), n)
+	}
+	s.Lanes = make([]laneInfo, n)
+	for i := range s.Lanes {
+		o := setupFixed + i*laneSize
+		s.Lanes[i] = laneInfo{
+			QPN:  binary.LittleEndian.Uint32(b[o:]) & 0xffffff,
+			PSN:  binary.LittleEndian.Uint32(b[o+4:]) & 0xffffff,
+			Next: binary.LittleEndian.Uint64(b[o+8:]),
+		}
+	}
+	return s, nil
+}
+
+// ErrAuth is returned when the peer does not prove it holds the token.
+var ErrAuth = errors.New("bx: peer failed authentication")
+
+func mac(token []byte, role string, serverNonce, clientNonce []byte) []byte {
+	h := hmac.New(sha256.New, token)
+	h.Write([]byte(role))
+	h.Write(serverNonce)
+	h.Write(clientNonce)
+	return h.Sum(nil)
+}
+
+func nonce() []byte {
+	b := make([]byte, nonceSize)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return b
+}
+
+// authServer runs the accepting side of the handshake.
+func authServer(c net.Conn, token []byte, d time.Duration) error {
+	sn := nonce()
+	if err := writeCtl(c, ctlHello, sn, d); err != nil {
+		return err
+	}
+	m, err := readCtl(c, d)
+	if err != nil {
+		return err
+	}
+	if m.Type != ctlAuth {
+		return fmt.Errorf("bx: expected auth, got control message %d", m.Type)
+	}
+	if !hmac.Equal(m.MAC, mac(token, "bx client", sn, m.Nonce)) {
+		writeCtl(c, ctlFail, nil, d)
+		return ErrAuth
+	}
+	return writeCtl(c, ctlAuthOK, mac(token, "bx server", sn, m.Nonce), d)
+}
+
+// authClient runs the dialing side: it also checks that the server holds
+// the token, so a client never sends its QP data to an impostor.
+func authClient(c net.Conn, token []byte, d time.Duration) error {
+	m, err := readCtl(c, d)
+	if err != nil {
+		return err
+	}
+	if m.Type != ctlHello {
+		return fmt.Errorf("bx: expected hello, got control message %d", m.Type)
+	}
+	cn := nonce()
+	body := append(append([]byte(nil), cn...), mac(token, "bx client", m.Nonce, cn)...)
+	if err := writeCtl(c, ctlAuth, body, d); err != nil {
+		return err
+	}
+	r, err := readCtl(c, d)
+	if err != nil {
+		return err
+	}
+	if r.Type == ctlFail {
+		return ErrAuth
+	}
+	if r.Type != ctlAuthOK || !hmac.Equal(r.MAC, mac(token, "bx server", m.Nonce, cn)) {
+		return ErrAuth
+	}
+	return nil
+}

@@ -1,0 +1,365 @@
+package bx
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/flow"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// Config configures an Endpoint. Zero values take the defaults shown.
+type Config struct {
+	Device string // RDMA device, e.g. "rxe0" (required)
+	Port   uint8  // 1
+	// Token authenticates peers on the control plane (required, at least
+	// 16 bytes). Both ends must hold the same token.
+	Token []byte
+	// Lanes is the number of RC QPs per peer (1..4, default 2). Streams are
+	// spread over them; QP count grows with peers, not with streams.
+	Lanes int
+	// Credits is the number of receive buffers granted to each peer
+	// (default 64, at least 3). MaxPeers*Credits buffers are posted to the
+	// endpoint's shared receive queue.
+	Credits int
+	// MaxPeers bounds connected peers (default 16).
+	MaxPeers int
+	// EagerSize is the largest payload sent in the message itself (default
+	// 8 KiB - header); larger ones go by rendezvous: the receiver READs them.
+	EagerSize int
+	// MaxMessage is the largest payload (default 4 MiB).
+	MaxMessage int
+	// LaneMsgs and LaneBytes bound a lane's unacknowledged messages
+	// (default 64 and 4 MiB); EndpointMsgs and EndpointBytes bound the
+	// endpoint's (default 1024 and 64 MiB).
+	LaneMsgs, EndpointMsgs   int64
+	LaneBytes, EndpointBytes int64
+	// MemoryLimit bounds the registered memory of each buffer pool
+	// (default 1 GiB).
+	MemoryLimit int64
+	// HandshakeTimeout bounds each control-plane step (default 10 s).
+	HandshakeTimeout time.Duration
+	// PeerTimeout is how long a peer may stay unreachable before its calls
+	// fail with ErrPeerGone (default 10 s).
+	PeerTimeout time.Duration
+}
+
+func (c *Config) defaults() error {
+	if c.Device == "" {
+		return errors.New("bx: Config.Device is required")
+	}
+	if len(c.Token) < 16 {
+		return errors.New("bx: Config.Token must be at least 16 bytes")
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def64 := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.Port == 0 {
+		c.Port = 1
+	}
+	def(&c.Lanes, 2)
+	def(&c.Credits, 64)
+	def(&c.MaxPeers, 16)
+	def(&c.EagerSize, 8192-HeaderSize)
+	def(&c.MaxMessage, 4<<20)
+	def64(&c.LaneMsgs, 64)
+	def64(&c.LaneBytes, 4<<20)
+	def64(&c.EndpointMsgs, 1024)
+	def64(&c.EndpointBytes, 64<<20)
+	def64(&c.MemoryLimit, 1<<30)
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.PeerTimeout == 0 {
+		c.PeerTimeout = 10 * time.Second
+	}
+	switch {
+	case c.Lanes < 1 || c.Lanes > 4:
+		return fmt.Errorf("bx: Lanes %d outside 1..4", c.Lanes)
+	case c.Credits < flow.MinGrant:
+		return fmt.Errorf("bx: Credits %d below %d", c.Credits, flow.MinGrant)
+	case c.MaxPeers < 1:
+		return fmt.Errorf("bx: MaxPeers %d", c.MaxPeers)
+	case c.EagerSize < 64 || c.EagerSize+HeaderSize > 1<<20:
+		return fmt.Errorf("bx: EagerSize %d outside 64..1 MiB-header", c.EagerSize)
+	case c.MaxMessage < c.EagerSize:
+		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
+	}
+	return nil
+}
+
+// Endpoint is one process's ByteExpress presence on one RDMA device: a
+// shared receive queue whose buffers all peers' messages land in, one
+// event-driven CQ, buffer pools, and the peers it talks to.
+type Endpoint struct {
+	cfg   Config
+	id    uint64
+	ctx   *uverbs.Context
+	pd    *uverbs.PD
+	gid   uverbs.GID
+	eager *mr.Allocator // LocalWrite: receive buffers, eager sends
+	large *mr.Allocator // LocalWrite: rendezvous targets
+	rndv  *mr.Allocator // LocalWrite|RemoteRead: rendezvous sources, the only remotely readable memory
+	srq   *qp.SRQ
+	cq    *cq.CQ
+	win   *flow.Window
+
+	srqMu sync.Mutex // the SRQ's receive side has one owner at a time
+
+	mu       sync.RWMutex
+	peers    map[*Peer]struct{}
+	byQPN    map[uint32]*lane
+	handlers map[uint32]Handler
+	accepted chan *Peer
+	lns      []net.Listener
+
+	stop   context.CancelFunc
+	stopCh context.Context
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	stats  Stats
+}
+
+// Stats counts what an endpoint did.
+type Stats struct {
+	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries atomic.Uint64
+}
+
+// New opens the device and sets up the endpoint's queues and pools.
+func New(cfg Config) (*Endpoint, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
+		handlers: map[uint32]Handler{}, accepted: make(chan *Peer, 16)}
+	var idb [8]byte
+	rand.Read(idb[:])
+	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
+	var err error
+	fail := func(err error) (*Endpoint, error) {
+		if e.ctx != nil {
+			e.ctx.Close()
+		}
+		return nil, fmt.Errorf("bx: endpoint on %s: %w", cfg.Device, err)
+	}
+	if e.ctx, err = uverbs.Open(cfg.Device); err != nil {
+		return fail(err)
+	}
+	if e.gid, err = e.ctx.DefaultGID(int(cfg.Port)); err != nil {
+		return fail(err)
+	}
+	if e.pd, err = e.ctx.AllocPD(); err != nil {
+		return fail(err)
+	}
+	eagerCls := 1 << bits.Len(uint(cfg.EagerSize+HeaderSize-1))
+	if e.eager, err = mr.NewAllocator(e.pd, mr.AllocatorConfig{Classes: classes(64, eagerCls), Limit: cfg.MemoryLimit, Access: mr.LocalWrite}); err != nil {
+		return fail(err)
+	}
+	maxCls := 1 << bits.Len(uint(cfg.MaxMessage-1))
+	region := int64(32 << 20)
+	for region < int64(maxCls) {
+		region *= 2
+	}
+	lc := mr.AllocatorConfig{Classes: classes(eagerCls, maxCls), RegionSize: int(region), Limit: cfg.MemoryLimit, Access: mr.LocalWrite}
+	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {
+		return fail(err)
+	}
+	lc.Access = mr.LocalWrite | mr.RemoteRead
+	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
+		return fail(err)
+	}
+	posted := cfg.MaxPeers * cfg.Credits
+	if e.srq, err = qp.CreateSRQ(e.pd, qp.SRQConfig{MaxWR: uint32(posted)}); err != nil {
+		return fail(err)
+	}
+	sendWR := int(cfg.LaneMsgs) + cfg.Credits + 16
+	cqe := posted + cfg.MaxPeers*cfg.Lanes*sendWR
+	if cqe > int(e.ctx.Attr().MaxCQE) {
+		cqe = int(e.ctx.Attr().MaxCQE)
+	}
+	if e.cq, err = cq.CreateWith(e.ctx, cqe, cq.Options{Events: true}); err != nil {
+		return fail(err)
+	}
+	e.win = flow.NewWindow(flow.Limits{Msgs: cfg.EndpointMsgs, Bytes: cfg.EndpointBytes})
+	wrs := make([]qp.RecvWR, 0, 64)
+	sges := make([]qp.SGE, 64)
+	for posted > 0 {
+		wrs = wrs[:0]
+		for i := 0; i < 64 && posted > 0; i, posted = i+1, posted-1 {
+			b, err := e.eager.Alloc(eagerCls)
+			if err != nil {
+				return fail(err)
+			}
+			sges[i] = b.SGE(eagerCls)
+			wrs = append(wrs, qp.RecvWR{ID: b.Handle(), SGEs: sges[i : i+1]})
+		}
+		if err := e.srq.PostRecv(wrs); err != nil {
+			return fail(err)
+		}
+	}
+	e.stopCh, e.stop = context.WithCancel(context.Background())
+	e.wg.Add(2)
+	go e.progress()
+	go e.ticker()
+	return e, nil
+}
+
+func classes(lo, hi int) []int {
+	var c []int
+	for s := lo; s <= hi; s *= 2 {
+		c = append(c, s)
+	}
+	return c
+}
+
+// Device returns the device name.
+func (e *Endpoint) Device() string { return e.cfg.Device }
+
+// Stats returns the endpoint's counters.
+func (e *Endpoint) Stats() *Stats { return &e.stats }
+
+// AllocatorStats reports the three buffer pools.
+func (e *Endpoint) AllocatorStats() (eager, large, rndv mr.AllocatorStats) {
+	return e.eager.Stats(), e.large.Stats(), e.rndv.Stats()
+}
+
+// Close disconnects every peer and releases the device. Calls in flight
+// fail with ErrClosed.
+func (e *Endpoint) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	e.mu.Lock()
+	lns := e.lns
+	peers := make([]*Peer, 0, len(e.peers))
+	for p := range e.peers {
+		peers = append(peers, p)
+	}
+	e.mu.Unlock()
+	for _, l := range lns {
+		l.Close()
+	}
+	for _, p := range peers {
+		p.shutdown(ErrClosed, true)
+	}
+	e.stop()
+	e.wg.Wait()
+	e.win.Close()
+	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
+	err := e.ctx.Close()
+	return err
+}
+
+// repost returns a receive buffer to the shared receive queue.
+func (e *Endpoint) repost(b mr.Buf) error {
+	sge := b.SGE(b.Cap())
+	wr := [1]qp.RecvWR{{ID: b.Handle(), SGEs: []qp.SGE{sge}}}
+	e.srqMu.Lock()
+	err := e.srq.PostRecv(wr[:])
+	e.srqMu.Unlock()
+	return err
+}
+
+func (e *Endpoint) ticker() {
+	defer e.wg.Done()
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stopCh.Done():
+			return
+		case now := <-t.C:
+			e.mu.RLock()
+			peers := make([]*Peer, 0, len(e.peers))
+			for p := range e.peers {
+				peers = append(peers, p)
+			}
+			e.mu.RUnlock()
+			for _, p := range peers {
+				p.maybeUpdate(now)
+			}
+		}
+	}
+}
+
+// WR ids: receives carry the buffer handle; these tag the rest.
+const (
+	tagRead = 1 << 63
+	tagSend = 1 << 62
+)
+
+func (e *Endpoint) progress() {
+	defer e.wg.Done()
+	wc := make([]cq.WC, 64)
+	for {
+		n, err := e.cq.Poll(wc)
+		if err != nil {
+			return
+		}
+		for i := range wc[:n] {
+			e.complete(&wc[i])
+		}
+		if n == 0 {
+			if err := e.cq.Wait(e.stopCh); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (e *Endpoint) laneOf(qpn uint32) *lane {
+	e.mu.RLock()
+	l := e.byQPN[qpn]
+	e.mu.RUnlock()
+	return l
+}
+
+func (e *Endpoint) complete(w *cq.WC) {
+	l := e.laneOf(w.QPNum)
+	switch {
+	case w.ID&tagRead != 0:
+		if l != nil {
+			l.peer.readDone(l, w)
+		}
+	case w.ID&tagSend != 0:
+		if w.Status != 0 && l != nil {
+			l.peer.laneFailed(l, w.Err())
+		}
+	default:
+		b, ok := e.eager.FromHandle(w.ID)
+		if !ok {
+			return // not ours: cannot happen
+		}
+		if w.Status != 0 {
+			// A flushed receive of a dead QP: the buffer goes back.
+			e.repost(b)
+			if l != nil {
+				l.peer.laneFailed(l, w.Err())
+			}
+			return
+		}
+		if l == nil {
+			e.repost(b)
+			return
+		}
+		l.peer.received(l, b, int(w.ByteLen))
+	}
+}

@@ -1,0 +1,700 @@
+package bx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/flow"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+)
+
+// Errors a caller can tell apart with errors.Is.
+var (
+	ErrClosed     = errors.New("bx: closed")
+	ErrPeerGone   = errors.New("bx: peer gone")
+	ErrRecovering = errors.New("bx: connection recovery in progress")
+	ErrTooLarge   = errors.New("bx: message larger than MaxMessage")
+	ErrProtocol   = errors.New("bx: protocol violation by peer")
+)
+
+// Peer is the connection to one remote endpoint: a TCP control connection
+// and Config.Lanes RC QPs carrying any number of streams.
+type Peer struct {
+	e      *Endpoint
+	id     uint64 // the remote endpoint's incarnation
+	ctl    net.Conn
+	ctlMu  sync.Mutex
+	dialer bool
+	lanes  []*lane
+
+	credits *flow.Credits  // what the peer lets us send
+	ret     *flow.Returner // what we let the peer send
+
+	mu      sync.Mutex
+	streams map[uint32]*Stream
+	calls   map[uint64]chan *Msg
+	state   atomic.Int32
+	down    chan struct{} // closed when the peer is shut down
+	err     error
+	callID  atomic.Uint64
+	ready   chan struct{}
+
+	recovered chan struct{} // closed when a recovery finished
+	recCause  error
+	recAck    chan setup
+	recDone   chan struct{}
+}
+
+const (
+	stateActive int32 = iota
+	stateRecovering
+	stateDead
+)
+
+// lane is one RC QP to the peer, with its own sequence space. Messages of
+// one stream always use the same lane, so RC ordering keeps them in order.
+type lane struct {
+	peer *Peer
+	idx  int
+	qp   *qp.QP
+	win  *flow.Window
+
+	mu      sync.Mutex // the QP's send side
+	nextSeq uint64
+	outs    []out // unacknowledged, in sequence order
+	sends   int
+
+	rmu       sync.Mutex // receive side, touched by the progress goroutine and Release
+	delivered uint64     // highest sequence delivered in order
+	pending   []*inbound // received but waiting for an earlier rendezvous
+	acked     atomic.Uint64
+	ackSent   atomic.Uint64
+	scratch   [HeaderSize]byte // credit updates, sent inline
+}
+
+// out is a sent, unacknowledged message: kept for resending after a QP
+// failure, freed when the peer acknowledges it.
+type out struct {
+	seq   uint64
+	buf   mr.Buf
+	rndv  mr.Buf
+	hasRV bool
+	bytes int64
+}
+
+type inbound struct {
+	h    header
+	msg  *Msg
+	done bool
+}
+
+// Dial connects to the endpoint listening at addr (host:port of its
+// control plane).
+func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
+	}
+	p, err := e.handshake(ctx, c, true)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
+	}
+	return p, nil
+}
+
+// Listen accepts peers on addr (the TCP control plane). Accepted peers are
+// served by the endpoint's handlers and returned by Accept.
+func (e *Endpoint) Listen(addr string) (net.Addr, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
+	}
+	e.mu.Lock()
+	e.lns = append(e.lns, l)
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				ctx, cancel := context.WithTimeout(e.stopCh, e.cfg.HandshakeTimeout)
+				defer cancel()
+				p, err := e.handshake(ctx, c, false)
+				if err != nil {
+					c.Close()
+					return
+				}
+				select {
+				case e.accepted <- p:
+				default:
+				}
+			}()
+		}
+	}()
+	return l.Addr(), nil
+}
+
+// Accept returns the next peer that connected to a Listen address.
+func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
+	select {
+	case p := <-e.accepted:
+		return p, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-e.stopCh.Done():
+		return nil, ErrClosed
+	}
+}
+
+func (e *Endpoint) newLanes(p *Peer) error {
+	p.lanes = make([]*lane, e.cfg.Lanes)
+	for i := range p.lanes {
+		q, err := newLaneQP(e)
+		if err != nil {
+			return err
+		}
+		p.lanes[i] = &lane{peer: p, idx: i, qp: q, nextSeq: 1,
+			win: e.win.NewChild(flow.Limits{Msgs: e.cfg.LaneMsgs, Bytes: e.cfg.LaneBytes})}
+	}
+	return nil
+}
+
+func newLaneQP(e *Endpoint) (*qp.QP, error) {
+	return qp.Create(e.pd, qp.Config{SendCQ: e.cq, RecvCQ: e.cq, SRQ: e.srq,
+		MaxSendWR: uint32(int(e.cfg.LaneMsgs) + e.cfg.Credits + 16), MaxInline: HeaderSize})
+}
+
+func (p *Peer) localSetup(epoch uint32) setup {
+	s := setup{ID: p.e.id, Epoch: epoch, Grant: uint64(p.e.cfg.Credits)}
+	copy(s.GID[:], p.e.gid.GID.To16())
+	for _, l := range p.lanes {
+		l.rmu.Lock()
+		next := l.delivered + 1
+		l.rmu.Unlock()
+		s.Lanes = append(s.Lanes, laneInfo{QPN: l.qp.QPN(), PSN: rand.Uint32() & 0xffffff, Next: next})
+	}
+	return s
+}
+
+func (p *Peer) connectLanes(local, remote setup) error {
+	if len(remote.Lanes) != len(p.lanes) {
+		return fmt.Errorf("%w: peer has %d lanes, we have %d", ErrProtocol, len(remote.Lanes), len(p.lanes))
+	}
+	for i, l := range p.lanes {
+		r := remote.Lanes[i]
+		err := l.qp.Connect(qp.Remote{QPN: r.QPN, PSN: r.PSN, GID: remote.GID[:]},
+			// Peers may READ our rendezvous sources and nothing else: the
+			// QP allows remote reads, only rendezvous memory is
+			// registered for them.
+			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, MaxRdAtomic: 4, MaxDestRd: 4, Access: mr.RemoteRead})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handshake authenticates, exchanges lanes and grants, connects the QPs.
+// Nothing about QPs, GIDs or keys crosses the wire before the peer proved
+// it holds the token.
+func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Peer, error) {
+	d := e.cfg.HandshakeTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = time.Until(dl)
+	}
+	var err error
+	if dialer {
+		err = authClient(c, e.cfg.Token, d)
+	} else {
+		err = authServer(c, e.cfg.Token, d)
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	if len(e.peers) >= e.cfg.MaxPeers {
+		e.mu.Unlock()
+		writeCtl(c, ctlFail, nil, d)
+		return nil, fmt.Errorf("bx: endpoint full (%d peers)", e.cfg.MaxPeers)
+	}
+	e.mu.Unlock()
+	p := &Peer{e: e, ctl: c, dialer: dialer, streams: map[uint32]*Stream{}, calls: map[uint64]chan *Msg{},
+		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), recDone: make(chan struct{}, 1)}
+	if err := e.newLanes(p); err != nil {
+		p.destroyLanes()
+		return nil, err
+	}
+	local := p.localSetup(0)
+	var remote setup
+	if dialer {
+		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
+			p.destroyLanes()
+			return nil, err
+		}
+	}
+	m, err := readCtl(c, d)
+	if err == nil && m.Type != ctlSetup {
+		err = fmt.Errorf("%w: expected setup, got control message %d", ErrProtocol, m.Type)
+	}
+	if err != nil {
+		p.destroyLanes()
+		return nil, err
+	}
+	remote = m.Setup
+	if remote.Grant < flow.MinGrant || remote.Grant > 1<<20 {
+		p.destroyLanes()
+		return nil, fmt.Errorf("%w: grant %d", ErrProtocol, remote.Grant)
+	}
+	p.id = remote.ID
+	if err := p.connectLanes(local, remote); err != nil {
+		p.destroyLanes()
+		return nil, err
+	}
+	if !dialer {
+		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
+			p.destroyLanes()
+			return nil, err
+		}
+	}
+	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
+	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
+		p.destroyLanes()
+		return nil, err
+	}
+	// Both QPs are in RTS once each side has the other's setup; a last
+	// round trip makes sure the dialer's are before the acceptor sends.
+	if dialer {
+		if err := writeCtl(c, ctlPing, nil, d); err != nil {
+			p.destroyLanes()
+			return nil, err
+		}
+	} else {
+		if m, err := readCtl(c, d); err != nil || m.Type != ctlPing {
+			p.destroyLanes()
+			return nil, fmt.Errorf("bx: handshake: peer not ready: %v", err)
+		}
+	}
+	e.mu.Lock()
+	e.peers[p] = struct{}{}
+	for _, l := range p.lanes {
+		e.byQPN[l.qp.QPN()] = l
+	}
+	e.mu.Unlock()
+	close(p.ready)
+	go p.control()
+	return p, nil
+}
+
+func (p *Peer) destroyLanes() {
+	for _, l := range p.lanes {
+		if l != nil {
+			p.e.mu.Lock()
+			delete(p.e.byQPN, l.qp.QPN())
+			p.e.mu.Unlock()
+			l.qp.Close()
+		}
+	}
+}
+
+// Endpoint returns the local endpoint.
+func (p *Peer) Endpoint() *Endpoint { return p.e }
+
+// ID is the remote endpoint's incarnation: a restarted peer has a new one.
+func (p *Peer) ID() uint64 { return p.id }
+
+// Done is closed when the peer is gone for good; Err says why.
+func (p *Peer) Done() <-chan struct{} { return p.down }
+
+// Err returns why the peer went down, or nil.
+func (p *Peer) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// control reads the control connection: orderly close, recovery requests,
+// or its loss.
+func (p *Peer) control() {
+	for {
+		m, err := readCtl(p.ctl, 0)
+		if err != nil {
+			p.shutdown(fmt.Errorf("%w: control connection: %v", ErrPeerGone, err), false)
+			return
+		}
+		switch m.Type {
+		case ctlBye:
+			p.shutdown(fmt.Errorf("%w: peer closed the connection", ErrPeerGone), false)
+			return
+		case ctlRecover:
+			p.acceptRecovery(m.Setup)
+		case ctlRecAck:
+			select {
+			case p.recAck <- m.Setup:
+			default:
+			}
+		case ctlPing:
+		}
+	}
+}
+
+func (p *Peer) writeCtl(typ uint8, body []byte) error {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	return writeCtl(p.ctl, typ, body, p.e.cfg.HandshakeTimeout)
+}
+
+// Close disconnects from the peer.
+func (p *Peer) Close() error {
+	p.shutdown(ErrClosed, true)
+	return nil
+}
+
+func (p *Peer) shutdown(why error, bye bool) {
+	p.mu.Lock()
+	if p.state.Load() == stateDead {
+		p.mu.Unlock()
+		return
+	}
+	p.state.Store(stateDead)
+	p.err = why
+	calls := p.calls
+	p.calls = map[uint64]chan *Msg{}
+	streams := p.streams
+	p.mu.Unlock()
+	if bye {
+		p.writeCtl(ctlBye, nil)
+	}
+	p.ctl.Close()
+	close(p.down)
+	for _, ch := range calls {
+		close(ch)
+	}
+	for _, s := range streams {
+		s.fail(why)
+	}
+	p.credits.Close()
+	e := p.e
+	e.mu.Lock()
+	delete(e.peers, p)
+	e.mu.Unlock()
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		for _, o := range l.outs {
+			p.freeOut(l, o)
+		}
+		l.outs = nil
+		l.mu.Unlock()
+		l.win.Close()
+	}
+	p.destroyLanes()
+}
+
+func (p *Peer) freeOut(l *lane, o out) {
+	p.e.eager.Free(o.buf)
+	if o.hasRV {
+		p.e.rndv.Free(o.rndv)
+	}
+	l.win.Release(o.bytes)
+}
+
+// waitUsable blocks while the peer recovers.
+func (p *Peer) waitUsable(ctx context.Context) error {
+	for {
+		switch p.state.Load() {
+		case stateActive:
+			return nil
+		case stateDead:
+			return p.Err()
+		}
+		p.mu.Lock()
+		ch := p.recovered
+		p.mu.Unlock()
+		if ch == nil {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-p.down:
+			return p.Err()
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrRecovering, ctx.Err())
+		}
+	}
+}
+
+// send posts one message on the stream's lane: window, credit, sequence,
+// piggybacked acknowledgement and credits, one doorbell. buf holds the
+// header room and (eager) the payload; rv, if set, is a rendezvous source.
+func (p *Peer) send(ctx context.Context, s uint32, h header, buf mr.Buf, rv *mr.Buf) error {
+	l := p.lanes[int(s)%len(p.lanes)]
+	bytes := int64(buf.Len())
+	if rv != nil {
+		bytes += int64(rv.Len())
+	}
+	if err := p.waitUsable(ctx); err != nil {
+		return err
+	}
+	if err := l.win.Acquire(ctx, bytes); err != nil {
+		return p.sendErr(err)
+	}
+	if err := p.credits.Acquire(ctx, 1); err != nil {
+		l.win.Release(bytes)
+		return p.sendErr(err)
+	}
+	o := out{buf: buf, bytes: bytes}
+	if rv != nil {
+		o.rndv, o.hasRV = *rv, true
+	}
+	l.mu.Lock()
+	if p.state.Load() == stateDead {
+		l.mu.Unlock()
+		l.win.Release(bytes)
+		return p.Err()
+	}
+	o.seq = l.nextSeq
+	l.nextSeq++
+	h.Stream, h.Seq = s, o.seq
+	l.outs = append(l.outs, o)
+	err := p.post(l, h, buf)
+	l.mu.Unlock()
+	if err != nil {
+		// The message is queued for resending after recovery.
+		p.laneFailed(l, err)
+	}
+	p.e.stats.Sent.Add(1)
+	return nil
+}
+
+func (p *Peer) sendErr(err error) error {
+	if errors.Is(err, flow.ErrClosed) {
+		if e := p.Err(); e != nil {
+			return e
+		}
+		return ErrClosed
+	}
+	return err
+}
+
+// post writes the header (with fresh acknowledgement and credits) into buf
+// and posts it. l.mu is held.
+func (p *Peer) post(l *lane, h header, buf mr.Buf) error {
+	h.Ack = l.deliveredSeq()
+	h.Credit, _ = p.ret.Piggyback()
+	h.Epoch = p.ret.Epoch()
+	l.ackSent.Store(h.Ack)
+	h.encode(buf.Bytes()[:HeaderSize])
+	flags := qp.SendFlags(0)
+	l.sends++
+	if l.sends%16 == 0 {
+		flags = qp.Signaled
+	}
+	wr := [1]qp.SendWR{{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{buf.SGE(buf.Len())}}}
+	return l.qp.PostSend(wr[:])
+}
+
+func (l *lane) deliveredSeq() uint64 {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	return l.delivered
+}
+
+// ack frees what the peer acknowledged on the lane.
+func (p *Peer) ack(l *lane, seq uint64) {
+	if seq <= l.acked.Load() {
+		return
+	}
+	l.mu.Lock()
+	n := 0
+	for n < len(l.outs) && l.outs[n].seq <= seq {
+		p.freeOut(l, l.outs[n])
+		n++
+	}
+	l.outs = append(l.outs[:0], l.outs[n:]...)
+	l.acked.Store(seq)
+	l.mu.Unlock()
+}
+
+// maybeUpdate sends an explicit credit/acknowledgement update when flow
+// says one is due, or when acknowledgements have waited.
+func (p *Peer) maybeUpdate(now time.Time) {
+	if p.state.Load() != stateActive {
+		return
+	}
+	due := p.ret.NeedsUpdate(now)
+	for _, l := range p.lanes {
+		if due || l.deliveredSeq() > l.ackSent.Load() {
+			p.sendUpdate(l)
+			due = false
+		}
+	}
+}
+
+func (p *Peer) sendUpdate(l *lane) {
+	if !p.credits.TryAcquireControl() {
+		return
+	}
+	l.mu.Lock()
+	// Unsequenced and inline: the device copies the 48 bytes at post
+	// time, so the lane's scratch header is free again at once, and an
+	// update is never resent (the next one carries newer values).
+	h := header{Type: typCredit}
+	h.Ack = l.deliveredSeq()
+	h.Credit, _ = p.ret.Piggyback()
+	h.Epoch = p.ret.Epoch()
+	l.ackSent.Store(h.Ack)
+	h.encode(l.scratch[:])
+	wr := [1]qp.SendWR{{ID: tagSend, Opcode: qp.OpSend, Flags: qp.Inline,
+		SGEs: []qp.SGE{{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}}}}
+	err := l.qp.PostSend(wr[:])
+	l.mu.Unlock()
+	p.e.stats.CreditUpdates.Add(1)
+	if err != nil {
+		p.laneFailed(l, err)
+	}
+}
+
+// received handles one message that landed in an SRQ buffer.
+func (p *Peer) received(l *lane, b mr.Buf, n int) {
+	var h header
+	data := b.Bytes()[:n]
+	if err := h.decode(data); err != nil {
+		p.e.repost(b)
+		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+		return
+	}
+	if err := p.ret.Consumed(1); err != nil {
+		p.e.repost(b)
+		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+		return
+	}
+	if err := p.credits.Grant(h.Credit, h.Epoch); errors.Is(err, flow.ErrImpossibleGrant) {
+		p.e.repost(b)
+		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+		return
+	}
+	p.ack(l, h.Ack)
+	if h.Type == typCredit {
+		p.e.repost(b)
+		p.ret.ReleasedControl(1)
+		return
+	}
+	p.e.stats.Received.Add(1)
+	l.rmu.Lock()
+	if h.Seq <= l.delivered || h.Seq > l.delivered+uint64(len(l.pending))+1 {
+		dup := h.Seq <= l.delivered
+		l.rmu.Unlock()
+		p.e.repost(b)
+		p.ret.Released(1)
+		if dup {
+			p.e.stats.Duplicates.Add(1)
+			return
+		}
+		p.shutdown(fmt.Errorf("%w: lane %d sequence %d, expected %d", ErrProtocol, l.idx, h.Seq, l.delivered+uint64(len(l.pending))+1), true)
+		return
+	}
+	in := &inbound{h: h}
+	if h.Type == typRndv {
+		var d rndv
+		if err := d.decode(data[HeaderSize:], p.e.cfg.MaxMessage); err != nil {
+			l.rmu.Unlock()
+			p.e.repost(b)
+			p.ret.Released(1)
+			p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+			return
+		}
+		// The descriptor's buffer goes back at once; the payload lands in
+		// a buffer of our own, read from the peer's.
+		p.e.repost(b)
+		p.ret.Released(1)
+		t, err := p.e.large.Alloc(int(d.Len))
+		if err != nil {
+			l.rmu.Unlock()
+			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
+			return
+		}
+		in.msg = &Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
+		l.pending = append(l.pending, in)
+		l.rmu.Unlock()
+		p.e.stats.Rendezvous.Add(1)
+		wr := [1]qp.SendWR{{ID: tagRead | uint64(l.idx)<<32 | (h.Seq & 0xffffffff), Opcode: qp.OpRDMARead, Flags: qp.Signaled,
+			SGEs: []qp.SGE{t.SGE(int(d.Len))}, RemoteAddr: d.Addr, RKey: d.RKey}}
+		l.mu.Lock()
+		err = l.qp.PostSend(wr[:])
+		l.mu.Unlock()
+		if err != nil {
+			p.laneFailed(l, err)
+		}
+		return
+	}
+	in.msg = &Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+	in.done = true
+	l.pending = append(l.pending, in)
+	ready := l.flush()
+	l.rmu.Unlock()
+	p.deliverAll(ready)
+}
+
+// flush takes the delivered prefix of the pending list. l.rmu is held.
+func (l *lane) flush() []*inbound {
+	n := 0
+	for n < len(l.pending) && l.pending[n].done {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	ready := append([]*inbound(nil), l.pending[:n]...)
+	l.pending = append(l.pending[:0], l.pending[n:]...)
+	l.delivered += uint64(n)
+	return ready
+}
+
+func (p *Peer) readDone(l *lane, w *cq.WC) {
+	if w.Status != 0 {
+		p.shutdown(fmt.Errorf("%w: rendezvous read failed (bad descriptor from the peer?): %v", ErrProtocol, w.Err()), true)
+		return
+	}
+	seq := w.ID & 0xffffffff
+	l.rmu.Lock()
+	for _, in := range l.pending {
+		if in.h.Seq&0xffffffff == seq && !in.done {
+			in.done = true
+			break
+		}
+	}
+	ready := l.flush()
+	l.rmu.Unlock()
+	p.deliverAll(ready)
+}
+
+func (p *Peer) deliverAll(ready []*inbound) {
+	for _, in := range ready {
+		p.deliver(in.msg)
+	}
+}
+
+// laneFailed starts recovery after a QP error.
+func (p *Peer) laneFailed(l *lane, err error) {
+	if p.state.Load() != stateActive {
+		return
+	}
+	p.startRecovery(err)
+}

@@ -1,0 +1,340 @@
+package bx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/goverbs/goverbs/mr"
+)
+
+// Msg is a received message. Its Data references the receive buffer the
+// message landed in (or, for a large message, the buffer it was read
+// into): no copy was made. Release it when done; until then its buffer is
+// not available to the peer.
+type Msg struct {
+	p      *Peer
+	Stream uint32
+	buf    mr.Buf
+	large  bool
+	data   []byte
+	call   uint64
+	flags  uint16
+	once   sync.Once
+	remote string // RPC error text
+}
+
+// Data is the payload. It is valid until Release.
+func (m *Msg) Data() []byte { return m.data }
+
+// Release returns the message's buffer: to the shared receive queue (and a
+// receive credit to the peer), or to the pool. It is idempotent.
+func (m *Msg) Release() {
+	m.once.Do(func() {
+		e := m.p.e
+		if m.large {
+			e.large.Free(m.buf)
+			return
+		}
+		e.repost(m.buf)
+		m.p.ret.Released(1)
+	})
+}
+
+// Buffer is memory for a message to send without a copy: write the payload
+// into Payload() and hand it to Stream.SendBuffer, which takes ownership.
+type Buffer struct {
+	e    *Endpoint
+	head mr.Buf // header (and eager payload)
+	rv   mr.Buf // rendezvous payload
+	n    int
+	big  bool
+}
+
+// Alloc returns a buffer for an n-byte message. Messages above EagerSize
+// use rendezvous memory the receiver reads directly.
+func (e *Endpoint) Alloc(n int) (*Buffer, error) {
+	if n < 0 || n > e.cfg.MaxMessage {
+		return nil, fmt.Errorf("%w: %d bytes, MaxMessage %d", ErrTooLarge, n, e.cfg.MaxMessage)
+	}
+	if n <= e.cfg.EagerSize {
+		h, err := e.eager.Alloc(HeaderSize + n)
+		if err != nil {
+			return nil, err
+		}
+		return &Buffer{e: e, head: h, n: n}, nil
+	}
+	h, err := e.eager.Alloc(HeaderSize + rndvSize)
+	if err != nil {
+		return nil, err
+	}
+	rv, err := e.rndv.Alloc(n)
+	if err != nil {
+		e.eager.Free(h)
+		return nil, err
+	}
+	return &Buffer{e: e, head: h, rv: rv, n: n, big: true}, nil
+}
+
+// Payload is where the message goes.
+func (b *Buffer) Payload() []byte {
+	if b.big {
+		return b.rv.Bytes()
+	}
+	return b.head.Bytes()[HeaderSize : HeaderSize+b.n]
+}
+
+// Free returns a buffer that was not sent.
+func (b *Buffer) Free() {
+	b.e.eager.Free(b.head)
+	if b.big {
+		b.e.rndv.Free(b.rv)
+	}
+}
+
+// Stream is one logical channel to a peer. Any number of streams share the
+// peer's few QPs; messages of one stream arrive in order.
+type Stream struct {
+	p  *Peer
+	id uint32
+
+	mu     sync.Mutex
+	q      []*Msg
+	notify chan struct{}
+	err    error
+}
+
+// Stream returns the stream with the given id to the peer.
+func (p *Peer) Stream(id uint32) *Stream {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.streams[id]
+	if s == nil {
+		s = &Stream{p: p, id: id, notify: make(chan struct{}, 1)}
+		if err := p.err; err != nil {
+			s.err = err
+		}
+		p.streams[id] = s
+	}
+	return s
+}
+
+// ID is the stream id.
+func (s *Stream) ID() uint32 { return s.id }
+
+// Peer returns the peer.
+func (s *Stream) Peer() *Peer { return s.p }
+
+// Send sends a copy of data.
+func (s *Stream) Send(ctx context.Context, data []byte) error {
+	b, err := s.p.e.Alloc(len(data))
+	if err != nil {
+		return err
+	}
+	copy(b.Payload(), data)
+	return s.SendBuffer(ctx, b)
+}
+
+// SendBuffer sends b without a copy. bx owns b from then on, whatever the
+// result: it frees it when the peer acknowledged the message.
+func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
+	return s.p.sendMsg(ctx, s.id, 0, 0, b)
+}
+
+func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call uint64, b *Buffer) error {
+	h := header{Type: typData, Flags: flags, CallID: call, Length: uint32(b.n)}
+	if b.big {
+		h.Type, h.Length = typRndv, rndvSize
+		d := rndv{Addr: b.rv.Addr(), RKey: b.rv.RKey(), Len: uint32(b.n)}
+		d.encode(b.head.Bytes()[HeaderSize:])
+		// The descriptor is all the message carries.
+		head := b.head
+		if err := p.send(ctx, stream, h, head, &b.rv); err != nil {
+			b.Free()
+			return err
+		}
+		return nil
+	}
+	if err := p.send(ctx, stream, h, b.head, nil); err != nil {
+		b.Free()
+		return err
+	}
+	return nil
+}
+
+// Recv returns the next message of the stream.
+func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
+	for {
+		s.mu.Lock()
+		if len(s.q) > 0 {
+			m := s.q[0]
+			s.q[0] = nil
+			s.q = s.q[1:]
+			s.mu.Unlock()
+			return m, nil
+		}
+		err := s.err
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *Stream) push(m *Msg) {
+	s.mu.Lock()
+	s.q = append(s.q, m)
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Handler serves RPC requests of one stream id: it returns the response
+// payload or an error, whose text the caller receives as a RemoteError.
+// The request is released after the handler returns.
+type Handler func(ctx context.Context, p *Peer, req *Msg) ([]byte, error)
+
+// Handle registers the handler for requests on a stream id, for every peer.
+func (e *Endpoint) Handle(stream uint32, h Handler) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handlers[stream] = h
+}
+
+// RemoteError is a handler's error, as the caller sees it.
+type RemoteError struct{ Msg string }
+
+func (e *RemoteError) Error() string { return "bx: remote handler: " + e.Msg }
+
+func (p *Peer) deliver(m *Msg) {
+	switch {
+	case m.flags&flagResponse != 0:
+		p.mu.Lock()
+		ch := p.calls[m.call]
+		delete(p.calls, m.call)
+		p.mu.Unlock()
+		if ch == nil {
+			m.Release() // the caller gave up
+			return
+		}
+		if m.flags&flagError != 0 {
+			m.remote = string(m.data)
+		}
+		ch <- m
+	case m.flags&flagRequest != 0:
+		p.e.mu.RLock()
+		h := p.e.handlers[m.Stream]
+		p.e.mu.RUnlock()
+		go p.serve(h, m)
+	default:
+		p.Stream(m.Stream).push(m)
+	}
+}
+
+func (p *Peer) serve(h Handler, req *Msg) {
+	var resp []byte
+	var err error
+	if h == nil {
+		err = fmt.Errorf("no handler for stream %d", req.Stream)
+	} else {
+		resp, err = h(p.e.stopCh, p, req)
+	}
+	stream, call := req.Stream, req.call
+	req.Release()
+	flags := uint16(flagResponse)
+	if err != nil {
+		flags |= flagError
+		resp = []byte(err.Error())
+	}
+	b, aerr := p.e.Alloc(len(resp))
+	if aerr != nil {
+		flags |= flagError
+		resp = []byte(aerr.Error())
+		if b, aerr = p.e.Alloc(len(resp)); aerr != nil {
+			return
+		}
+	}
+	copy(b.Payload(), resp)
+	p.sendMsg(context.Background(), stream, flags, call, b)
+}
+
+// Call sends req on the stream as an RPC request and waits for the
+// response, which the caller must Release. Errors: *RemoteError from the
+// handler, the context's error (wrapped with ErrRecovering if the peer was
+// recovering), ErrPeerGone, ErrClosed.
+func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error) {
+	b, err := p.e.Alloc(len(req))
+	if err != nil {
+		return nil, err
+	}
+	copy(b.Payload(), req)
+	return p.CallBuffer(ctx, stream, b)
+}
+
+// CallBuffer is Call with a zero-copy request.
+func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+	id := p.callID.Add(1)
+	ch := make(chan *Msg, 1)
+	p.mu.Lock()
+	if p.state.Load() == stateDead {
+		p.mu.Unlock()
+		b.Free()
+		return nil, p.Err()
+	}
+	p.calls[id] = ch
+	p.mu.Unlock()
+	if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
+		p.forget(id)
+		return nil, err
+	}
+	select {
+	case m, ok := <-ch:
+		if !ok {
+			return nil, p.Err()
+		}
+		if m.remote != "" || m.flags&flagError != 0 {
+			err := &RemoteError{Msg: m.remote}
+			m.Release()
+			return nil, err
+		}
+		return m, nil
+	case <-ctx.Done():
+		p.forget(id)
+		if p.state.Load() == stateRecovering {
+			return nil, fmt.Errorf("%w: %w", ErrRecovering, ctx.Err())
+		}
+		return nil, ctx.Err()
+	}
+}
+
+func (p *Peer) forget(id uint64) {
+	p.mu.Lock()
+	delete(p.calls, id)
+	p.mu.Unlock()
+}
+
+// IsRemote reports whether err came from the remote handler.
+func IsRemote(err error) bool {
+	var r *RemoteError
+	return errors.As(err, &r)
+}
