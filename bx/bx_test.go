@@ -3,9 +3,13 @@ package bx_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -266,4 +270,33 @@ func TestRecoveryForcedError(t *testing.T) {
 		t.Error("no recovery counted")
 	}
 	t.Logf("duplicates dropped at the receiver: %d", sp.Endpoint().Stats().Duplicates.Load())
+}
+
+// TestHTTP runs net/http over bx Conns.
+func TestHTTP(t *testing.T) {
+	srv, cli, _, _ := pair(t, nil)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %d %x", r.Method, len(b), sha256.Sum256(b))
+	})
+	hs := &http.Server{Handler: mux}
+	go hs.Serve(srv.Listener())
+	defer hs.Close()
+	addr := srv.ListenAddrs()[0].String()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return cli.DialConn(ctx, addr) },
+	}, Timeout: 10 * time.Second}
+	for _, n := range []int{0, 10, 100_000} {
+		body := bytes.Repeat([]byte("goverbs "), n/8+1)[:n]
+		resp, err := client.Post("http://bx/echo", "application/octet-stream", bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("%v (server received %d, client sent %d)", err, srv.Stats().Received.Load(), cli.Stats().Sent.Load())
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("POST %d %x", n, sha256.Sum256(body)); string(got) != want {
+			t.Fatalf("got %q, want %q", got, want)
+		}
+	}
 }

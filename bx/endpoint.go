@@ -130,6 +130,8 @@ type Endpoint struct {
 	handlers map[uint32]Handler
 	accepted chan *Peer
 	lns      []net.Listener
+	dialed   map[string]*Peer
+	conns    chan *Conn
 
 	stop   context.CancelFunc
 	stopCh context.Context

@@ -152,6 +152,17 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 	return l.Addr(), nil
 }
 
+// ListenAddrs returns the addresses Listen bound.
+func (e *Endpoint) ListenAddrs() []net.Addr {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var a []net.Addr
+	for _, l := range e.lns {
+		a = append(a, l.Addr())
+	}
+	return a
+}
+
 // Accept returns the next peer that connected to a Listen address.
 func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
 	select {

@@ -246,6 +246,9 @@ func (p *Peer) deliver(m *Msg) {
 		h := p.e.handlers[m.Stream]
 		p.e.mu.RUnlock()
 		go p.serve(h, m)
+	case m.flags&flagOpen != 0:
+		m.Release()
+		p.opened(m.Stream)
 	default:
 		p.Stream(m.Stream).push(m)
 	}
