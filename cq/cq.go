@@ -34,7 +34,7 @@ type CQ struct {
 	ch      *uverbs.CompChannel
 	ownCh   bool
 	ready   <-chan struct{}
-	armReq  ioctl.ReqNotifyCQ
+	armReq  [2]ioctl.ReqNotifyCQ // [0] any completion, [1] solicited only; read-only after Create
 	armed   atomic.Uint64
 	wakeups atomic.Uint64
 }
@@ -141,7 +141,8 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
 	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
-	q.armReq.Cq_handle = handle
+	q.armReq[0].Cq_handle = handle
+	q.armReq[1] = ioctl.ReqNotifyCQ{Cq_handle: handle, Solicited_only: 1}
 	ctx.BindUserHandle(user, q)
 	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
 		q.destroy()

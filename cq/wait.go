@@ -27,12 +27,13 @@ func (q *CQ) Notify(solicitedOnly bool) error {
 	if a, ok := q.drv.(provider.CQArmer); ok {
 		return a.Arm(solicitedOnly)
 	}
-	req := q.armReq
+	// The request lives in the CQ, so arming allocates nothing.
+	req := &q.armReq[0]
 	if solicitedOnly {
-		req.Solicited_only = 1
+		req = &q.armReq[1]
 	}
 	err := q.ctx.File().Write(&ioctl.Cmd{
-		Command: ioctl.IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofReqNotifyCQ,
+		Command: ioctl.IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, In: unsafe.Pointer(req), InLen: ioctl.SizeofReqNotifyCQ,
 	}, "REQ_NOTIFY_CQ")
 	if err != nil {
 		return fmt.Errorf("cq: arm: %w", err)
