@@ -4,6 +4,10 @@
 //
 //	goverbs devices [-v] [-d DEV]     list devices (ibv_devices, ibv_devinfo -v)
 //	goverbs rc-pingpong [flags] [HOST] ibv_rc_pingpong, wire compatible
+//	goverbs ud-pingpong [flags] [HOST] ibv_ud_pingpong, wire compatible
+//	goverbs srq-pingpong [flags] [HOST] ibv_srq_pingpong, wire compatible
+//	goverbs perf TEST [flags] [HOST]  perftest's ib_TEST (send_lat, write_bw, ...)
+//	goverbs vm [flags] -- CMD...       run CMD in qemu guests with rxe devices
 //	goverbs version
 package main
 
@@ -46,6 +50,10 @@ func init() {
 	commands = []command{
 		{"devices", "list RDMA devices, ports and GIDs (like ibv_devices, ibv_devinfo -v)", runDevices},
 		{"rc-pingpong", "RC SEND ping-pong, wire compatible with rdma-core's ibv_rc_pingpong", runPingpong},
+		{"ud-pingpong", "UD SEND ping-pong, wire compatible with rdma-core's ibv_ud_pingpong", runUDPingpong},
+		{"srq-pingpong", "RC SEND ping-pong over many QPs and one SRQ, wire compatible with ibv_srq_pingpong", runSRQPingpong},
+		{"vm", "run a command as root in throw-away qemu guests with rxe devices (docs/vm.md)", runVM},
+		{"perf", "perftest-like latency and bandwidth tests (send_lat, write_lat, read_bw, ...)", runPerf},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -127,7 +127,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"rc-pingpong", "-s", "0"}, "-s 0"},
 		{[]string{"rc-pingpong", "-r", "0"}, "-r 0"},
 		{[]string{"rc-pingpong", "-p", "70000"}, "-p 70000"},
-		{[]string{"rc-pingpong", "-e"}, "not supported yet"},
+		{[]string{"rc-pingpong", "-e", "-n", "0"}, "-n 0"}, // -e is supported: the bad -n is what fails
 		{[]string{"rc-pingpong", "-o"}, "not supported"},
 		{[]string{"rc-pingpong", "-t"}, "not supported"},
 		{[]string{"rc-pingpong", "-j"}, "not supported"},

@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"time"
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
@@ -66,7 +65,7 @@ func pingpongFlags(stderr io.Writer) (*flag.FlagSet, *ppOptions) {
 	intFlag(&o.iters, "n", "iters", 1000, "number of exchanges")
 	intFlag(&o.sl, "l", "sl", 0, "service level value")
 	intFlag(&o.gidx, "g", "gid-idx", -1, "local port GID `index` (default: none on InfiniBand; on RoCE the RoCE v2 IPv4 GID, see docs)")
-	boolFlag(&o.events, "e", "events", "sleep on CQ events (not supported yet)")
+	boolFlag(&o.events, "e", "events", "sleep on CQ events (default poll)")
 	boolFlag(&o.chk, "c", "chk", "validate received buffer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object {bytes, seconds, mbit_per_s, iters, usec_per_iter} instead of the summary lines (addresses go to stderr)")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the ping-pong loop to `file` (debugging)")
@@ -99,7 +98,7 @@ Options (those of ibv_rc_pingpong, wire compatible with it):
   -r, --rx-depth=<dep>   number of receives to post at a time (default 500)
   -n, --iters=<iters>    number of exchanges (default 1000)
   -l, --sl=<sl>          service level value
-  -e, --events           sleep on CQ events: not supported yet
+  -e, --events           sleep on CQ events (default poll)
   -g, --gid-idx=<gid index> local port gid index (default: none on InfiniBand;
                          on RoCE the port's RoCE v2 IPv4-mapped GID)
   -c, --chk              validate received buffer
@@ -115,9 +114,6 @@ func (o *ppOptions) validate() error {
 		if *set {
 			return usageError("option %s of ibv_rc_pingpong is not supported by goverbs", name)
 		}
-	}
-	if o.events {
-		return usageError("-e (sleep on CQ events) is not supported yet: goverbs has no completion channels; run without -e to busy-poll")
 	}
 	switch {
 	case o.port < 0 || o.port > 65535:
@@ -148,6 +144,7 @@ type pingpong struct {
 	mem    *mr.Memory
 	mr     *mr.MR
 	cq     *cq.CQ
+	poller *cqPoller
 	qp     *qp.QP
 	buf    []byte
 	flags  qp.SendFlags
@@ -246,9 +243,7 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	start := time.Now()
-	err = pp.loop()
-	elapsed := time.Since(start)
+	elapsed, err := timeLoop(stderr, "rc-pingpong", pp.poller, pp.loop)
 	if o.cpuprof != "" {
 		pprof.StopCPUProfile()
 	}
@@ -343,9 +338,10 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	if pp.mr, err = mr.Register(pd, pp.buf, mr.LocalWrite); err != nil {
 		return fmt.Errorf("couldn't register MR: %v", err)
 	}
-	if pp.cq, err = cq.Create(pp.ctx, o.rxDepth+1); err != nil {
+	if pp.cq, err = newPingpongCQ(pp.ctx, o.rxDepth+1, o.events); err != nil {
 		return fmt.Errorf("couldn't create CQ: %v", err)
 	}
+	pp.poller = newCQPoller(pp.cq, o.events)
 	if pp.qp, err = qp.Create(pd, qp.Config{Type: qp.RC, SendCQ: pp.cq, RecvCQ: pp.cq,
 		MaxSendWR: 1, MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
 		return fmt.Errorf("couldn't create QP: %v", err)
@@ -388,24 +384,7 @@ func (pp *pingpong) close() {
 
 // connect is pp_connect_ctx: INIT -> RTR -> RTS with rc_pingpong's values.
 func (pp *pingpong) connect(myPSN uint32, rem dest) error {
-	o := pp.o
-	av := qp.AV{DLID: rem.LID, SL: uint8(o.sl), Port: uint8(o.ibPort)}
-	if rem.global() {
-		if pp.sgid < 0 {
-			return errors.New("the peer sent a GID but we have none: give -g")
-		}
-		av.IsGlobal, av.HopLimit, av.DGID, av.SGIDIndex = true, 1, net.IP(rem.GID[:]), uint8(pp.sgid)
-	}
-	if err := pp.qp.Modify(&qp.Attr{State: qp.RTR, PathMTU: pp.mtu, DestQPN: rem.QPN, RQPSN: rem.PSN,
-		MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: av},
-		qp.MaskState|qp.MaskAV|qp.MaskPathMTU|qp.MaskDestQPN|qp.MaskRQPSN|qp.MaskMaxDestRdAtomic|qp.MaskMinRNRTimer); err != nil {
-		return fmt.Errorf("failed to modify QP to RTR: %v", err)
-	}
-	if err := pp.qp.Modify(&qp.Attr{State: qp.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: myPSN, MaxRdAtomic: 1},
-		qp.MaskState|qp.MaskTimeout|qp.MaskRetryCnt|qp.MaskRNRRetry|qp.MaskSQPSN|qp.MaskMaxQPRdAtomic); err != nil {
-		return fmt.Errorf("failed to modify QP to RTS: %v", err)
-	}
-	return nil
+	return rcConnect(pp.qp, pp.o.ibPort, pp.o.sl, pp.sgid, pp.mtu, myPSN, rem)
 }
 
 func (pp *pingpong) clientExchange(my dest) (dest, error) {
@@ -463,15 +442,16 @@ func (pp *pingpong) serverExchange(my dest) (dest, error) {
 	return rem, nil
 }
 
-// loop is rc_pingpong's main loop without -e: busy-poll the CQ two
-// completions at a time. It allocates nothing.
+// loop is rc_pingpong's main loop: poll the CQ two completions at a time,
+// busy-polling, or with -e sleeping on CQ events when it is empty. It
+// allocates nothing.
 func (pp *pingpong) loop() error {
 	iters := pp.o.iters
 	rcnt, scnt := 0, 0
 	for rcnt < iters || scnt < iters {
-		n, err := pp.cq.Poll(pp.wc)
+		n, err := pp.poller.poll(pp.wc)
 		if err != nil {
-			return fmt.Errorf("poll CQ failed: %v", err)
+			return err
 		}
 		for i := 0; i < n; i++ {
 			w := &pp.wc[i]

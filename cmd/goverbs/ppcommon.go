@@ -1,0 +1,209 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// What the ud-pingpong and srq-pingpong commands share with each other (and
+// with rc-pingpong, which keeps its own older copy of the device setup).
+
+// ppDevice is an opened device port and the GID a ping-pong uses.
+type ppDevice struct {
+	ctx  *uverbs.Context
+	name string
+	port uverbs.PortAttr
+	sgid int // -1: no GID (InfiniBand without -g)
+}
+
+// openPPDevice is the device part of pp_init_ctx: the named device (or the
+// first one), its port, and the GID index: -g, or on RoCE without -g the
+// port's default GID (the rdma-core tools send a zero GID then, which
+// cannot work on RoCE).
+func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevice, error) {
+	name := dev
+	if name == "" {
+		devs, err := uverbs.List()
+		if err != nil {
+			return nil, err
+		}
+		if len(devs) == 0 {
+			return nil, errors.New("no IB devices found")
+		}
+		name = devs[0].Name
+	} else if _, err := uverbs.Lookup(name); err != nil {
+		return nil, &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
+	}
+	d := &ppDevice{name: name, sgid: gidx}
+	var err error
+	if d.ctx, err = uverbs.Open(name); err != nil {
+		return nil, fmt.Errorf("couldn't get context for %s: %v", name, err)
+	}
+	if ibPort > int(d.ctx.Attr().PhysPortCnt) {
+		d.ctx.Close()
+		return nil, fmt.Errorf("-i %d: %s has ports 1..%d", ibPort, name, d.ctx.Attr().PhysPortCnt)
+	}
+	if d.port, err = d.ctx.QueryPort(ibPort); err != nil {
+		d.ctx.Close()
+		return nil, fmt.Errorf("unable to query port info for port %d: %v", ibPort, err)
+	}
+	if d.sgid < 0 && d.port.LinkLayer == 2 {
+		g, err := d.ctx.DefaultGID(ibPort)
+		if err != nil {
+			d.ctx.Close()
+			return nil, fmt.Errorf("no -g given and no usable GID on %s port %d: %v", name, ibPort, err)
+		}
+		d.sgid = g.Index
+		fmt.Fprintf(stderr, "goverbs %s: RoCE port and no -g: using GID index %d (%s, %s)\n", cmd, g.Index, g.GID, g.Type)
+	}
+	return d, nil
+}
+
+// localDest is our address as the exchange carries it: the port's LID,
+// qpn, psn and the GID at d.sgid (zero without one).
+func (d *ppDevice) localDest(ibPort int, qpn, psn uint32) (dest, error) {
+	if d.port.LinkLayer != 2 && d.port.LID == 0 {
+		return dest{}, errors.New("couldn't get local LID (InfiniBand port without a LID: is a subnet manager running?)")
+	}
+	my := dest{LID: d.port.LID, QPN: qpn, PSN: psn}
+	if d.sgid >= 0 {
+		g, err := d.ctx.GID(ibPort, d.sgid)
+		if err != nil {
+			return dest{}, fmt.Errorf("could not get local gid for gid index %d: %v", d.sgid, err)
+		}
+		copy(my.GID[:], g.GID.To16())
+	}
+	return my, nil
+}
+
+// rcConnect is the RTR and RTS part of pp_connect_ctx of rc_pingpong and
+// srq_pingpong, with their values.
+func rcConnect(q *qp.QP, ibPort, sl, sgid int, mtu uverbs.MTU, myPSN uint32, rem dest) error {
+	av := qp.AV{DLID: rem.LID, SL: uint8(sl), Port: uint8(ibPort)}
+	if rem.global() {
+		if sgid < 0 {
+			return errors.New("the peer sent a GID but we have none: give -g")
+		}
+		av.IsGlobal, av.HopLimit, av.DGID, av.SGIDIndex = true, 1, net.IP(rem.GID[:]), uint8(sgid)
+	}
+	if err := q.Modify(&qp.Attr{State: qp.RTR, PathMTU: mtu, DestQPN: rem.QPN, RQPSN: rem.PSN,
+		MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: av},
+		qp.MaskState|qp.MaskAV|qp.MaskPathMTU|qp.MaskDestQPN|qp.MaskRQPSN|qp.MaskMaxDestRdAtomic|qp.MaskMinRNRTimer); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR: %v", err)
+	}
+	if err := q.Modify(&qp.Attr{State: qp.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, SQPSN: myPSN, MaxRdAtomic: 1},
+		qp.MaskState|qp.MaskTimeout|qp.MaskRetryCnt|qp.MaskRNRRetry|qp.MaskSQPSN|qp.MaskMaxQPRdAtomic); err != nil {
+		return fmt.Errorf("failed to modify QP to RTS: %v", err)
+	}
+	return nil
+}
+
+// printSummary prints the two summary lines of every rdma-core ping-pong.
+func printSummary(w io.Writer, size, iters int, elapsed time.Duration) {
+	usec := float64(elapsed.Nanoseconds()) / 1e3
+	bytes := int64(size) * int64(iters) * 2
+	fmt.Fprintf(w, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
+	fmt.Fprintf(w, "%d iters in %.2f seconds = %.2f usec/iter\n", iters, usec/1e6, usec/float64(iters))
+}
+
+// exchange is the TCP address exchange of the rdma-core ping-pongs for n
+// addresses each way (1 for rc and ud, MAX_QP = 256 for srq):
+//
+//	client -> server  n 52-byte messages
+//	server            connects (connect is called with the peer's addresses)
+//	server -> client  n 52-byte messages
+//	client -> server  "done" and a NUL; then the client connects
+//
+// The client returns without connecting; it connects after printing the
+// remote addresses, as in C.
+type exchange struct {
+	server string // "" on the server side
+	port   int
+}
+
+func (x exchange) run(my []dest, connect func(rem []dest) error) ([]dest, error) {
+	if x.server != "" {
+		return x.client(my)
+	}
+	return x.serve(my, connect)
+}
+
+func encodeDests(ds []dest) []byte {
+	out := make([]byte, 0, len(ds)*wireMsgLen)
+	for _, d := range ds {
+		out = append(out, d.encode()...)
+	}
+	return out
+}
+
+func readDests(c net.Conn, n int) ([]dest, error) {
+	rem := make([]dest, n)
+	for i := range rem {
+		msg, err := readMsg(c, wireMsgLen)
+		if err != nil {
+			return nil, fmt.Errorf("couldn't read remote address [%d]: %v", i, err)
+		}
+		if rem[i], err = decodeDest(msg); err != nil {
+			return nil, fmt.Errorf("remote address [%d]: %v", i, err)
+		}
+	}
+	return rem, nil
+}
+
+func (x exchange) client(my []dest) ([]dest, error) {
+	addr := net.JoinHostPort(x.server, strconv.Itoa(x.port))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("couldn't connect to %s: %v", addr, err)
+	}
+	defer c.Close()
+	if err := writeMsg(c, encodeDests(my)); err != nil {
+		return nil, fmt.Errorf("couldn't send local address: %v", err)
+	}
+	rem, err := readDests(c, len(my))
+	if err != nil {
+		return nil, err
+	}
+	if err := writeMsg(c, wireDone); err != nil {
+		return nil, fmt.Errorf("couldn't write \"done\": %v", err)
+	}
+	return rem, nil
+}
+
+func (x exchange) serve(my []dest, connect func(rem []dest) error) ([]dest, error) {
+	l, err := net.Listen("tcp", ":"+strconv.Itoa(x.port))
+	if err != nil {
+		return nil, fmt.Errorf("couldn't listen to port %d: %v", x.port, err)
+	}
+	c, err := l.Accept()
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("accept() failed: %v", err)
+	}
+	defer c.Close()
+	rem, err := readDests(c, len(my))
+	if err != nil {
+		return nil, err
+	}
+	if err := connect(rem); err != nil {
+		return nil, fmt.Errorf("couldn't connect to remote QP: %v", err)
+	}
+	if err := writeMsg(c, encodeDests(my)); err != nil {
+		return nil, fmt.Errorf("couldn't send local address: %v", err)
+	}
+	done, err := readMsg(c, len(wireDone))
+	if err != nil {
+		return nil, fmt.Errorf("couldn't recv \"done\": %v", err)
+	}
+	if string(done) != string(wireDone) {
+		return nil, fmt.Errorf("peer sent %q, want \"done\"", done)
+	}
+	return rem, nil
+}

@@ -1,0 +1,327 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// srqMaxQP is srq_pingpong.c's MAX_QP: the exchange always carries this
+// many addresses each way, the ones past -q all zero.
+const srqMaxQP = 256
+
+type srqOptions struct {
+	port, ibPort, size, mtu, numQP, rxDepth, iters, sl, gidx int
+	dev, server                                              string
+	events                                                   bool
+}
+
+const srqUsage = `Usage:
+  goverbs srq-pingpong [options]          start a server and wait for connection
+  goverbs srq-pingpong [options] <host>   connect to server at <host>
+
+Options (those of ibv_srq_pingpong, wire compatible with it):
+  -p, --port=<port>      listen on/connect to port <port> (default 18515)
+  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)
+  -i, --ib-port=<port>   use port <port> of IB device (default 1)
+  -s, --size=<size>      size of message to exchange (default 4096)
+  -m, --mtu=<size>       path MTU (default 1024, at most the port's active MTU)
+  -q, --num-qp=<num>     number of QPs to use (default 16, at most 256);
+                         both sides must give the same number
+  -r, --rx-depth=<dep>   number of receives to post at a time, in the one
+                         shared receive queue (default 500, at least -q)
+  -n, --iters=<iters>    number of exchanges, in total over all QPs (default 1000)
+  -l, --sl=<sl>          service level value
+  -e, --events           sleep on CQ events (default poll)
+  -g, --gid-idx=<gid index> local port gid index (default: none on InfiniBand;
+                         on RoCE the port's RoCE v2 IPv4-mapped GID)
+`
+
+func srqFlags(stderr io.Writer) (*flag.FlagSet, *srqOptions) {
+	o := &srqOptions{}
+	fs := flag.NewFlagSet("goverbs srq-pingpong", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := ppFlags{fs}
+	f.intVar(&o.port, "p", "port", 18515, "listen on/connect to TCP `port`")
+	f.stringVar(&o.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
+	f.intVar(&o.ibPort, "i", "ib-port", 1, "use `port` of IB device")
+	f.intVar(&o.size, "s", "size", 4096, "`size` of message to exchange")
+	f.intVar(&o.mtu, "m", "mtu", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (capped at the port's active MTU)")
+	f.intVar(&o.numQP, "q", "num-qp", 16, "number of QPs to use")
+	f.intVar(&o.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
+	f.intVar(&o.iters, "n", "iters", 1000, "number of exchanges")
+	f.intVar(&o.sl, "l", "sl", 0, "service level value")
+	f.intVar(&o.gidx, "g", "gid-idx", -1, "local port GID `index`")
+	f.boolVar(&o.events, "e", "events", "sleep on CQ events")
+	fs.Usage = func() { fmt.Fprint(stderr, srqUsage) }
+	return fs, o
+}
+
+func (o *srqOptions) validate() error {
+	switch {
+	case o.port < 0 || o.port > 65535:
+		return usageError("-p %d: TCP port must be 0..65535", o.port)
+	case o.ibPort < 1 || o.ibPort > 255:
+		return usageError("-i %d: IB port must be 1..255", o.ibPort)
+	case o.size < 1:
+		return usageError("-s %d: message size must be at least 1", o.size)
+	case o.numQP < 1 || o.numQP > srqMaxQP:
+		return usageError("-q %d: number of QPs must be 1..%d", o.numQP, srqMaxQP)
+	case o.rxDepth < 1:
+		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
+	case o.numQP > o.rxDepth:
+		return usageError("-r %d: rx_depth %d is too small for %d QPs -- must have at least one receive per QP", o.rxDepth, o.rxDepth, o.numQP)
+	case o.iters < 1 || o.iters > 1<<31-1:
+		return usageError("-n %d: iterations must be 1..2147483647", o.iters)
+	case o.sl < 0 || o.sl > 15:
+		return usageError("-l %d: service level must be 0..15", o.sl)
+	case o.gidx < -1 || o.gidx > 255:
+		return usageError("-g %d: GID index must be 0..255", o.gidx)
+	}
+	if _, err := uverbs.MTUFromBytes(o.mtu); err != nil {
+		return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.mtu)
+	}
+	return nil
+}
+
+// srqPingpong is one side of srq_pingpong.c: -q RC QPs that all receive
+// from one SRQ into one buffer and share one CQ.
+type srqPingpong struct {
+	o      *srqOptions
+	dev    *ppDevice
+	mem    *mr.Memory
+	buf    []byte
+	mr     *mr.MR
+	cq     *cq.CQ
+	poller *cqPoller
+	srq    *qp.SRQ
+	qps    []*qp.QP
+	index  map[uint32]int // QPN -> index in qps
+	mtu    uverbs.MTU
+	sendWR [][]qp.SendWR // one single-WR batch per QP
+	recvWR []qp.RecvWR
+	wc     []cq.WC
+	pend   []int
+	routs  int
+}
+
+func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
+	if os.Getenv("GOMAXPROCS") == "" {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
+	}
+	fs, o := srqFlags(stderr)
+	rest, err := parseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	switch len(rest) {
+	case 0:
+	case 1:
+		o.server = rest[0]
+	default:
+		return usageError("want at most one HOST argument, have %q", rest)
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	pp := &srqPingpong{o: o}
+	defer pp.close()
+	if err := pp.init(stderr); err != nil {
+		return err
+	}
+	my := make([]dest, srqMaxQP) // past -q: zero, as srq_pingpong sends them
+	for i, q := range pp.qps {
+		if my[i], err = pp.dev.localDest(o.ibPort, q.QPN(), rand.Uint32()&0xffffff); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my[i].LID, my[i].QPN, my[i].PSN, ntop(my[i].GID))
+	}
+	x := exchange{server: o.server, port: o.port}
+	rem, err := x.run(my, func(rem []dest) error { return pp.connect(my, rem) })
+	if err != nil {
+		return err
+	}
+	for i := range pp.qps {
+		fmt.Fprintf(stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem[i].LID, rem[i].QPN, rem[i].PSN, ntop(rem[i].GID))
+	}
+	if o.server != "" {
+		if err := pp.connect(my, rem); err != nil {
+			return err
+		}
+	}
+	for i, q := range pp.qps {
+		pp.pend[i] = pingpongRecvWRID
+		if o.server != "" {
+			if err := q.PostSend(pp.sendWR[i]); err != nil {
+				return fmt.Errorf("couldn't post send: %v", err)
+			}
+			pp.pend[i] |= pingpongSendWRID
+		}
+	}
+	elapsed, err := timeLoop(stderr, "srq-pingpong", pp.poller, pp.loop)
+	if err != nil {
+		return err
+	}
+	printSummary(stdout, o.size, o.iters, elapsed)
+	return nil
+}
+
+// init is srq_pingpong's pp_init_ctx and first receives.
+func (pp *srqPingpong) init(stderr io.Writer) error {
+	o := pp.o
+	var err error
+	if pp.dev, err = openPPDevice("srq-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
+		return err
+	}
+	ctx := pp.dev.ctx
+	if pp.dev.port.MaxMsgSize != 0 && uint64(o.size) > uint64(pp.dev.port.MaxMsgSize) {
+		return usageError("-s %d: larger than the port's max message size %d", o.size, pp.dev.port.MaxMsgSize)
+	}
+	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
+	if a := pp.dev.port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
+		fmt.Fprintf(stderr, "goverbs srq-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())
+		pp.mtu = a
+	}
+	pd, err := ctx.AllocPD()
+	if err != nil {
+		return fmt.Errorf("couldn't allocate PD: %v", err)
+	}
+	if pp.mem, err = mr.Alloc(o.size); err != nil {
+		return fmt.Errorf("couldn't allocate work buf: %v", err)
+	}
+	pp.buf = pp.mem.Bytes()[:o.size]
+	clear(pp.buf) // srq_pingpong zeroes its buffer
+	if pp.mr, err = mr.Register(pd, pp.buf, mr.LocalWrite); err != nil {
+		return fmt.Errorf("couldn't register MR: %v", err)
+	}
+	if pp.cq, err = newPingpongCQ(ctx, o.rxDepth+o.numQP, o.events); err != nil {
+		return fmt.Errorf("couldn't create CQ: %v", err)
+	}
+	pp.poller = newCQPoller(pp.cq, o.events)
+	if pp.srq, err = qp.CreateSRQ(pd, qp.SRQConfig{MaxWR: uint32(o.rxDepth), MaxSGE: 1}); err != nil {
+		return fmt.Errorf("couldn't create SRQ: %v", err)
+	}
+	sge, err := pp.mr.SGE(0, o.size)
+	if err != nil {
+		return err
+	}
+	sges := []qp.SGE{sge}
+	flags := qp.Signaled
+	pp.index = make(map[uint32]int, o.numQP)
+	for i := 0; i < o.numQP; i++ {
+		q, err := qp.Create(pd, qp.Config{Type: qp.RC, SendCQ: pp.cq, RecvCQ: pp.cq, SRQ: pp.srq, MaxSendWR: 1, MaxSendSGE: 1})
+		if err != nil {
+			return fmt.Errorf("couldn't create QP[%d]: %v", i, err)
+		}
+		// As in C, one QP's inline capacity decides for all.
+		if int64(q.Caps().MaxInline) >= int64(o.size) {
+			flags |= qp.Inline
+		}
+		pp.qps = append(pp.qps, q)
+		pp.index[q.QPN()] = i
+	}
+	for i, q := range pp.qps {
+		if err := q.Init(uint8(o.ibPort), 0); err != nil {
+			return fmt.Errorf("failed to modify QP[%d] to INIT: %v", i, err)
+		}
+	}
+	pp.sendWR = make([][]qp.SendWR, o.numQP)
+	for i := range pp.sendWR {
+		pp.sendWR[i] = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: flags, SGEs: sges}}
+	}
+	pp.recvWR = make([]qp.RecvWR, o.rxDepth)
+	for i := range pp.recvWR {
+		pp.recvWR[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: sges}
+	}
+	pp.wc = make([]cq.WC, o.numQP+o.rxDepth) // srq_pingpong polls num_qp + rx_depth at a time
+	pp.pend = make([]int, o.numQP)
+	if err := pp.srq.PostRecv(pp.recvWR); err != nil {
+		return fmt.Errorf("couldn't post receive (0): %v", err)
+	}
+	pp.routs = o.rxDepth
+	return nil
+}
+
+func (pp *srqPingpong) close() {
+	if pp.dev != nil {
+		pp.dev.ctx.Close() // destroys QPs, SRQ, CQ, MR and PD, newest first
+	}
+	if pp.mem != nil {
+		pp.mem.Close()
+	}
+}
+
+// connect is srq_pingpong's pp_connect_ctx: QP i to the peer's address i.
+// srq_pingpong takes the GID (and whether there is one) of the peer's
+// first address for every QP; goverbs uses each address's own GID, which
+// is the same when the peer is one port.
+func (pp *srqPingpong) connect(my, rem []dest) error {
+	o := pp.o
+	for i, q := range pp.qps {
+		if rem[i].QPN == 0 {
+			return fmt.Errorf("the peer sent no QP for address %d: it has fewer QPs than -q %d (both sides need the same -q)", i, o.numQP)
+		}
+		if err := rcConnect(q, o.ibPort, o.sl, pp.dev.sgid, pp.mtu, my[i].PSN, rem[i]); err != nil {
+			return fmt.Errorf("QP[%d]: %v", i, err)
+		}
+	}
+	if n := len(pp.qps); n < len(rem) && rem[n].QPN != 0 {
+		return fmt.Errorf("the peer sent more QPs than -q %d (both sides need the same -q)", o.numQP)
+	}
+	return nil
+}
+
+// loop is srq_pingpong's main loop; it allocates nothing. -n counts
+// exchanges over all QPs together, as in C.
+func (pp *srqPingpong) loop() error {
+	iters, numQP := pp.o.iters, len(pp.qps)
+	rcnt, scnt := 0, 0
+	for rcnt < iters || scnt < iters {
+		n, err := pp.poller.poll(pp.wc)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			w := &pp.wc[i]
+			if w.Status != 0 {
+				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
+			}
+			qi, ok := pp.index[w.QPNum]
+			if !ok {
+				return fmt.Errorf("couldn't find QPN %06x", w.QPNum)
+			}
+			switch w.ID {
+			case pingpongSendWRID:
+				scnt++
+			case pingpongRecvWRID:
+				pp.routs--
+				if pp.routs <= numQP {
+					k := pp.o.rxDepth - pp.routs
+					if err := pp.srq.PostRecv(pp.recvWR[:k]); err != nil {
+						return fmt.Errorf("couldn't post receive (%d): %v", pp.routs, err)
+					}
+					pp.routs += k
+				}
+				rcnt++
+			default:
+				return fmt.Errorf("completion for unknown wr_id %d", w.ID)
+			}
+			pp.pend[qi] &^= int(w.ID)
+			if scnt < iters && pp.pend[qi] == 0 {
+				if err := pp.qps[qi].PostSend(pp.sendWR[qi]); err != nil {
+					return fmt.Errorf("couldn't post send: %v", err)
+				}
+				pp.pend[qi] = pingpongRecvWRID | pingpongSendWRID
+			}
+		}
+	}
+	return nil
+}

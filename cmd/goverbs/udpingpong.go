@@ -1,0 +1,369 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"runtime"
+
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// udQKey is the QKey of ud_pingpong.c, on both sides.
+const udQKey = 0x11111111
+
+// ppFlags registers the short and long names of the rdma-core ping-pong
+// options on fs.
+type ppFlags struct{ fs *flag.FlagSet }
+
+func (f ppFlags) intVar(p *int, short, long string, def int, usage string) {
+	f.fs.IntVar(p, short, def, usage)
+	f.fs.IntVar(p, long, def, usage)
+}
+
+func (f ppFlags) boolVar(p *bool, short, long string, usage string) {
+	f.fs.BoolVar(p, short, false, usage)
+	f.fs.BoolVar(p, long, false, usage)
+}
+
+func (f ppFlags) stringVar(p *string, short, long string, usage string) {
+	f.fs.StringVar(p, short, "", usage)
+	f.fs.StringVar(p, long, "", usage)
+}
+
+type udOptions struct {
+	port, ibPort, size, rxDepth, iters, sl, gidx int
+	dev, server                                  string
+	events                                       bool
+}
+
+const udUsage = `Usage:
+  goverbs ud-pingpong [options]          start a server and wait for connection
+  goverbs ud-pingpong [options] <host>   connect to server at <host>
+
+Options (those of ibv_ud_pingpong, wire compatible with it):
+  -p, --port=<port>      listen on/connect to port <port> (default 18515)
+  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)
+  -i, --ib-port=<port>   use port <port> of IB device (default 1)
+  -s, --size=<size>      size of message to exchange (default 2048; at most
+                         the port's active MTU: rxe on a 1500-byte link has 1024)
+  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)
+  -n, --iters=<iters>    number of exchanges (default 1000)
+  -l, --sl=<sl>          service level value
+  -e, --events           sleep on CQ events (default poll)
+  -g, --gid-idx=<gid index> local port gid index (default: none on InfiniBand;
+                         on RoCE the port's RoCE v2 IPv4-mapped GID)
+
+Every receive is checked: 40 bytes of GRH and -s bytes of payload, sent by
+the peer's QP from the peer's GID.
+`
+
+func udFlags(stderr io.Writer) (*flag.FlagSet, *udOptions) {
+	o := &udOptions{}
+	fs := flag.NewFlagSet("goverbs ud-pingpong", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := ppFlags{fs}
+	f.intVar(&o.port, "p", "port", 18515, "listen on/connect to TCP `port`")
+	f.stringVar(&o.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
+	f.intVar(&o.ibPort, "i", "ib-port", 1, "use `port` of IB device")
+	f.intVar(&o.size, "s", "size", 2048, "`size` of message to exchange (at most the MTU)")
+	f.intVar(&o.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
+	f.intVar(&o.iters, "n", "iters", 1000, "number of exchanges")
+	f.intVar(&o.sl, "l", "sl", 0, "service level value")
+	f.intVar(&o.gidx, "g", "gid-idx", -1, "local port GID `index`")
+	f.boolVar(&o.events, "e", "events", "sleep on CQ events")
+	fs.Usage = func() { fmt.Fprint(stderr, udUsage) }
+	return fs, o
+}
+
+func (o *udOptions) validate() error {
+	switch {
+	case o.port < 0 || o.port > 65535:
+		return usageError("-p %d: TCP port must be 0..65535", o.port)
+	case o.ibPort < 1 || o.ibPort > 255:
+		return usageError("-i %d: IB port must be 1..255", o.ibPort)
+	case o.size < 1:
+		return usageError("-s %d: message size must be at least 1", o.size)
+	case o.rxDepth < 1:
+		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
+	case o.iters < 1 || o.iters > 1<<31-1:
+		return usageError("-n %d: iterations must be 1..2147483647", o.iters)
+	case o.sl < 0 || o.sl > 15:
+		return usageError("-l %d: service level must be 0..15", o.sl)
+	case o.gidx < -1 || o.gidx > 255:
+		return usageError("-g %d: GID index must be 0..255", o.gidx)
+	}
+	return nil
+}
+
+// udPingpong is one side of ud_pingpong.c.
+type udPingpong struct {
+	o      *udOptions
+	dev    *ppDevice
+	pd     *uverbs.PD
+	mem    *mr.Memory
+	buf    []byte // GRH (40 bytes) and payload: receives land here, sends go from buf[40:]
+	mr     *mr.MR
+	cq     *cq.CQ
+	poller *cqPoller
+	qp     *qp.QP
+	ah     *uverbs.AH
+	sendWR []qp.SendWR
+	recvWR []qp.RecvWR
+	wc     []cq.WC
+	routs  int
+	pend   int
+	rem    dest
+}
+
+func runUDPingpong(args []string, stdout, stderr io.Writer) error {
+	if os.Getenv("GOMAXPROCS") == "" {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
+	}
+	fs, o := udFlags(stderr)
+	rest, err := parseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	switch len(rest) {
+	case 0:
+	case 1:
+		o.server = rest[0]
+	default:
+		return usageError("want at most one HOST argument, have %q", rest)
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	pp := &udPingpong{o: o}
+	defer pp.close()
+	if err := pp.init(stderr); err != nil {
+		return err
+	}
+	my, err := pp.dev.localDest(o.ibPort, pp.qp.QPN(), rand.Uint32()&0xffffff)
+	if err != nil {
+		return err
+	}
+	// ud_pingpong.c prints ": GID" here (and ", GID" in the remote line).
+	fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x: GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
+	x := exchange{server: o.server, port: o.port}
+	rems, err := x.run([]dest{my}, func(rem []dest) error { return pp.connect(my.PSN, rem[0]) })
+	if err != nil {
+		return err
+	}
+	rem := rems[0]
+	fmt.Fprintf(stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
+	if o.server != "" {
+		if err := pp.connect(my.PSN, rem); err != nil {
+			return err
+		}
+	}
+	pp.pend = pingpongRecvWRID
+	if o.server != "" {
+		if err := pp.qp.PostSend(pp.sendWR); err != nil {
+			return fmt.Errorf("couldn't post send: %v", err)
+		}
+		pp.pend |= pingpongSendWRID
+	}
+	elapsed, err := timeLoop(stderr, "ud-pingpong", pp.poller, pp.loop)
+	if err != nil {
+		return err
+	}
+	printSummary(stdout, o.size, o.iters, elapsed)
+	return nil
+}
+
+// init is ud_pingpong's pp_init_ctx and first receives: the size is checked
+// against the port's active MTU (a UD message is one packet), the buffer
+// has 40 bytes for the GRH in front, the QP is in INIT with the QKey.
+func (pp *udPingpong) init(stderr io.Writer) error {
+	o := pp.o
+	var err error
+	if pp.dev, err = openPPDevice("ud-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
+		return err
+	}
+	if mtu := pp.dev.port.ActiveMTU.Bytes(); o.size > mtu {
+		return usageError("-s %d: requested size larger than %s port %d's active MTU (%d): a UD message must fit in one packet",
+			o.size, pp.dev.name, o.ibPort, mtu)
+	}
+	ctx := pp.dev.ctx
+	if pp.pd, err = ctx.AllocPD(); err != nil {
+		return fmt.Errorf("couldn't allocate PD: %v", err)
+	}
+	n := qp.GRHSize + o.size
+	if pp.mem, err = mr.Alloc(n); err != nil {
+		return fmt.Errorf("couldn't allocate work buf: %v", err)
+	}
+	pp.buf = pp.mem.Bytes()[:n]
+	for i := range pp.buf {
+		pp.buf[i] = 0x7b // as ud_pingpong does
+	}
+	if pp.mr, err = mr.Register(pp.pd, pp.buf, mr.LocalWrite); err != nil {
+		return fmt.Errorf("couldn't register MR: %v", err)
+	}
+	if pp.cq, err = newPingpongCQ(ctx, o.rxDepth+1, o.events); err != nil {
+		return fmt.Errorf("couldn't create CQ: %v", err)
+	}
+	pp.poller = newCQPoller(pp.cq, o.events)
+	if pp.qp, err = qp.Create(pp.pd, qp.Config{Type: qp.UD, SendCQ: pp.cq, RecvCQ: pp.cq,
+		MaxSendWR: 1, MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
+		return fmt.Errorf("couldn't create QP: %v", err)
+	}
+	flags := qp.Signaled
+	if int64(pp.qp.Caps().MaxInline) >= int64(o.size) {
+		flags |= qp.Inline
+	}
+	if err := pp.qp.Modify(&qp.Attr{State: qp.Init, Port: uint8(o.ibPort), QKey: udQKey},
+		qp.MaskState|qp.MaskPKeyIndex|qp.MaskPort|qp.MaskQKey); err != nil {
+		return fmt.Errorf("failed to modify QP to INIT: %v", err)
+	}
+
+	recvSGE, err := pp.mr.SGE(0, n)
+	if err != nil {
+		return err
+	}
+	sendSGE, err := pp.mr.SGE(qp.GRHSize, o.size)
+	if err != nil {
+		return err
+	}
+	// The AH and remote QPN are filled in by connect.
+	pp.sendWR = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{sendSGE}, RemoteQKey: udQKey}}
+	pp.recvWR = make([]qp.RecvWR, o.rxDepth)
+	for i := range pp.recvWR {
+		pp.recvWR[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: []qp.SGE{recvSGE}}
+	}
+	pp.wc = make([]cq.WC, 2) // ud_pingpong polls 2 at a time
+	if err := pp.qp.PostRecv(pp.recvWR); err != nil {
+		return fmt.Errorf("couldn't post receive (0): %v", err)
+	}
+	pp.routs = o.rxDepth
+	return nil
+}
+
+func (pp *udPingpong) close() {
+	if pp.dev != nil {
+		pp.dev.ctx.Close() // destroys AH, QP, CQ, MR and PD, newest first
+	}
+	if pp.mem != nil {
+		pp.mem.Close()
+	}
+}
+
+// connect is ud_pingpong's pp_connect_ctx: RTR, RTS with our PSN, and an
+// address handle to the peer with hop limit 1. ud_pingpong makes the AH
+// global only when the peer's GID has an interface ID; goverbs' AHs are
+// always global (RoCE), so a peer without a GID is refused.
+func (pp *udPingpong) connect(myPSN uint32, rem dest) error {
+	o := pp.o
+	if err := pp.qp.ToRTS(qp.UDOptions{Port: uint8(o.ibPort), QKey: udQKey, PSN: myPSN}); err != nil {
+		return fmt.Errorf("failed to modify QP to RTR/RTS: %v", err)
+	}
+	if !rem.global() {
+		return errors.New("failed to create AH: the peer sent no GID (goverbs makes global AHs only: give the peer -g)")
+	}
+	if pp.dev.sgid < 0 {
+		return errors.New("failed to create AH: the peer sent a GID but we have none: give -g")
+	}
+	ah, err := pp.pd.CreateAH(uverbs.AHAttr{Port: uint8(o.ibPort), DGID: net.IP(rem.GID[:]), SGIDIndex: uint8(pp.dev.sgid),
+		UseSGID: true, HopLimit: 1, DLID: rem.LID, SL: uint8(o.sl)})
+	if err != nil {
+		return fmt.Errorf("failed to create AH: %v", err)
+	}
+	pp.ah, pp.rem = ah, rem
+	pp.sendWR[0].AH = ah.Provider()
+	pp.sendWR[0].RemoteQPN = rem.QPN
+	return nil
+}
+
+// loop is ud_pingpong's main loop; it allocates nothing. Unlike
+// ud_pingpong, each receive is checked: its length must be the GRH and -s
+// bytes, it must come from the peer's QP, and its GRH must name the peer's
+// GID as the source.
+func (pp *udPingpong) loop() error {
+	iters := pp.o.iters
+	want := uint32(qp.GRHSize + pp.o.size)
+	rcnt, scnt := 0, 0
+	for rcnt < iters || scnt < iters {
+		n, err := pp.poller.poll(pp.wc)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			w := &pp.wc[i]
+			if w.Status != 0 {
+				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
+			}
+			switch w.ID {
+			case pingpongSendWRID:
+				scnt++
+			case pingpongRecvWRID:
+				if err := pp.checkRecv(w, want); err != nil {
+					return fmt.Errorf("receive %d: %v", rcnt, err)
+				}
+				pp.routs--
+				if pp.routs <= 1 {
+					k := pp.o.rxDepth - pp.routs
+					if err := pp.qp.PostRecv(pp.recvWR[:k]); err != nil {
+						return fmt.Errorf("couldn't post receive (%d): %v", pp.routs, err)
+					}
+					pp.routs += k
+				}
+				rcnt++
+			default:
+				return fmt.Errorf("completion for unknown wr_id %d", w.ID)
+			}
+			pp.pend &^= int(w.ID)
+			if scnt < iters && pp.pend == 0 {
+				if err := pp.qp.PostSend(pp.sendWR); err != nil {
+					return fmt.Errorf("couldn't post send: %v", err)
+				}
+				pp.pend = pingpongRecvWRID | pingpongSendWRID
+			}
+		}
+	}
+	return nil
+}
+
+func (pp *udPingpong) checkRecv(w *cq.WC, want uint32) error {
+	if w.ByteLen != want {
+		return fmt.Errorf("%d bytes, want %d (the %d-byte GRH and -s %d)", w.ByteLen, want, qp.GRHSize, pp.o.size)
+	}
+	if w.SrcQP != pp.rem.QPN {
+		return fmt.Errorf("from QP 0x%06x, want the peer's QP 0x%06x", w.SrcQP, pp.rem.QPN)
+	}
+	sgid, ok := grhSGID(pp.buf[:qp.GRHSize])
+	if !ok {
+		return fmt.Errorf("no GRH in front of the payload (% x)", pp.buf[:qp.GRHSize])
+	}
+	if sgid != pp.rem.GID {
+		return fmt.Errorf("GRH source GID %s, want the peer's %s", ntop(sgid), ntop(pp.rem.GID))
+	}
+	return nil
+}
+
+// grhSGID is qp.ParseGRH's source GID without allocating: an IPv6-format
+// GRH (InfiniBand, RoCE v1 and v2 over IPv6) carries it in bytes 8..23; on
+// RoCE v2 over IPv4 the device writes the IPv4 header into the last 20
+// bytes, and the source address maps to ::ffff:a.b.c.d.
+func grhSGID(b []byte) (g [16]byte, ok bool) {
+	if len(b) < qp.GRHSize {
+		return g, false
+	}
+	if b[0]>>4 == 6 {
+		copy(g[:], b[8:24])
+		return g, true
+	}
+	if ip := b[20:40]; ip[0] == 0x45 {
+		g[10], g[11] = 0xff, 0xff
+		copy(g[12:], ip[12:16])
+		return g, true
+	}
+	return g, false
+}

@@ -1,0 +1,243 @@
+package vm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestShq(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	for _, s := range []string{"", "plain", "a b", "it's", `"$HOME"`, "x\ny", "*", "$(echo no)", "back\\slash", "-n", "é"} {
+		out, err := exec.Command("bash", "-c", "printf %s "+shq(s)).Output()
+		if err != nil || string(out) != s {
+			t.Errorf("shq(%q) = %s: bash printed %q (%v)", s, shq(s), out, err)
+		}
+	}
+}
+
+func TestJobScript(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	t.Setenv("VMTEST_VALUE", "a 'quoted'\nvalue $x")
+	t.Setenv("GOVERBS_VM_NODE", "7") // describes the node: not carried over
+	dir := t.TempDir()
+	t.Chdir(dir)
+	job := jobScript("test", []string{"bash", "-c", `printf '%s|%s|%s|%s|%s' "$VMTEST_VALUE" "$GOVERBS_VM_GUEST" "${GOVERBS_VM_NODE:-unset}" "$PWD" "$1"`, "_", "arg with 'spaces'"})
+	p := filepath.Join(dir, "job")
+	if err := os.WriteFile(p, job, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", p)
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	want := "a 'quoted'\nvalue $x|1|unset|" + dir + "|arg with 'spaces'"
+	if err != nil || string(out) != want {
+		t.Fatalf("job printed %q (%v), want %q\njob:\n%s", out, err, want, job)
+	}
+}
+
+func TestParseNode(t *testing.T) {
+	for s, want := range map[string]int{"0": 0, "2": 2, "node1": 1} {
+		if n, err := ParseNode(s, 3); err != nil || n != want {
+			t.Errorf("ParseNode(%q) = %d, %v", s, n, err)
+		}
+	}
+	for _, s := range []string{"3", "-1", "x", "node"} {
+		if _, err := ParseNode(s, 3); err == nil {
+			t.Errorf("ParseNode(%q): no error", s)
+		}
+	}
+}
+
+// The init scripts configure routing and mount over /: they must refuse to
+// run anywhere but as PID 1 of the guest.
+func TestInitRefusesOnHost(t *testing.T) {
+	for _, name := range []string{"init1", "init2"} {
+		s := string(GuestFile(name))
+		// The guard comes before any command that changes something.
+		guard := strings.Index(s, `"$$" != 1`)
+		if name == "init2" {
+			guard = strings.Index(s, "(($$ != 1))")
+		}
+		first := len(s)
+		for _, w := range []string{"mount", "ip ", "rdma ", "modprobe", "--install", "echo o"} {
+			if i := strings.Index(s, "\n"+w); i >= 0 && i < first {
+				first = i
+			}
+			if i := strings.Index(s, "\nmnt "); i >= 0 && i < first {
+				first = i
+			}
+		}
+		if guard < 0 || guard > first {
+			t.Errorf("%s: no PID-1 guard before its first action", name)
+		}
+	}
+	// And they do refuse, run here (in throw-away namespaces when we can,
+	// so even a broken guard could not touch the host).
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	dir := t.TempDir()
+	for _, name := range []string{"init2"} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, GuestFile(name), 0o755)
+		args := []string{bash, p}
+		if u, err := exec.LookPath("unshare"); err == nil && os.Geteuid() == 0 {
+			args = append([]string{u, "--mount", "--net", "--uts", "--"}, args...)
+		}
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "only runs as PID 1") {
+			t.Errorf("%s on the host: %v, %q", name, err, out)
+		}
+	}
+}
+
+func TestCpio(t *testing.T) {
+	var c cpioWriter
+	c.dir("bin")
+	c.file("bin/hello", 0o755, []byte("hi\n"))
+	c.file("init", 0o755, []byte("#!/bin/sh\n"))
+	c.trailer()
+	b := c.Bytes()
+	if len(b)%4 != 0 || !bytes.HasPrefix(b, []byte("070701")) || !bytes.Contains(b, []byte("TRAILER!!!")) {
+		t.Fatalf("bad archive")
+	}
+	bb, err := busybox()
+	if err != nil {
+		t.Skip("no busybox to list the archive")
+	}
+	cmd := exec.Command(bb, "cpio", "-t")
+	cmd.Stdin = bytes.NewReader(b)
+	out, err := cmd.Output()
+	if err != nil || strings.Fields(string(out))[1] != "bin/hello" {
+		t.Fatalf("busybox cpio -t: %q %v", out, err)
+	}
+}
+
+func TestBzImageVersion(t *testing.T) {
+	img := make([]byte, 0x600)
+	copy(img[0x202:], "HdrS")
+	binary.LittleEndian.PutUint16(img[0x20e:], 0x300)
+	copy(img[0x500:], "6.1.0-99-amd64 (debian-kernel@lists.debian.org) #1 SMP\x00")
+	p := filepath.Join(t.TempDir(), "vmlinuz")
+	os.WriteFile(p, img, 0o644)
+	if v, err := bzImageVersion(p); err != nil || v != "6.1.0-99-amd64" {
+		t.Fatalf("bzImageVersion = %q, %v", v, err)
+	}
+	os.WriteFile(p, []byte("not a kernel"), 0o644)
+	if _, err := bzImageVersion(p); err == nil {
+		t.Fatal("no error for a non-kernel")
+	}
+}
+
+func TestAccelNeverKVMOnPVM(t *testing.T) {
+	a := accel()
+	t.Logf("accel: %s", a)
+	if exists("/sys/module/kvm_pvm") && os.Getenv("GOVERBS_VM_ACCEL") == "" && a != "tcg" {
+		t.Fatalf("PVM host: accel %s, want tcg", a)
+	}
+}
+
+// The switch, with fake guests: flooding, learning, loss and partition.
+func TestSwitch(t *testing.T) {
+	base := "" // unix sockets: not on the 9p /tmp of a guest
+	if os.Getenv("GOVERBS_VM_GUEST") == "1" && exists("/dev/shm") {
+		base = "/dev/shm"
+	}
+	dir, err := os.MkdirTemp(base, "vmsw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	s, err := newSwitch(filepath.Join(dir, "net"), 3, 1, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	var g []*net.UnixConn
+	for i := 0; i < 3; i++ {
+		gp, _ := s.paths(i, 0)
+		c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: gp, Net: "unixgram"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		g = append(g, c)
+	}
+	go s.run()
+	mac := func(i byte) []byte { return []byte{0x52, 0x54, 0, 0x77, 0, i} }
+	frame := func(dst, src []byte, payload string) []byte {
+		f := append(append(append([]byte{}, dst...), src...), 0x08, 0x00)
+		return append(f, payload...)
+	}
+	send := func(i int, f []byte) {
+		_, sw := s.paths(i, 0)
+		if _, err := g[i].WriteToUnix(f, &net.UnixAddr{Name: sw, Net: "unixgram"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv := func(i int) string {
+		g[i].SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		buf := make([]byte, 2048)
+		n, _, err := g[i].ReadFromUnix(buf)
+		if err != nil {
+			return ""
+		}
+		return string(buf[14:n])
+	}
+	bcast := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	send(0, frame(bcast, mac(0), "hello"))
+	if a, b := recv(1), recv(2); a != "hello" || b != "hello" {
+		t.Fatalf("broadcast: %q %q", a, b)
+	}
+	send(2, frame(mac(0), mac(2), "to0")) // 0 is known: unicast only
+	if a, b := recv(0), recv(1); a != "to0" || b != "" {
+		t.Fatalf("unicast: node0 %q, node1 %q", a, b)
+	}
+	s.setDown(2, true)
+	send(0, frame(mac(2), mac(0), "cut"))
+	if a := recv(2); a != "" {
+		t.Fatalf("down link delivered %q", a)
+	}
+	// Link requests from the guests, as `goverbs vm link` writes them.
+	os.WriteFile(filepath.Join(dir, "link.2.req"), []byte("loss 100\n"), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for !exists(filepath.Join(dir, "link.2.done")) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "link.2.done")); string(b) != "ok\n" {
+		t.Fatalf("link request: %q", b)
+	}
+	if s.loss[2].Load() != 1e6 {
+		t.Fatalf("link 2: down %v loss %d", s.down[2].Load(), s.loss[2].Load())
+	}
+	send(0, frame(mac(2), mac(0), "lost"))
+	if a := recv(2); a != "" {
+		t.Fatalf("100%% loss delivered %q", a)
+	}
+	if err := s.apply(2, []string{"up"}); err != nil {
+		t.Fatal(err)
+	}
+	send(0, frame(mac(2), mac(0), "back"))
+	if a := recv(2); a != "back" {
+		t.Fatalf("link up: got %q", a)
+	}
+	if st := s.stats(); !strings.Contains(st, "node 2:") || !strings.Contains(st, "dropped 2") {
+		t.Errorf("stats:\n%s", st)
+	}
+	if err := s.apply(1, []string{"loss", "x"}); err == nil {
+		t.Error("loss x accepted")
+	}
+}
