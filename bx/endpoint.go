@@ -151,7 +151,7 @@ func New(cfg Config) (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
-		handlers: map[uint32]Handler{}, accepted: make(chan *Peer, 16)}
+		handlers: map[uint32]Handler{}, accepted: make(chan *Peer, cfg.MaxPeers)}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -172,12 +172,19 @@ func New(cfg Config) (*Endpoint, error) {
 		return fail(err)
 	}
 	eagerCls := 1 << bits.Len(uint(cfg.EagerSize+HeaderSize-1))
-	if e.eager, err = mr.NewAllocator(e.pd, mr.AllocatorConfig{Classes: classes(64, eagerCls), Limit: cfg.MemoryLimit, Access: mr.LocalWrite}); err != nil {
+	// Regions are sized to what the endpoint posts (a small endpoint
+	// registers little), between 2 MiB (a huge page) and 32 MiB.
+	eagerRegion := 2 << 20
+	for eagerRegion < cfg.MaxPeers*cfg.Credits*eagerCls*2 && eagerRegion < 32<<20 {
+		eagerRegion *= 2
+	}
+	if e.eager, err = mr.NewAllocator(e.pd, mr.AllocatorConfig{Classes: classes(64, eagerCls), RegionSize: eagerRegion,
+		Limit: cfg.MemoryLimit, Access: mr.LocalWrite}); err != nil {
 		return fail(err)
 	}
 	maxCls := 1 << bits.Len(uint(cfg.MaxMessage-1))
-	region := int64(32 << 20)
-	for region < int64(maxCls) {
+	region := int64(2 << 20)
+	for region < int64(maxCls)*4 && region < 32<<20 || region < int64(maxCls) {
 		region *= 2
 	}
 	lc := mr.AllocatorConfig{Classes: classes(eagerCls, maxCls), RegionSize: int(region), Limit: cfg.MemoryLimit, Access: mr.LocalWrite}
@@ -231,6 +238,9 @@ func classes(lo, hi int) []int {
 	}
 	return c
 }
+
+// ID is the endpoint's incarnation, as its peers see it (Peer.ID).
+func (e *Endpoint) ID() uint64 { return e.id }
 
 // Device returns the device name.
 func (e *Endpoint) Device() string { return e.cfg.Device }
