@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,10 +94,12 @@ func perfPair(t *testing.T, cli, srv, host string, gidx int, args ...string) (cl
 	var rs result
 	go func() {
 		defer close(done)
-		rs = goverbs(t, 4*time.Minute, append(common, "-d", srv)...)
+		rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", srv})...)
 	}()
 	waitListen(t, port, done)
-	rc := goverbs(t, 4*time.Minute, append(common, "-d", cli, host)...)
+	// slices.Concat: append on common would share its spare capacity
+	// between the two goroutines.
+	rc := goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", cli, host})...)
 	<-done
 	for _, x := range []struct {
 		who string
