@@ -174,11 +174,15 @@ func TestSharedChannel(t *testing.T) {
 	if err := l.rqp.PostRecv(l.recvWR); err != nil {
 		t.Fatal(err)
 	}
+	posted := make(chan error, 1)
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		l.sqp.PostSend(l.sendWR)
+		posted <- l.sqp.PostSend(l.sendWR)
 	}()
 	drain(t, l.rcq, l.wc)
+	if err := <-posted; err != nil {
+		t.Fatal(err)
+	}
 	// The idle CQ saw no event.
 	tctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
