@@ -23,7 +23,7 @@ var token = []byte("0123456789abcdef-test-token")
 
 // pair returns a server endpoint on the second device listening on its
 // address, a client endpoint on the first, and the client's peer.
-func pair(t *testing.T, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer, sp *bx.Peer) {
+func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer, sp *bx.Peer) {
 	t.Helper()
 	da, db := rxetest.Pair(t)
 	mk := func(dev string) *bx.Endpoint {
@@ -59,7 +59,7 @@ func pair(t *testing.T, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer
 }
 
 // listenAddr is the IPv4 address of the device's netdev, port 0.
-func listenAddr(t *testing.T, dev string) string {
+func listenAddr(t testing.TB, dev string) string {
 	t.Helper()
 	if dev == "rxe1" {
 		return "10.99.0.2:0"

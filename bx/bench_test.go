@@ -1,0 +1,149 @@
+package bx_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/goverbs/goverbs/bx"
+)
+
+// The RPC benchmarks compare a bx Call with the same request/response
+// protocol (a 48-byte header, then the payload) over one Go net TCP
+// connection per caller between the same two addresses in the guest: echo
+// of N bytes each way.
+
+var rpcSizes = []int{64, 4 << 10, 64 << 10, 1 << 20, 4 << 20}
+
+func BenchmarkRPC(b *testing.B) {
+	srv, _, p, _ := pair(b, func(c *bx.Config) { c.MaxMessage = 4 << 20 })
+	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return req.Data(), nil // copied into the response before req is released
+	})
+	tcpAddr := tcpEchoServer(b)
+	for _, n := range rpcSizes {
+		req := make([]byte, n)
+		for i := range req {
+			req[i] = byte(i)
+		}
+		b.Run(fmt.Sprintf("bx/%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			b.SetBytes(int64(2 * n))
+			b.ReportAllocs()
+			for range b.N {
+				m, err := p.Call(ctx, 1, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(m.Data()) != n {
+					b.Fatalf("response of %d bytes", len(m.Data()))
+				}
+				m.Release()
+			}
+		})
+		b.Run(fmt.Sprintf("tcp/%d", n), func(b *testing.B) {
+			c, err := net.Dial("tcp", tcpAddr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			cl := newTCPClient(c)
+			b.SetBytes(int64(2 * n))
+			b.ReportAllocs()
+			for range b.N {
+				resp, err := cl.call(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(resp) != n {
+					b.Fatalf("response of %d bytes", len(resp))
+				}
+			}
+		})
+	}
+}
+
+const tcpHeader = bx.HeaderSize
+
+type tcpClient struct {
+	c    net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+	hdr  [4 + tcpHeader]byte
+	resp []byte
+}
+
+func newTCPClient(c net.Conn) *tcpClient {
+	return &tcpClient{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
+}
+
+// call sends one frame (length, header, payload) and reads the answer.
+func (t *tcpClient) call(req []byte) ([]byte, error) {
+	binary.LittleEndian.PutUint32(t.hdr[:4], uint32(tcpHeader+len(req)))
+	t.w.Write(t.hdr[:])
+	t.w.Write(req)
+	if err := t.w.Flush(); err != nil {
+		return nil, err
+	}
+	if _, err := io.ReadFull(t.r, t.hdr[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.LittleEndian.Uint32(t.hdr[:4])) - tcpHeader
+	if cap(t.resp) < n {
+		t.resp = make([]byte, n)
+	}
+	t.resp = t.resp[:n]
+	_, err := io.ReadFull(t.r, t.resp)
+	return t.resp, err
+}
+
+// tcpEchoServer listens on the second device's address and echoes frames.
+func tcpEchoServer(b *testing.B) string {
+	l, err := net.Listen("tcp", "10.99.0.2:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	b.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				cl := newTCPClient(c)
+				for {
+					if _, err := io.ReadFull(cl.r, cl.hdr[:]); err != nil {
+						return
+					}
+					n := int(binary.LittleEndian.Uint32(cl.hdr[:4])) - tcpHeader
+					if cap(cl.resp) < n {
+						cl.resp = make([]byte, n)
+					}
+					cl.resp = cl.resp[:n]
+					if _, err := io.ReadFull(cl.r, cl.resp); err != nil {
+						return
+					}
+					cl.w.Write(cl.hdr[:])
+					cl.w.Write(cl.resp)
+					if cl.w.Flush() != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	// The client dials from the first device's address side of the veth.
+	return l.Addr().String()
+}
