@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/goverbs/goverbs/bx"
 )
@@ -21,7 +23,11 @@ import (
 var rpcSizes = []int{64, 4 << 10, 64 << 10, 1 << 20, 4 << 20}
 
 func BenchmarkRPC(b *testing.B) {
-	srv, _, p, _ := pair(b, func(c *bx.Config) { c.MaxMessage = 4 << 20 })
+	spin := time.Duration(0)
+	if v := os.Getenv("GOVERBS_BX_SPIN"); v != "" {
+		spin, _ = time.ParseDuration(v)
+	}
+	srv, _, p, _ := pair(b, func(c *bx.Config) { c.MaxMessage = 4 << 20; c.Spin = spin })
 	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		return req.Data(), nil // copied into the response before req is released
 	})
