@@ -149,6 +149,9 @@ type Endpoint struct {
 // Stats counts what an endpoint did.
 type Stats struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries atomic.Uint64
+	// Unrouted counts completions of QPs no peer owns (a QP already
+	// destroyed by recovery or shutdown); their buffers are reposted.
+	Unrouted atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -389,6 +392,7 @@ func (e *Endpoint) complete(w *cq.WC) {
 			return
 		}
 		if l == nil {
+			e.stats.Unrouted.Add(1)
 			e.repost(b)
 			return
 		}

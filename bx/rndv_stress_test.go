@@ -1,0 +1,147 @@
+package bx_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+// TestRendezvousConcurrent sends eager and rendezvous messages from several
+// goroutines on several streams at once; every payload must arrive intact
+// (its CRC travels in its first bytes), exactly once, in order per stream.
+func TestRendezvousConcurrent(t *testing.T) {
+	_, _, p, sp := pair(t, nil)
+	const senders, per = 4, 12
+	sizes := []int{100, 40_000, 1_200_000}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, senders*2)
+	for g := range senders {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				n := sizes[i%len(sizes)]
+				b, err := p.Endpoint().Alloc(n)
+				if err != nil {
+					errs <- err
+					return
+				}
+				pl := b.Payload()
+				for k := 8; k < n; k++ {
+					pl[k] = byte(k*31 + i*7 + g)
+				}
+				binary.LittleEndian.PutUint32(pl[0:], uint32(i))
+				binary.LittleEndian.PutUint32(pl[4:], crc32.ChecksumIEEE(pl[8:]))
+				if err := p.Stream(uint32(g)).SendBuffer(ctx, b); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				m, err := sp.Stream(uint32(g)).Recv(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				d := m.Data()
+				if len(d) != sizes[i%len(sizes)] {
+					errs <- fmt.Errorf("stream %d message %d: %d bytes", g, i, len(d))
+				} else if seq := binary.LittleEndian.Uint32(d); seq != uint32(i) {
+					errs <- fmt.Errorf("stream %d: message %d carries index %d", g, i, seq)
+				} else if crc32.ChecksumIEEE(d[8:]) != binary.LittleEndian.Uint32(d[4:]) {
+					errs <- fmt.Errorf("stream %d message %d (%d bytes): payload corrupted", g, i, len(d))
+				}
+				m.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestRendezvousCallsManyPeers: several client endpoints call one server
+// concurrently with large requests (rendezvous); the handler answers with
+// the request's CRC, which must match what the caller sent.
+func TestRendezvousCallsManyPeers(t *testing.T) {
+	da, db := rxetest.Pair(t)
+	srv, err := bx.New(bx.Config{Device: db, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for s := range uint32(3) {
+		srv.Handle(s, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+			var out [8]byte
+			binary.LittleEndian.PutUint32(out[:], crc32.ChecksumIEEE(req.Data()))
+			binary.LittleEndian.PutUint32(out[4:], uint32(len(req.Data())))
+			return out[:], nil
+		})
+	}
+	addr, err := srv.Listen("10.99.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for c := range 4 {
+		e, err := bx.New(bx.Config{Device: da, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		p, err := e.Dial(ctx, addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 8 {
+					n := []int{40_000, 1_200_000, 300}[(i+g)%3]
+					b, err := e.Alloc(n)
+					if err != nil {
+						errs <- err
+						return
+					}
+					pl := b.Payload()
+					for k := range pl {
+						pl[k] = byte(k*13 + i + g*5 + c*11)
+					}
+					want := crc32.ChecksumIEEE(pl)
+					m, err := p.CallBuffer(ctx, uint32(g), b)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if got := binary.LittleEndian.Uint32(m.Data()); got != want || binary.LittleEndian.Uint32(m.Data()[4:]) != uint32(n) {
+						errs <- fmt.Errorf("client %d goroutine %d call %d (%d bytes): server saw crc %08x len %d, sent %08x", c, g, i, n, got, binary.LittleEndian.Uint32(m.Data()[4:]), want)
+					}
+					m.Release()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
