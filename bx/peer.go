@@ -215,7 +215,11 @@ func (p *Peer) connectLanes(local, remote setup) error {
 			// Peers may READ our rendezvous sources and nothing else: the
 			// QP allows remote reads, only rendezvous memory is
 			// registered for them.
-			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, MaxRdAtomic: 4, MaxDestRd: 4, Access: mr.RemoteRead})
+			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, MaxRdAtomic: 4, MaxDestRd: 4, Access: mr.RemoteRead,
+				// 7 would retry forever on rxe: a lane whose peer QP went
+				// to ERR must end in an error completion, which starts
+				// recovery.
+				RetryCnt: 6})
 		if err != nil {
 			return err
 		}
@@ -275,19 +279,6 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		return nil, fmt.Errorf("%w: grant %d", ErrProtocol, remote.Grant)
 	}
 	p.id = remote.ID
-	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
-	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
-		p.destroyLanes()
-		return nil, err
-	}
-	// The lanes are known to the progress goroutine before they can carry
-	// anything: a message that arrives the moment a QP is connected (the
-	// hardware has acknowledged it) must find its peer, not be dropped.
-	e.mu.Lock()
-	for _, l := range p.lanes {
-		e.byQPN[l.qp.QPN()] = l
-	}
-	e.mu.Unlock()
 	if err := p.connectLanes(local, remote); err != nil {
 		p.destroyLanes()
 		return nil, err
@@ -297,6 +288,11 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 			p.destroyLanes()
 			return nil, err
 		}
+	}
+	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
+	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
+		p.destroyLanes()
+		return nil, err
 	}
 	// Both QPs are in RTS once each side has the other's setup; a last
 	// round trip makes sure the dialer's are before the acceptor sends.
@@ -313,6 +309,9 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	}
 	e.mu.Lock()
 	e.peers[p] = struct{}{}
+	for _, l := range p.lanes {
+		e.byQPN[l.qp.QPN()] = l
+	}
 	e.mu.Unlock()
 	close(p.ready)
 	go p.control()

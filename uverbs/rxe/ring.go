@@ -25,7 +25,7 @@ type ring struct {
 }
 
 func newRing(mem []byte) (ring, error) {
-	if len(mem) < ioctl.RxeQueueBufOffData {
+	if len(mem) <= ioctl.RxeQueueBufOffData {
 		return ring{}, fmt.Errorf("rxe: queue mapping of %d bytes is smaller than its header", len(mem))
 	}
 	hdr := (*ioctl.RxeQueueBuf)(unsafe.Pointer(&mem[0]))
@@ -37,7 +37,7 @@ func newRing(mem []byte) (ring, error) {
 		prod:     (*uint32)(unsafe.Pointer(&mem[ioctl.RxeQueueBufOffProducer])),
 		cons:     (*uint32)(unsafe.Pointer(&mem[ioctl.RxeQueueBufOffConsumer])),
 	}
-	need := uintptr(ioctl.RxeQueueBufOffData) + uintptr(r.mask+1)*r.elemSize
+	need := uintptr(ioctl.RxeQueueBufOffData) + (uintptr(r.mask)+1)*r.elemSize
 	if hdr.Log2_elem_size > 16 || uintptr(len(mem)) < need {
 		return ring{}, fmt.Errorf("rxe: queue header (%d slots of %d bytes) does not fit its %d-byte mapping", r.mask+1, r.elemSize, len(mem))
 	}
