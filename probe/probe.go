@@ -1,0 +1,437 @@
+package probe
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// Options select what Attach counts.
+type Options struct {
+	// PIDs restricts the uverbs command probes to these processes; empty
+	// means every process. The rxe probes always see the whole kernel.
+	PIDs []int
+	// Skip names probes (see Status.Name) not to attach.
+	Skip []string
+}
+
+// Status says whether one probe is attached and, if not, why.
+type Status struct {
+	Name     string `json:"name"`
+	What     string `json:"what"`
+	Attached bool   `json:"attached"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Probes owns the maps, programs and links of one Attach.
+type Probes struct {
+	mu      sync.Mutex
+	maps    map[string]*ebpf.Map
+	progs   []*ebpf.Program
+	links   []link.Link
+	status  []Status
+	closed  bool
+	devs    map[uint32]string // uverbs minor -> device name
+	started time.Time
+}
+
+// probeDef is one probe: programs that attach together.
+type probeDef struct {
+	name, what string
+	rxe        bool // needs kprobes and rdma_rxe's BTF
+	progs      func(o *rxeOffsets) []progDef
+}
+
+type progDef struct {
+	name   string
+	typ    ebpf.ProgramType
+	raw    bool   // a raw tracepoint; else a kprobe
+	target string // tracepoint name or kernel symbol
+	insns  asm.Instructions
+}
+
+func rawTP(name, event string, insns asm.Instructions) progDef {
+	return progDef{name: name, typ: ebpf.RawTracepoint, raw: true, target: event, insns: insns}
+}
+
+func kp(name, sym string, insns asm.Instructions) progDef {
+	return progDef{name: name, typ: ebpf.Kprobe, target: sym, insns: insns}
+}
+
+var probeDefs = []probeDef{
+	{name: "uverbs-commands", what: "uverbs commands per process and fd: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; raw tracepoints sys_enter/sys_exit", progs: func(*rxeOffsets) []progDef {
+		return []progDef{
+			rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
+			rawTP("gv_sys_exit", "sys_exit", sysExit()),
+		}
+	}},
+	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{
+			kp("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
+			kp("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			kp("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+		}
+	}},
+	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{kp("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
+	}},
+	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{kp("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
+	}},
+	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{kp("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
+	}},
+	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{kp("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
+	}},
+	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, progs: func(o *rxeOffsets) []progDef {
+		return []progDef{kp("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
+	}},
+}
+
+// Names lists the probes Attach knows, in order.
+func Names() []string {
+	var n []string
+	for _, d := range probeDefs {
+		n = append(n, d.name)
+	}
+	return append(n, "cq-events")
+}
+
+// ErrNoBPF is returned by Attach when no probe at all could be attached.
+var ErrNoBPF = errors.New("probe: no probe could be attached")
+
+// Attach loads and attaches every probe the kernel supports. A probe the
+// kernel cannot host (no kprobes, no rdma_rxe BTF, a missing symbol) is
+// reported in Status with the reason and the others still attach; Attach
+// fails only when nothing attached at all (then the error joins the
+// reasons).
+func Attach(opts Options) (*Probes, error) {
+	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
+	p := &Probes{maps: map[string]*ebpf.Map{}, started: time.Now()}
+	for name, spec := range mapSpecs() {
+		m, err := ebpf.NewMap(spec)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("probe: create map %s: %w", name, err)
+		}
+		p.maps[name] = m
+	}
+	if len(opts.PIDs) > 0 {
+		for _, pid := range opts.PIDs {
+			if err := p.maps[mapPids].Put(uint32(pid), uint8(1)); err != nil {
+				p.Close()
+				return nil, fmt.Errorf("probe: pid filter: %w", err)
+			}
+		}
+		if err := p.maps[mapConfig].Put(uint32(0), uint32(1)); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("probe: pid filter: %w", err)
+		}
+	}
+	p.devs = uverbsDevices()
+	// Processes that opened a uverbs device before we attached.
+	for k, minor := range scanUverbsFDs() {
+		_ = p.maps[mapFDs].Put(k, minor)
+	}
+
+	var offs *rxeOffsets
+	rxeErr := kprobesSupported()
+	if rxeErr == nil {
+		offs, rxeErr = loadRxeOffsets()
+	}
+	var reasons []error
+	for _, d := range probeDefs {
+		st := Status{Name: d.name, What: d.what}
+		switch {
+		case slices.Contains(opts.Skip, d.name):
+			st.Reason = "skipped (Options.Skip)"
+		case d.rxe && rxeErr != nil:
+			st.Reason = rxeErr.Error()
+		default:
+			if err := p.attach(d.progs(offs)); err != nil {
+				st.Reason = err.Error()
+			} else {
+				st.Attached = true
+			}
+		}
+		if !st.Attached {
+			reasons = append(reasons, fmt.Errorf("%s: %s", st.Name, st.Reason))
+		}
+		p.status = append(p.status, st)
+	}
+	p.status = append(p.status, Status{Name: "cq-events", What: "completion channel wakeup latency",
+		Reason: "not implemented yet: CQ completions are counted by rxe-completions"})
+	for _, st := range p.status {
+		if st.Attached {
+			return p, nil
+		}
+	}
+	p.Close()
+	return nil, fmt.Errorf("%w: %w", ErrNoBPF, errors.Join(reasons...))
+}
+
+// attach loads and attaches one probe's programs, all or nothing.
+func (p *Probes) attach(defs []progDef) error {
+	var progs []*ebpf.Program
+	var links []link.Link
+	fail := func(err error) error {
+		for _, l := range links {
+			l.Close()
+		}
+		for _, pr := range progs {
+			pr.Close()
+		}
+		return err
+	}
+	for _, d := range defs {
+		insns := slices.Clone(d.insns)
+		for i := range insns {
+			if ref := insns[i].Reference(); ref != "" && insns[i].IsLoadFromMap() {
+				m, ok := p.maps[ref]
+				if !ok {
+					return fail(fmt.Errorf("%s: unknown map %s", d.name, ref))
+				}
+				if err := insns[i].AssociateMap(m); err != nil {
+					return fail(fmt.Errorf("%s: %w", d.name, err))
+				}
+			}
+		}
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Name:         d.name,
+			Type:         d.typ,
+			Instructions: insns,
+			License:      "Dual MIT/GPL",
+		})
+		if err != nil {
+			return fail(fmt.Errorf("load %s: %w", d.name, err))
+		}
+		progs = append(progs, prog)
+		var l link.Link
+		if d.raw {
+			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: d.target, Program: prog})
+		} else {
+			l, err = link.Kprobe(d.target, prog, nil)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("attach %s to %s: %w", d.name, d.target, err))
+		}
+		links = append(links, l)
+	}
+	p.progs = append(p.progs, progs...)
+	p.links = append(p.links, links...)
+	return nil
+}
+
+// kprobesSupported says why kprobes cannot attach, or nil.
+func kprobesSupported() error {
+	for _, f := range []string{
+		"/sys/bus/event_source/devices/kprobe/type",
+		"/sys/kernel/tracing/kprobe_events",
+		"/sys/kernel/debug/tracing/kprobe_events",
+	} {
+		if _, err := os.Stat(f); err == nil {
+			return nil
+		}
+	}
+	return errors.New("kernel has no kprobes (no kprobe PMU in /sys/bus/event_source/devices, no kprobe_events in tracefs: CONFIG_KPROBES/CONFIG_KPROBE_EVENTS off)")
+}
+
+// Status reports every probe, attached or not.
+func (p *Probes) Status() []Status { return slices.Clone(p.status) }
+
+// Attached reports whether the named probe is attached.
+func (p *Probes) Attached(name string) bool {
+	for _, s := range p.status {
+		if s.Name == name {
+			return s.Attached
+		}
+	}
+	return false
+}
+
+// Close detaches every probe and frees the maps. It is idempotent.
+func (p *Probes) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	for _, l := range p.links {
+		errs = append(errs, l.Close())
+	}
+	for _, pr := range p.progs {
+		errs = append(errs, pr.Close())
+	}
+	for _, m := range p.maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// ErrClosed is returned by Snapshot after Close.
+var ErrClosed = errors.New("probe: closed")
+
+// Command is one uverbs command of one process and fd: cumulative count,
+// errors and latency since Attach.
+type Command struct {
+	PID     int      `json:"pid"`
+	FD      int      `json:"fd"`
+	Device  string   `json:"device"`         // "" when the fd was not seen opening a uverbs device
+	Kind    string   `json:"kind"`           // "ioctl" or "write"
+	Object  uint16   `json:"object"`         // ioctl: UVERBS_OBJECT_*
+	Method  uint16   `json:"method"`         // ioctl: the object's method id
+	Cmd     uint32   `json:"cmd"`            // write: IB_USER_VERBS_CMD_* (with the extended flag)
+	Name    string   `json:"name"`           // e.g. "write POST_SEND", "ioctl CQ/1"
+	Count   uint64   `json:"count"`          // calls
+	Errors  uint64   `json:"errors"`         // calls that returned an error
+	TotalNS uint64   `json:"total_ns"`       // sum of latencies
+	Hist    []uint64 `json:"hist,omitempty"` // Hist[i]: calls that took [2^i, 2^(i+1)) ns
+}
+
+// Doorbell reports whether the command is rxe's doorbell (write POST_SEND).
+func (c *Command) Doorbell() bool {
+	return c.Kind == "write" && c.Cmd == postSendCmd
+}
+
+const postSendCmd = 0x1c // IB_USER_VERBS_CMD_POST_SEND
+
+// QP is what the rxe probes saw of one queue pair since Attach.
+type QP struct {
+	Device           string `json:"device"`
+	QPN              uint32 `json:"qpn"`
+	SentPkts         uint64 `json:"sent_pkts"`
+	RecvPkts         uint64 `json:"recv_pkts"`
+	Retransmits      uint64 `json:"retransmits"`       // requester retry passes (go-back-N restarts)
+	Timeouts         uint64 `json:"timeouts"`          // retransmit timer expiries
+	RNRTimers        uint64 `json:"rnr_timers"`        // RNR NAK timer expiries
+	QPErrors         uint64 `json:"qp_errors"`         // transitions to the error state
+	SendCompletions  uint64 `json:"send_completions"`  // successful send-side CQEs
+	RecvCompletions  uint64 `json:"recv_completions"`  // successful receive CQEs
+	ErrorCompletions uint64 `json:"error_completions"` // CQEs with a non-zero status
+}
+
+// Snapshot is the probes' cumulative counters at one time.
+type Snapshot struct {
+	Time     time.Time `json:"time"`
+	Commands []Command `json:"commands"`
+	QPs      []QP      `json:"qps"`
+}
+
+// Snapshot reads the maps.
+func (p *Probes) Snapshot() (*Snapshot, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	s := &Snapshot{Time: time.Now()}
+	var k [cmdKeySize]byte
+	v := make([]byte, 8*cmdValWords)
+	it := p.maps[mapCmds].Iterate()
+	for it.Next(k[:], v) {
+		s.Commands = append(s.Commands, p.decodeCmd(k[:], v))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapCmds, err)
+	}
+	var qk [qpKeySize]byte
+	qv := make([]byte, 8*qpValWords)
+	it = p.maps[mapQPs].Iterate()
+	for it.Next(qk[:], qv) {
+		s.QPs = append(s.QPs, decodeQP(qk[:], qv))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapQPs, err)
+	}
+	slices.SortFunc(s.Commands, func(a, b Command) int {
+		if a.PID != b.PID {
+			return a.PID - b.PID
+		}
+		if a.FD != b.FD {
+			return a.FD - b.FD
+		}
+		return int(int64(a.Object)<<32|int64(a.Method)<<16|int64(a.Cmd&0xffff)) - int(int64(b.Object)<<32|int64(b.Method)<<16|int64(b.Cmd&0xffff))
+	})
+	slices.SortFunc(s.QPs, func(a, b QP) int {
+		if a.Device != b.Device {
+			if a.Device < b.Device {
+				return -1
+			}
+			return 1
+		}
+		return int(a.QPN) - int(b.QPN)
+	})
+	return s, nil
+}
+
+func (p *Probes) decodeCmd(k, v []byte) Command {
+	le := binary.LittleEndian
+	devKind := le.Uint32(k[8:])
+	c := Command{
+		PID: int(le.Uint32(k[0:])),
+		FD:  int(le.Uint32(k[4:])),
+	}
+	cmd := le.Uint32(k[12:])
+	if minor := devKind & 0xffff; minor != unknownDev {
+		c.Device = p.devs[minor]
+		if c.Device == "" {
+			p.devs = uverbsDevices() // a device added since Attach
+			c.Device = p.devs[minor]
+		}
+		if c.Device == "" {
+			c.Device = fmt.Sprintf("uverbs%d", minor)
+		}
+	}
+	switch devKind >> 16 {
+	case kindIoctl:
+		c.Kind = "ioctl"
+		c.Object, c.Method = uint16(cmd>>16), uint16(cmd)
+	case kindWrite:
+		c.Kind = "write"
+		c.Cmd = cmd
+	}
+	c.Name = CommandName(c.Kind, c.Object, c.Method, c.Cmd)
+	c.Count = le.Uint64(v[0:])
+	c.Errors = le.Uint64(v[8:])
+	c.TotalNS = le.Uint64(v[16:])
+	c.Hist = make([]uint64, numBuckets)
+	for i := range c.Hist {
+		c.Hist[i] = le.Uint64(v[24+8*i:])
+	}
+	return c
+}
+
+func decodeQP(k, v []byte) QP {
+	le := binary.LittleEndian
+	name := k[:qpNameLen]
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	w := func(i int) uint64 { return le.Uint64(v[8*i:]) }
+	return QP{
+		Device:           string(name),
+		QPN:              le.Uint32(k[qpNameLen:]),
+		SentPkts:         w(qpSent),
+		RecvPkts:         w(qpRecv),
+		Retransmits:      w(qpRetries),
+		Timeouts:         w(qpTimeouts),
+		RNRTimers:        w(qpRNRTimers),
+		QPErrors:         w(qpErrors),
+		SendCompletions:  w(qpSendCompletions),
+		RecvCompletions:  w(qpRecvCompletions),
+		ErrorCompletions: w(qpErrorCompletions),
+	}
+}

@@ -1,0 +1,382 @@
+package probe
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// attach attaches every probe or skips when this process may not load BPF
+// programs at all.
+func attach(t *testing.T, opts Options) *Probes {
+	t.Helper()
+	p, err := Attach(opts)
+	if err != nil {
+		if os.Geteuid() != 0 && !rxetest.Required() {
+			t.Skipf("not root: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		if err := p.Close(); err != nil {
+			t.Errorf("second close: %v", err)
+		}
+	})
+	for _, s := range p.Status() {
+		t.Logf("%-16s attached=%v %s", s.Name, s.Attached, s.Reason)
+	}
+	return p
+}
+
+// TestAttachDegrades runs anywhere: on a kernel without kprobes or without
+// rdma_rxe (the development host) the rxe probes are reported with a reason
+// and the syscall tracepoint probes still attach.
+func TestAttachDegrades(t *testing.T) {
+	p := attach(t, Options{})
+	for _, name := range []string{"uverbs-commands"} {
+		if !p.Attached(name) {
+			t.Errorf("%s not attached", name)
+		}
+	}
+	for _, s := range p.Status() {
+		if !s.Attached && s.Reason == "" {
+			t.Errorf("%s: not attached and no reason", s.Name)
+		}
+	}
+	rxe := kprobesSupported() == nil
+	if _, err := os.Stat("/sys/kernel/btf/rdma_rxe"); err != nil {
+		rxe = false
+	}
+	for _, s := range p.Status() {
+		if strings.HasPrefix(s.Name, "rxe-") && s.Attached != rxe {
+			t.Errorf("%s: attached=%v, but kprobes+rdma_rxe BTF present=%v (%s)", s.Name, s.Attached, rxe, s.Reason)
+		}
+	}
+	if _, err := p.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if _, err := p.Snapshot(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Snapshot after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestSkip: a skipped probe is reported as such.
+func TestSkip(t *testing.T) {
+	p := attach(t, Options{Skip: []string{"rxe-rnr"}})
+	for _, s := range p.Status() {
+		if s.Name == "rxe-rnr" && (s.Attached || !strings.Contains(s.Reason, "skipped")) {
+			t.Errorf("%+v", s)
+		}
+	}
+}
+
+// TestOwnCommands counts this process's own uverbs commands: a query per
+// open context, through the pid filter.
+func TestOwnCommands(t *testing.T) {
+	dev := rxetest.One(t)
+	p := attach(t, Options{PIDs: []int{os.Getpid()}})
+	ctx, err := uverbs.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for range n {
+		if _, err := ctx.QueryPort(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ctx.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, c := range s.Commands {
+		t.Logf("%+v", c)
+		if c.PID != os.Getpid() {
+			t.Errorf("pid filter let %d through: %+v", c.PID, c)
+		}
+		if c.Device != dev {
+			t.Errorf("device %q, want %s: %+v", c.Device, dev, c)
+		}
+		var h uint64
+		for _, b := range c.Hist {
+			h += b
+		}
+		if h != c.Count {
+			t.Errorf("histogram holds %d, count %d", h, c.Count)
+		}
+		total += c.Count
+	}
+	if total < n {
+		t.Errorf("%d uverbs commands counted, want at least %d", total, n)
+	}
+}
+
+var (
+	binOnce string
+	binErr  error
+)
+
+// goverbsBin is the goverbs binary: scripts/vm's copy in the guest
+// (GOVERBS_VM_BIN), else one built with go build.
+func goverbsBin(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("GOVERBS_VM_BIN"); b != "" {
+		return b
+	}
+	if binOnce == "" && binErr == nil {
+		dir := os.TempDir()
+		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+			dir = "/dev/shm" // the linker cannot mmap its output on 9p
+		}
+		out := filepath.Join(dir, fmt.Sprintf("goverbs-probe-test-%d", os.Getpid()))
+		cmd := exec.Command("go", "build", "-o", out, "github.com/goverbs/goverbs/cmd/goverbs")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v: %s", err, b)
+		} else {
+			binOnce = out
+		}
+	}
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binOnce
+}
+
+// side is one rc-pingpong process.
+type side struct {
+	dev    string
+	pid    int
+	qpn    uint32
+	stderr bytes.Buffer
+	stdout bytes.Buffer
+	err    error
+}
+
+var qpnRE = regexp.MustCompile(`local address:.*QPN 0x([0-9a-f]+)`)
+
+// pingpong runs `goverbs rc-pingpong -n iters` between two devices.
+func pingpong(t *testing.T, iters int, port int) (cli, srv *side) {
+	t.Helper()
+	a, b := rxetest.Pair(t)
+	bin := goverbsBin(t)
+	ctx := rxetest.Open(t, b)
+	g, err := ctx.DefaultGID(1)
+	if err != nil || g.GID.To4() == nil {
+		t.Skipf("%s: no IPv4 RoCE v2 GID (%v)", b, err)
+	}
+	host := g.GID.To4().String()
+	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run := func(s *side, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(cctx, bin, args...)
+		cmd.Stdout, cmd.Stderr = &s.stdout, &s.stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		s.pid = cmd.Process.Pid
+		return cmd
+	}
+	n := strconv.Itoa(iters)
+	p := strconv.Itoa(port)
+	srv, cli = &side{dev: b}, &side{dev: a}
+	sc := run(srv, "rc-pingpong", "-d", b, "-p", p, "-n", n, "-s", "64")
+	if !waitListen(port, 30*time.Second) {
+		sc.Wait()
+		t.Fatalf("server never listened: %s", srv.stderr.String())
+	}
+	cc := run(cli, "rc-pingpong", "-d", a, "-p", p, "-n", n, "-s", "64", host)
+	cli.err, srv.err = cc.Wait(), sc.Wait()
+	for _, s := range []*side{cli, srv} {
+		if s.err != nil {
+			t.Fatalf("%s: %v: %s", s.dev, s.err, s.stderr.String())
+		}
+		m := qpnRE.FindStringSubmatch(s.stdout.String() + s.stderr.String())
+		if m == nil {
+			t.Fatalf("no QPN in %q %q", s.stdout.String(), s.stderr.String())
+		}
+		q, _ := strconv.ParseUint(m[1], 16, 32)
+		s.qpn = uint32(q)
+	}
+	return cli, srv
+}
+
+func waitListen(port int, d time.Duration) bool {
+	hexPort := fmt.Sprintf(":%04X ", port)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+			b, _ := os.ReadFile(f)
+			sc := bufio.NewScanner(bytes.NewReader(b))
+			for sc.Scan() {
+				fs := strings.Fields(sc.Text())
+				if len(fs) > 3 && strings.HasSuffix(fs[1]+" ", hexPort) && fs[3] == "0A" {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func findQP(s *Snapshot, dev string, qpn uint32) QP {
+	for _, q := range s.QPs {
+		if q.Device == dev && q.QPN == qpn {
+			return q
+		}
+	}
+	return QP{Device: dev, QPN: qpn}
+}
+
+func hwDelta(before, after map[string]uint64) map[string]uint64 {
+	d := map[string]uint64{}
+	for k, v := range after {
+		d[k] = v - before[k]
+	}
+	return d
+}
+
+// TestPingpongCounts: during N rc-pingpong iterations the probes count, per
+// side, N doorbells (one POST_SEND write per PostSend batch: the workload
+// posts one send per iteration), N send and N receive completions on its
+// QP, and as many packets as rxe's own hw_counters.
+func TestPingpongCounts(t *testing.T) {
+	a, b := rxetest.Pair(t)
+	p := attach(t, Options{})
+	for _, name := range []string{"uverbs-commands", "rxe-packets", "rxe-completions"} {
+		if !p.Attached(name) {
+			t.Fatalf("%s not attached", name)
+		}
+	}
+	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
+	const iters = 500
+	cli, srv := pingpong(t, iters, 18830)
+	s, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]uint64{}
+	for _, c := range s.Commands {
+		seen[c.PID] += c.Count
+	}
+	t.Logf("uverbs commands per pid: %v", seen)
+	for _, sd := range []*side{cli, srv} {
+		var doorbells, cmds uint64
+		for _, c := range s.Commands {
+			if c.PID != sd.pid {
+				continue
+			}
+			cmds += c.Count
+			if c.Doorbell() {
+				doorbells += c.Count
+				if c.Device != sd.dev {
+					t.Errorf("doorbell on %q, want %s", c.Device, sd.dev)
+				}
+			}
+		}
+		t.Logf("%s pid %d qpn %#x: %d uverbs commands, %d doorbells", sd.dev, sd.pid, sd.qpn, cmds, doorbells)
+		if doorbells != iters {
+			t.Errorf("%s: %d doorbells, want %d (one PostSend batch per iteration)", sd.dev, doorbells, iters)
+		}
+		q := findQP(s, sd.dev, sd.qpn)
+		t.Logf("%+v", q)
+		if q.SendCompletions != iters || q.RecvCompletions != iters {
+			t.Errorf("%s qp %#x: %d send, %d recv completions, want %d each", sd.dev, sd.qpn, q.SendCompletions, q.RecvCompletions, iters)
+		}
+	}
+	for _, dev := range []string{a, b} {
+		hw := hwDelta(hw0[dev], HWCounters(dev, 1))
+		var sent, recv uint64
+		for _, q := range s.QPs {
+			if q.Device == dev {
+				sent += q.SentPkts
+				recv += q.RecvPkts
+			}
+		}
+		t.Logf("%s: probes sent %d recv %d; hw_counters sent_pkts %d rcvd_pkts %d", dev, sent, recv, hw["sent_pkts"], hw["rcvd_pkts"])
+		if sent != hw["sent_pkts"] || recv != hw["rcvd_pkts"] {
+			t.Errorf("%s: probes sent %d recv %d packets, hw_counters say %d and %d", dev, sent, recv, hw["sent_pkts"], hw["rcvd_pkts"])
+		}
+	}
+}
+
+// TestRetransmitsUnderLoss: with 5% netem loss on the client's link the
+// retransmit counter rises and matches rxe's completer_retry_err.
+func TestRetransmitsUnderLoss(t *testing.T) {
+	a, b := rxetest.Pair(t)
+	p := attach(t, Options{})
+	if !p.Attached("rxe-retransmits") {
+		t.Fatal("rxe-retransmits not attached")
+	}
+	tc, err := exec.LookPath("tc")
+	if err != nil {
+		t.Skip("no tc for netem")
+	}
+	var nets []string
+	for _, dev := range []string{a, b} {
+		m, _ := filepath.Glob(filepath.Join("/sys/class/infiniband", dev, "device/net/*"))
+		if len(m) == 0 {
+			// rxe has no parent device; its netdev is in "parent".
+			bb, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "parent"))
+			if err != nil {
+				t.Skipf("%s: netdev unknown: %v", dev, err)
+			}
+			nets = append(nets, strings.TrimSpace(string(bb)))
+		} else {
+			nets = append(nets, filepath.Base(m[0]))
+		}
+	}
+	for _, nd := range nets {
+		if out, err := exec.Command(tc, "qdisc", "add", "dev", nd, "root", "netem", "loss", "5%").CombinedOutput(); err != nil {
+			t.Skipf("netem on %s: %v: %s", nd, err, out)
+		}
+		t.Cleanup(func() { exec.Command(tc, "qdisc", "del", "dev", nd, "root").Run() })
+	}
+	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
+	cli, srv := pingpong(t, 400, 18831)
+	s, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, sd := range []*side{cli, srv} {
+		hw := hwDelta(hw0[sd.dev], HWCounters(sd.dev, 1))
+		var retr, rto uint64
+		for _, q := range s.QPs {
+			if q.Device == sd.dev {
+				retr += q.Retransmits
+				rto += q.Timeouts
+			}
+		}
+		q := findQP(s, sd.dev, sd.qpn)
+		t.Logf("%s: probes retransmits %d (qp %#x: %+v), timeouts %d; hw_counters completer_retry_err %d rcvd_seq_err %d rcvd_rnr_err %d out_of_seq_request %d",
+			sd.dev, retr, sd.qpn, q, rto, hw["completer_retry_err"], hw["rcvd_seq_err"], hw["rcvd_rnr_err"], hw["out_of_seq_request"])
+		if retr != hw["completer_retry_err"] {
+			t.Errorf("%s: probes count %d retransmits, hw_counters completer_retry_err %d", sd.dev, retr, hw["completer_retry_err"])
+		}
+		total += retr
+	}
+	if total == 0 {
+		t.Errorf("no retransmits under 5%% loss")
+	}
+}

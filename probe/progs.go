@@ -1,0 +1,666 @@
+package probe
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// The programs are written with cilium/ebpf's asm package, so building
+// goverbs needs no C toolchain and nothing is generated: they are small
+// counters (hash maps of counters and log2 histograms) and the offsets of
+// rxe's structures are read from the running kernel's BTF at load time and
+// baked in as constants.
+
+// Map names. They are also the names the kernel shows (bpftool map).
+const (
+	mapConfig   = "gv_config"  // array[1] u32: 1 = count only the pids in gv_pids
+	mapPids     = "gv_pids"    // hash tgid -> u8
+	mapFDs      = "gv_fds"     // hash {tgid, fd} -> u32 uverbs minor index (the N in uverbsN)
+	mapPending  = "gv_pending" // hash pid_tgid -> u32: openat of uverbsN in flight
+	mapStart    = "gv_start"   // hash pid_tgid -> startVal: a uverbs syscall in flight
+	mapCmds     = "gv_cmds"    // hash cmdKey -> cmdVal
+	mapQPs      = "gv_qps"     // hash qpKey -> qpVal
+	maxEntries  = 16384
+	cmdKeySize  = 16
+	startSize   = 24
+	qpKeySize   = 24
+	qpNameLen   = 16
+	numBuckets  = 40 // log2(ns) buckets: bucket i counts [2^i, 2^(i+1)) ns
+	cmdValWords = 3 + numBuckets
+	qpValWords  = numQPCounters
+)
+
+// ioctl commands and write() command headers.
+const (
+	rdmaVerbsIoctl = 0xc0181b01 // _IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)
+	kindIoctl      = 1
+	kindWrite      = 2
+	unknownDev     = 0xffff
+	writeCmdMask   = 0x800000ff // IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK
+)
+
+// Per-QP counters, in the order of the u64 words of a gv_qps value.
+const (
+	qpSent = iota
+	qpRecv
+	qpRetries
+	qpTimeouts
+	qpRNRTimers
+	qpErrors
+	qpSendCompletions
+	qpRecvCompletions
+	qpErrorCompletions
+	numQPCounters
+)
+
+// The syscall programs are raw tracepoint programs on sys_enter and
+// sys_exit (no tracefs needed): ctx is {struct pt_regs *regs; long id} on
+// entry and {regs; long ret} on exit. sysEnter copies the first three
+// arguments (amd64: dx, si, di, adjacent in pt_regs) to the stack slots
+// below.
+const (
+	tpArg0 = -72
+	tpArg1 = -80
+	tpArg2 = -88
+)
+
+func mapSpecs() map[string]*ebpf.MapSpec {
+	return map[string]*ebpf.MapSpec{
+		mapConfig:  {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
+		mapPids:    {Name: mapPids, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: 1024},
+		mapFDs:     {Name: mapFDs, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxEntries},
+		mapPending: {Name: mapPending, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 1024},
+		mapStart:   {Name: mapStart, Type: ebpf.Hash, KeySize: 8, ValueSize: startSize, MaxEntries: maxEntries},
+		mapCmds:    {Name: mapCmds, Type: ebpf.Hash, KeySize: cmdKeySize, ValueSize: 8 * cmdValWords, MaxEntries: maxEntries},
+		mapQPs:     {Name: mapQPs, Type: ebpf.Hash, KeySize: qpKeySize, ValueSize: 8 * qpValWords, MaxEntries: maxEntries},
+	}
+}
+
+func mapPtr(r asm.Register, name string) asm.Instruction {
+	return asm.LoadMapPtr(r, 0).WithReference(name)
+}
+
+// pidFilter exits unless gv_config[0] is 0 or the current tgid (in tgid)
+// is in gv_pids. It keeps tgid and clobbers R0-R5. Stack: fp-60 (scratch).
+func pidFilter(tgid asm.Register) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, -60, 0, asm.Word),
+		mapPtr(asm.R1, mapConfig),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -60),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pf_pass"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.JEq.Imm(asm.R1, 0, "pf_pass"),
+		asm.StoreMem(asm.RFP, -60, tgid, asm.Word),
+		mapPtr(asm.R1, mapPids),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -60),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "pf_pass"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("pf_pass"),
+	}
+}
+
+// lookupOrInit looks key (at fp+keyOff) up in mapName and inserts a zero
+// value (zeroed on the stack at fp+zeroOff, size bytes) when it is missing;
+// the value pointer is in R0 afterwards, or the program exits.
+func lookupOrInit(mapName string, keyOff, zeroOff int16, size int) asm.Instructions {
+	var in asm.Instructions
+	in = append(in,
+		mapPtr(asm.R1, mapName),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, int32(keyOff)),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "loi_have"),
+	)
+	for off := 0; off < size; off += 8 {
+		in = append(in, stZero64(zeroOff+int16(off)))
+	}
+	in = append(in,
+		mapPtr(asm.R1, mapName),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, int32(keyOff)),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, int32(zeroOff)),
+		asm.Mov.Imm(asm.R4, 1), // BPF_NOEXIST: a racing CPU may have inserted it
+		asm.FnMapUpdateElem.Call(),
+		mapPtr(asm.R1, mapName),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, int32(keyOff)),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "loi_have"),
+		asm.Return(), // R0 == 0
+		asm.Mov.Reg(asm.R0, asm.R0).WithSymbol("loi_have"),
+	)
+	return in
+}
+
+// ioctlEnter: sys_enter_ioctl with cmd == RDMA_VERBS_IOCTL. It records
+// {tgid, fd, dev|kind<<16, object<<16|method} and the time in gv_start.
+//
+// Stack: fp-8 pid_tgid, fp-16 {tgid, fd}, fp-40 start value, fp-48 scratch.
+func ioctlEnter() asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R7, asm.RFP, tpArg1, asm.DWord),
+		asm.LoadImm(asm.R1, rdmaVerbsIoctl, asm.DWord),
+		asm.JEq.Reg32(asm.R7, asm.R1, "is_verbs"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.FnGetCurrentPidTgid.Call().WithSymbol("is_verbs"),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.RSh.Imm(asm.R8, 32),
+	}
+	in = append(in, pidFilter(asm.R8)...)
+	in = append(in,
+		asm.LoadMem(asm.R7, asm.RFP, tpArg0, asm.DWord), // fd
+		asm.StoreMem(asm.RFP, -16, asm.R8, asm.Word),
+		asm.StoreMem(asm.RFP, -12, asm.R7, asm.Word),
+		asm.StoreMem(asm.RFP, -40, asm.R8, asm.Word),
+		asm.StoreMem(asm.RFP, -36, asm.R7, asm.Word),
+		asm.StoreImm(asm.RFP, -32, kindIoctl<<16|unknownDev, asm.Word),
+		mapPtr(asm.R1, mapFDs),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "nodev"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.And.Imm(asm.R1, 0xffff),
+		asm.Or.Imm(asm.R1, kindIoctl<<16),
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
+		// struct ib_uverbs_ioctl_hdr { u16 length; u16 object_id; u32 method_id; ... }
+		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("nodev"),
+		asm.Add.Imm(asm.R1, -48),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.LoadMem(asm.R3, asm.RFP, tpArg2, asm.DWord),
+		asm.FnProbeReadUser.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -46, asm.Half),
+		asm.LSh.Imm(asm.R1, 16),
+		asm.LoadMem(asm.R2, asm.RFP, -44, asm.Word),
+		asm.And.Imm(asm.R2, 0xffff),
+		asm.Or.Reg(asm.R1, asm.R2),
+		asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word),
+	)
+	return append(in, storeStart()...)
+}
+
+// writeEnter: sys_enter_write on an fd in gv_fds; the command is the first
+// word of the buffer (struct ib_uverbs_cmd_hdr).
+func writeEnter() asm.Instructions {
+	in := asm.Instructions{
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.RSh.Imm(asm.R8, 32),
+		asm.LoadMem(asm.R7, asm.RFP, tpArg0, asm.DWord),
+		asm.StoreMem(asm.RFP, -16, asm.R8, asm.Word),
+		asm.StoreMem(asm.RFP, -12, asm.R7, asm.Word),
+		mapPtr(asm.R1, mapFDs),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "is_uverbs"),
+		asm.Return(),
+		asm.LoadMem(asm.R9, asm.R0, 0, asm.Word).WithSymbol("is_uverbs"),
+	}
+	in = append(in, pidFilter(asm.R8)...)
+	in = append(in,
+		asm.StoreMem(asm.RFP, -40, asm.R8, asm.Word),
+		asm.StoreMem(asm.RFP, -36, asm.R7, asm.Word),
+		asm.And.Imm(asm.R9, 0xffff),
+		asm.Or.Imm(asm.R9, kindWrite<<16),
+		asm.StoreMem(asm.RFP, -32, asm.R9, asm.Word),
+		stZero64(-48),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -48),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.LoadMem(asm.R3, asm.RFP, tpArg1, asm.DWord),
+		asm.FnProbeReadUser.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
+		asm.LoadImm(asm.R2, writeCmdMask, asm.DWord),
+		asm.And.Reg(asm.R1, asm.R2),
+		asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word),
+	)
+	return append(in, storeStart()...)
+}
+
+// storeStart stamps the start value at fp-40 and stores it under pid_tgid
+// (fp-8).
+func storeStart() asm.Instructions {
+	return asm.Instructions{
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
+		mapPtr(asm.R1, mapStart),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -40),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnMapUpdateElem.Call(),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	}
+}
+
+// syscallExit: the exit of an ioctl or write that syscallEnter recorded
+// (R0: its start value, fp-8: pid_tgid). Adds one call, its error, its latency and its log2 bucket to
+// gv_cmds.
+//
+// Stack: fp-8 pid_tgid, fp-32 key (16), fp-32-8*cmdValWords zero value.
+func syscallExit() asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
+		asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R8, asm.R0, 16, asm.DWord),
+		asm.FnKtimeGetNs.Call(),
+		asm.Sub.Reg(asm.R0, asm.R8),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.LoadMem(asm.R9, asm.R6, 8, asm.DWord),
+		mapPtr(asm.R1, mapStart),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapDeleteElem.Call(),
+	}
+	in = append(in, lookupOrInit(mapCmds, -32, int16(-32-8*cmdValWords), 8*cmdValWords)...)
+	in = append(in,
+		asm.Mov.Reg(asm.R7, asm.R0),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 0),
+		asm.JSGE.Imm(asm.R9, 0, "ok"),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 8),
+		asm.AddAtomic.Mem(asm.R7, asm.R8, asm.DWord, 16).WithSymbol("ok"),
+	)
+	in = append(in, log2(asm.R8, asm.R2, asm.R3)...)
+	in = append(in,
+		asm.JLE.Imm(asm.R2, numBuckets-1, "inrange"),
+		asm.Mov.Imm(asm.R2, numBuckets-1),
+		asm.LSh.Imm(asm.R2, 3).WithSymbol("inrange"),
+		asm.Add.Reg(asm.R7, asm.R2),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 24),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
+	return in
+}
+
+// log2 sets out = floor(log2(v)) (0 for v <= 1), clobbering v and tmp.
+func log2(v, out, tmp asm.Register) asm.Instructions {
+	in := asm.Instructions{asm.Mov.Imm(out, 0)}
+	for i, s := range []int32{32, 16, 8, 4, 2, 1} {
+		skip := fmt.Sprintf("log2_%d", i)
+		in = append(in,
+			asm.Mov.Reg(tmp, v),
+			asm.RSh.Imm(tmp, s),
+			asm.JEq.Imm(tmp, 0, skip),
+			asm.Mov.Reg(v, tmp),
+			asm.Add.Imm(out, s),
+			asm.Mov.Reg(v, v).WithSymbol(skip),
+		)
+	}
+	return in
+}
+
+// openatEnter: remember an openat of /dev/infiniband/uverbsN (N in 0..99)
+// in gv_pending. Stack: fp-8 pid_tgid, fp-48 path (32 bytes), fp-52 value.
+func openatEnter() asm.Instructions {
+	word := func(s string) int64 {
+		var v uint64
+		for i := len(s) - 1; i >= 0; i-- {
+			v = v<<8 | uint64(s[i])
+		}
+		return int64(v)
+	}
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -48),
+		asm.Mov.Imm(asm.R2, 32),
+		asm.LoadMem(asm.R3, asm.RFP, tpArg1, asm.DWord),
+		asm.FnProbeReadUserStr.Call(),
+		asm.JSLT.Imm(asm.R0, 24, "out"), // "/dev/infiniband/uverbsN\0" is 24 bytes
+		asm.LoadMem(asm.R1, asm.RFP, -48, asm.DWord),
+		asm.LoadImm(asm.R2, word("/dev/inf"), asm.DWord),
+		asm.JNE.Reg(asm.R1, asm.R2, "out"),
+		asm.LoadMem(asm.R1, asm.RFP, -40, asm.DWord),
+		asm.LoadImm(asm.R2, word("iniband/"), asm.DWord),
+		asm.JNE.Reg(asm.R1, asm.R2, "out"),
+		asm.LoadMem(asm.R1, asm.RFP, -32, asm.Word),
+		asm.LoadImm(asm.R2, word("uver"), asm.DWord),
+		asm.JNE.Reg(asm.R1, asm.R2, "out"),
+		asm.LoadMem(asm.R1, asm.RFP, -28, asm.Half),
+		asm.JNE.Imm(asm.R1, int32(word("bs")), "out"),
+		asm.LoadMem(asm.R7, asm.RFP, -26, asm.Byte),
+		asm.Sub.Imm(asm.R7, '0'),
+		asm.JGT.Imm(asm.R7, 9, "out"),
+		asm.LoadMem(asm.R1, asm.RFP, -25, asm.Byte),
+		asm.JEq.Imm(asm.R1, 0, "num"),
+		asm.Sub.Imm(asm.R1, '0'),
+		asm.JGT.Imm(asm.R1, 9, "out"),
+		asm.Mul.Imm(asm.R7, 10),
+		asm.Add.Reg(asm.R7, asm.R1),
+		asm.LoadMem(asm.R1, asm.RFP, -24, asm.Byte),
+		asm.JNE.Imm(asm.R1, 0, "out"),
+		asm.StoreMem(asm.RFP, -52, asm.R7, asm.Word).WithSymbol("num"),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		mapPtr(asm.R1, mapPending),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -52),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnMapUpdateElem.Call(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
+		asm.Return(),
+	}
+}
+
+// openatExit: the exit of an openat of a uverbs device (R0: its pending
+// value, fp-8: pid_tgid); on success {tgid, fd} goes into gv_fds. Stack: fp-8 pid_tgid, fp-16 {tgid, fd}, fp-20 minor.
+func openatExit() asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMem(asm.R7, asm.R0, 0, asm.Word),
+		asm.StoreMem(asm.RFP, -20, asm.R7, asm.Word),
+		mapPtr(asm.R1, mapPending),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapDeleteElem.Call(),
+		asm.LoadMem(asm.R1, asm.R6, 8, asm.DWord),
+		asm.JSLT.Imm(asm.R1, 0, "out"),
+		asm.StoreMem(asm.RFP, -12, asm.R1, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, -8, asm.DWord),
+		asm.RSh.Imm(asm.R1, 32),
+		asm.StoreMem(asm.RFP, -16, asm.R1, asm.Word),
+		mapPtr(asm.R1, mapFDs),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -20),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnMapUpdateElem.Call(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
+		asm.Return(),
+	}
+}
+
+// closeEnter forgets {tgid, fd} in gv_fds.
+func closeEnter() asm.Instructions {
+	return asm.Instructions{
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.RSh.Imm(asm.R0, 32),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, tpArg0, asm.DWord),
+		asm.StoreMem(asm.RFP, -4, asm.R1, asm.Word),
+		mapPtr(asm.R1, mapFDs),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapDeleteElem.Call(),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	}
+}
+
+// rxeOffsets are byte offsets into rdma_rxe's and ib_core's structures,
+// read from the kernel's BTF.
+type rxeOffsets struct {
+	qpNum            int32 // rxe_qp.ibqp.qp_num (u32)
+	qpDevice         int32 // rxe_qp.ibqp.device (struct ib_device *)
+	devName          int32 // ib_device.name (char[64])
+	needRetry        int32 // rxe_qp.req.need_retry (int)
+	retransTimer     int32 // rxe_qp.retrans_timer (struct timer_list)
+	rnrNakTimer      int32 // rxe_qp.rnr_nak_timer
+	cqIsUser         int32 // rxe_cq.is_user (bool)
+	cqDevice         int32 // rxe_cq.ibcq.device
+	regArg0, regArg1 int16
+}
+
+// qpCount adds 1 to counter idx of the QP whose struct rxe_qp * is in R6.
+// Stack: fp-24 key {name[16], qpn, pad}, fp-32 scratch, below: zero value.
+func qpCount(o *rxeOffsets, idx int) asm.Instructions {
+	in := asm.Instructions{
+		stZero64(-8),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R6),
+		asm.Add.Imm(asm.R3, o.qpNum),
+		asm.FnProbeReadKernel.Call(),
+		asm.Mov.Reg(asm.R7, asm.R6),
+		asm.Add.Imm(asm.R7, o.qpDevice),
+	}
+	in = append(in, devName(o)...)
+	return append(in, qpAdd(idx)...)
+}
+
+// devName reads ((struct ib_device *)*R7)->name into fp-24 (16 bytes).
+func devName(o *rxeOffsets) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -32),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.FnProbeReadKernel.Call(),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -24),
+		asm.Mov.Imm(asm.R2, qpNameLen),
+		asm.LoadMem(asm.R3, asm.RFP, -32, asm.DWord),
+		asm.Add.Imm(asm.R3, o.devName),
+		asm.FnProbeReadKernel.Call(),
+	}
+}
+
+// qpAdd adds 1 to word idx of gv_qps[key at fp-24].
+func qpAdd(idx int) asm.Instructions {
+	in := lookupOrInit(mapQPs, -24, int16(-32-8*qpValWords), 8*qpValWords)
+	return append(in,
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, int16(8*idx)),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
+}
+
+// kprobeQP counts idx for a function whose first argument, minus sub, is a
+// struct rxe_qp *.
+func kprobeQP(o *rxeOffsets, idx int, sub int32) asm.Instructions {
+	in := asm.Instructions{asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord)}
+	if sub != 0 {
+		in = append(in, asm.Sub.Imm(asm.R6, sub))
+	}
+	return append(in, qpCount(o, idx)...)
+}
+
+// requesterEntry counts a retry pass of rxe_requester: it runs req_retry
+// (go back to the oldest unacknowledged PSN and resend) when need_retry is
+// set on entry.
+func requesterEntry(o *rxeOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord),
+		stZero64(-8),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R6),
+		asm.Add.Imm(asm.R3, o.needRetry),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -8, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, "retry"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("retry"),
+	}
+	return append(in, qpCount(o, qpRetries)...)
+}
+
+// cqPost counts a completion rxe_cq_post writes to a user CQ: the CQE is a
+// struct ib_uverbs_wc { u64 wr_id; u32 status; u32 opcode; u32 vendor_err;
+// u32 byte_len; u32 imm; u32 qp_num; ... }; opcode & 0x80 is a receive.
+func cqPost(o *rxeOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord), // cq
+		asm.LoadMem(asm.R8, asm.R1, o.regArg1, asm.DWord), // cqe
+		stZero64(-8),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 1),
+		asm.Mov.Reg(asm.R3, asm.R6),
+		asm.Add.Imm(asm.R3, o.cqIsUser),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -8, asm.Byte),
+		asm.JNE.Imm(asm.R1, 0, "user"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		// status, opcode at fp-48, fp-44; qp_num at fp-8
+		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("user"),
+		asm.Add.Imm(asm.R1, -48),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Mov.Reg(asm.R3, asm.R8),
+		asm.Add.Imm(asm.R3, 8),
+		asm.FnProbeReadKernel.Call(),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R8),
+		asm.Add.Imm(asm.R3, 28),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R8, asm.RFP, -48, asm.Word), // status
+		asm.LoadMem(asm.R9, asm.RFP, -44, asm.Word), // opcode
+		asm.Mov.Reg(asm.R7, asm.R6),
+		asm.Add.Imm(asm.R7, o.cqDevice),
+	}
+	// devName clobbers R1-R5 only.
+	in = append(in, devName(o)...)
+	in = append(in, asm.JEq.Imm(asm.R8, 0, "status_ok"))
+	in = append(in, qpAdd(qpErrorCompletions)...)
+	in = append(in,
+		asm.Mov.Reg(asm.R9, asm.R9).WithSymbol("status_ok"),
+		asm.JSet.Imm(asm.R9, 0x80, "recv"),
+	)
+	in = append(in, relabel(qpAdd(qpSendCompletions), "s_")...)
+	in = append(in, asm.Mov.Reg(asm.R9, asm.R9).WithSymbol("recv"))
+	return append(in, relabel(qpAdd(qpRecvCompletions), "r_")...)
+}
+
+// relabel prefixes every symbol and jump target of in, so that a snippet
+// can be used twice in one program.
+func relabel(in asm.Instructions, prefix string) asm.Instructions {
+	out := make(asm.Instructions, len(in))
+	for i, ins := range in {
+		if s := ins.Symbol(); s != "" {
+			ins = ins.WithSymbol(prefix + s)
+		}
+		if ins.OpCode.JumpOp() != asm.InvalidJumpOp && ins.OpCode.JumpOp() != asm.Call && ins.OpCode.JumpOp() != asm.Exit {
+			if r := ins.Reference(); r != "" {
+				ins = ins.WithReference(prefix + r)
+			}
+		}
+		out[i] = ins
+	}
+	return out
+}
+
+// Syscall numbers (amd64).
+const (
+	nrWrite  = 1
+	nrClose  = 3
+	nrIoctl  = 16
+	nrOpenat = 257
+	// sysArgRegs is the offset of dx in struct pt_regs: dx, si, di are the
+	// third, second and first syscall arguments.
+	sysArgRegs = 96
+)
+
+// sysEnter is the raw tracepoint program on sys_enter: it dispatches on
+// the syscall number to the uverbs fd tracking (openat, close) and the
+// command probes (ioctl, write) enabled in which.
+func sysEnter(which map[string]bool) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord),
+	}
+	type sec struct {
+		nr    int32
+		name  string
+		insns func() asm.Instructions
+	}
+	secs := []sec{
+		{nrIoctl, "ioctl", ioctlEnter},
+		{nrWrite, "write", writeEnter},
+		{nrOpenat, "openat", openatEnter},
+		{nrClose, "close", closeEnter},
+	}
+	for _, s := range secs {
+		if which[s.name] {
+			in = append(in, asm.JEq.Imm(asm.R7, s.nr, "args"))
+		}
+	}
+	in = append(in,
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		// Copy dx, si, di to fp-88, fp-80, fp-72.
+		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("args"),
+		asm.Add.Imm(asm.R1, tpArg2),
+		asm.Mov.Imm(asm.R2, 24),
+		asm.LoadMem(asm.R3, asm.R6, 0, asm.DWord),
+		asm.Add.Imm(asm.R3, sysArgRegs),
+		asm.FnProbeReadKernel.Call(),
+		asm.JEq.Imm(asm.R0, 0, "dispatch"),
+		asm.Return(),
+		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord).WithSymbol("dispatch"),
+	)
+	for _, s := range secs {
+		if which[s.name] {
+			in = append(in, asm.JEq.Imm(asm.R7, s.nr, s.name+"_"))
+		}
+	}
+	in = append(in, asm.Mov.Imm(asm.R0, 0), asm.Return())
+	for _, s := range secs {
+		if !which[s.name] {
+			continue
+		}
+		body := relabel(s.insns(), s.name+"_")
+		body[0] = body[0].WithSymbol(s.name + "_")
+		in = append(in, body...)
+	}
+	return in
+}
+
+// sysExit is the raw tracepoint program on sys_exit: it finishes a command
+// sysEnter started, or an openat of a uverbs device.
+func sysExit() asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		mapPtr(asm.R1, mapStart),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "cmd_"),
+		mapPtr(asm.R1, mapPending),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "open_"),
+		asm.Return(),
+	}
+	cmd := relabel(syscallExit(), "cmd_")
+	cmd[0] = cmd[0].WithSymbol("cmd_")
+	open := relabel(openatExit(), "open_")
+	open[0] = open[0].WithSymbol("open_")
+	in = append(in, cmd...)
+	return append(in, open...)
+}
+
+// stZero64 stores a zero u64 on the stack (asm.StoreImm refuses DWord,
+// but BPF_ST|BPF_MEM|BPF_DW with a sign-extended imm is a valid insn).
+func stZero64(off int16) asm.Instruction {
+	return asm.Instruction{OpCode: asm.StoreImmOp(asm.DWord), Dst: asm.RFP, Offset: off}
+}

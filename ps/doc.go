@@ -1,0 +1,33 @@
+// Package ps is a sharded in-memory parameter server: the workload
+// ByteExpress was built for, served over bx (RDMA) or over kernel TCP with
+// the same protocol, so the two can be measured side by side.
+//
+// What a user holds, in order:
+//
+//   - Spec: a named parameter, either a dense tensor (float32, KiB to MiB) or
+//     a sparse embedding table (uint64 key -> float32 row of fixed Dim, up
+//     to millions of rows, materialised on first push), with its optimizer
+//     (SGD or Adagrad, applied per row).
+//   - Server (NewServer): one shard's Store behind a transport listener,
+//     "rdma" (a bx.Endpoint on an RDMA device) or "tcp" (length-prefixed
+//     frames over net.TCPConn). Many workers are served concurrently; a push
+//     to one row is applied atomically (striped row locks).
+//   - Client (Dial): a worker's view of all servers. Keys and dense tensor
+//     names are placed on servers by a consistent-hash Ring with virtual
+//     nodes; Pull and Push split a batch per server and run the per-server
+//     calls concurrently. Pull writes rows into the caller's slice; on rdma
+//     it reads them straight out of the registered receive buffer the
+//     response landed in (no intermediate copy), and the request is built
+//     in place in an allocator buffer (bx.Endpoint.Alloc).
+//
+// The wire protocol (proto.go) is a compact little-endian encoding that
+// validates every length; the same bytes travel as a bx RPC payload or as
+// one TCP frame. Errors from a server (unknown key, wrong dimension,
+// oversized batch, NaN gradient, unknown parameter) reach the caller as a
+// *ServerError that matches the sentinels with errors.Is; none of them
+// stops a server.
+//
+// A server that restarts comes back empty: a client notices the new
+// incarnation in the next response and returns ErrStateLost (once per
+// restart) instead of silently serving re-initialised parameters.
+package ps

@@ -1,0 +1,302 @@
+package ps
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+)
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	Transport string // "rdma" (bx) or "tcp"
+	Listen    string // host:port; for rdma, the bx control plane
+	// Device is the RDMA device (rdma only; default: the ACTIVE device
+	// whose RoCE v2 GID is the Listen address's IP).
+	Device string
+	Token  []byte // rdma: bx authentication token (at least 16 bytes)
+	Store  StoreConfig
+	// BX tunes the rdma endpoint; Device and Token are filled in. Zero
+	// values take DefaultServerBX's.
+	BX bx.Config
+	// MaxFrame bounds a TCP request (default: MaxMessage of the bx
+	// config, 4 MiB), as bx bounds an RDMA one.
+	MaxFrame int
+}
+
+// Streams is the number of bx stream ids a server serves; clients spread
+// their calls over them (and so over the endpoint's lanes).
+const Streams = 8
+
+// DefaultServerBX is a server endpoint's bx configuration: large messages
+// (MiB tensors) go by rendezvous above the 8 KiB eager size, up to 4 MiB.
+var DefaultServerBX = bx.Config{Lanes: 2, Credits: 64, MaxPeers: 32, MaxMessage: 4 << 20}
+
+// Server serves one shard over one transport.
+type Server struct {
+	store *Store
+	inc   uint64
+	cfg   ServerConfig
+	addr  net.Addr
+
+	ep *bx.Endpoint
+	ln net.Listener
+
+	requests, errs atomic.Uint64
+	mu             sync.Mutex
+	conns          map[net.Conn]struct{}
+	wg             sync.WaitGroup
+	closed         atomic.Bool
+}
+
+// NewServer starts a server with an empty store.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	s := &Server{store: NewStore(cfg.Store), cfg: cfg, conns: map[net.Conn]struct{}{}}
+	var b [8]byte
+	rand.Read(b[:])
+	s.inc = binary.LittleEndian.Uint64(b[:]) | 1
+	if s.cfg.MaxFrame <= 0 {
+		s.cfg.MaxFrame = cfg.BX.MaxMessage
+		if s.cfg.MaxFrame <= 0 {
+			s.cfg.MaxFrame = DefaultServerBX.MaxMessage
+		}
+	}
+	switch cfg.Transport {
+	case "rdma":
+		c := cfg.BX
+		def := DefaultServerBX
+		if c.Lanes == 0 {
+			c.Lanes = def.Lanes
+		}
+		if c.Credits == 0 {
+			c.Credits = def.Credits
+		}
+		if c.MaxPeers == 0 {
+			c.MaxPeers = def.MaxPeers
+		}
+		if c.MaxMessage == 0 {
+			c.MaxMessage = def.MaxMessage
+		}
+		c.Token = cfg.Token
+		c.Device = cfg.Device
+		if c.Device == "" {
+			host, _, _ := net.SplitHostPort(cfg.Listen)
+			d, err := DeviceForIP(host)
+			if err != nil {
+				return nil, err
+			}
+			c.Device = d
+		}
+		ep, err := bx.New(c)
+		if err != nil {
+			return nil, fmt.Errorf("ps: server: %w", err)
+		}
+		for st := range Streams {
+			ep.Handle(uint32(st), s.bxHandle)
+		}
+		addr, err := ep.Listen(cfg.Listen)
+		if err != nil {
+			ep.Close()
+			return nil, fmt.Errorf("ps: server: %w", err)
+		}
+		s.ep, s.addr = ep, addr
+	case "tcp":
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("ps: server: %w", err)
+		}
+		s.ln, s.addr = ln, ln.Addr()
+		s.wg.Add(1)
+		go s.acceptTCP()
+	default:
+		return nil, fmt.Errorf("ps: transport %q: want rdma or tcp", cfg.Transport)
+	}
+	return s, nil
+}
+
+// Addr is the address clients dial.
+func (s *Server) Addr() net.Addr { return s.addr }
+
+// Store is the server's shard.
+func (s *Server) Store() *Store { return s.store }
+
+// Incarnation identifies this run of the server; a restarted server has a
+// new one.
+func (s *Server) Incarnation() uint64 { return s.inc }
+
+// Endpoint is the bx endpoint (rdma), or nil.
+func (s *Server) Endpoint() *bx.Endpoint { return s.ep }
+
+// Close stops serving.
+func (s *Server) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	var err error
+	if s.ep != nil {
+		err = s.ep.Close()
+	}
+	if s.ln != nil {
+		err = s.ln.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	}
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) bxHandle(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+	// The request is decoded in place in the receive buffer it landed in.
+	// bx copies the response into a send buffer of its own (bx.Handler
+	// returns bytes): one copy a zero-copy response API would save.
+	return s.Handle(req.Data(), nil), nil
+}
+
+// Handle serves one encoded request and appends the encoded response to b.
+// Every failure, a panic included, becomes an error response: nothing a
+// client sends stops the server.
+func (s *Server) Handle(req, b []byte) (out []byte) {
+	base := len(b)
+	s.requests.Add(1)
+	defer func() {
+		if r := recover(); r != nil {
+			s.errs.Add(1)
+			out = appendErrResp(b[:base], s.inc, fmt.Errorf("internal error: %v", r))
+		}
+	}()
+	r, err := DecodeRequest(req)
+	if err == nil {
+		b, err = s.serve(&r, appendRespHead(b, s.inc))
+	}
+	if err != nil {
+		s.errs.Add(1)
+		return appendErrResp(b[:base], s.inc, err)
+	}
+	return b
+}
+
+func (s *Server) serve(r *Request, b []byte) ([]byte, error) {
+	switch r.Op {
+	case OpPull:
+		return s.store.pullReq(r, b)
+	case OpPullDense:
+		return s.store.pullDenseReq(r, b)
+	case OpPush, OpPushDense:
+		var a, k int
+		var err error
+		if r.Op == OpPush {
+			a, k, err = s.store.pushReq(r)
+		} else {
+			a, k, err = s.store.pushDenseReq(r)
+		}
+		if err != nil {
+			return b, err
+		}
+		return appendU32(appendU32(b, uint32(a)), uint32(k)), nil
+	case OpDefine:
+		return b, s.store.Define(r.Spec)
+	case OpStats:
+		u, sy := CPUTime()
+		b = binary.LittleEndian.AppendUint64(b, uint64(u))
+		b = binary.LittleEndian.AppendUint64(b, uint64(sy))
+		b = binary.LittleEndian.AppendUint64(b, s.requests.Load())
+		return binary.LittleEndian.AppendUint64(b, s.errs.Load()), nil
+	}
+	return b, errorf(codeMalformed, "unknown op %d", r.Op)
+}
+
+// CPUTime is the process's user and system CPU time (getrusage).
+func CPUTime() (user, sys time.Duration) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0
+	}
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
+}
+
+func (s *Server) acceptTCP() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closed.Load() {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serveTCP(c)
+	}
+}
+
+// serveTCP answers one connection's frames in order: u32 length, request;
+// u32 length, response.
+func (s *Server) serveTCP(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	var req, resp []byte
+	var lb [4]byte
+	for {
+		if _, err := io.ReadFull(br, lb[:]); err != nil {
+			return
+		}
+		n := int(binary.LittleEndian.Uint32(lb[:]))
+		if n > s.cfg.MaxFrame {
+			// Too large to read: answer, then drop the connection (its
+			// stream position is lost).
+			resp = appendErrResp(append(resp[:0], 0, 0, 0, 0), s.inc,
+				errorf(codeTooLarge, "request of %d bytes exceeds the server's %d-byte limit", n, s.cfg.MaxFrame))
+			binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
+			c.Write(resp)
+			return
+		}
+		if cap(req) < n {
+			req = make([]byte, n)
+		}
+		req = req[:n]
+		if _, err := io.ReadFull(br, req); err != nil {
+			return
+		}
+		resp = s.Handle(req, append(resp[:0], 0, 0, 0, 0))
+		binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
+		if _, err := c.Write(resp); err != nil {
+			return
+		}
+		if cap(req) > 1<<20 {
+			req = nil // do not pin a large buffer per idle connection
+		}
+		if cap(resp) > 1<<20 {
+			resp = nil
+		}
+	}
+}
+
+// ErrNoDevice is returned when no RDMA device has the address asked for.
+var ErrNoDevice = errors.New("ps: no ACTIVE RDMA device")

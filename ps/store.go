@@ -1,0 +1,492 @@
+package ps
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// Kind is a parameter's shape.
+type Kind uint8
+
+// Kinds.
+const (
+	Sparse Kind = 1 // embedding table: uint64 key in [0, Rows) -> Dim float32
+	Dense  Kind = 2 // one tensor of Size float32
+)
+
+// OptKind is an optimizer.
+type OptKind uint8
+
+// Optimizers, applied per row (per chunk of a dense tensor).
+const (
+	SGD     OptKind = 1 // w -= lr*g
+	Adagrad OptKind = 2 // h += g*g; w -= lr*g/(sqrt(h)+eps)
+)
+
+// Optimizer is a parameter's update rule.
+type Optimizer struct {
+	Kind    OptKind
+	LR      float32
+	Eps     float32 // Adagrad
+	InitAcc float32 // Adagrad: the accumulator's initial value
+}
+
+// Spec describes a parameter. Every row's initial value is a deterministic
+// function of (Seed, key, column), so a reference computes the same start.
+type Spec struct {
+	Name string
+	Kind Kind
+	Dim  int    // Sparse: row width
+	Rows uint64 // Sparse: keys are 0..Rows-1
+	Size int    // Dense: number of values
+	Opt  Optimizer
+	Seed uint64
+}
+
+func (s Spec) validate() error {
+	switch {
+	case s.Name == "" || len(s.Name) > MaxName:
+		return errorf(codeMalformed, "parameter name of %d bytes outside 1..%d", len(s.Name), MaxName)
+	case s.Kind == Sparse && (s.Dim < 1 || s.Dim > 1<<16 || s.Rows == 0):
+		return errorf(codeMalformed, "sparse table %q: dim %d (1..65536), rows %d (>0)", s.Name, s.Dim, s.Rows)
+	case s.Kind == Dense && (s.Size < 1 || s.Size > maxWireFloats):
+		return errorf(codeMalformed, "dense tensor %q: size %d outside 1..%d", s.Name, s.Size, maxWireFloats)
+	case s.Kind != Sparse && s.Kind != Dense:
+		return errorf(codeMalformed, "parameter %q: kind %d", s.Name, s.Kind)
+	case s.Opt.Kind != SGD && s.Opt.Kind != Adagrad:
+		return errorf(codeMalformed, "parameter %q: optimizer %d", s.Name, s.Opt.Kind)
+	case !finite(s.Opt.LR) || !finite(s.Opt.Eps) || !finite(s.Opt.InitAcc) || s.Opt.LR < 0:
+		return errorf(codeMalformed, "parameter %q: optimizer %+v", s.Name, s.Opt)
+	}
+	return nil
+}
+
+func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
+
+// NaNPolicy says what a server does with a push holding NaN or Inf.
+type NaNPolicy uint8
+
+// Policies.
+const (
+	NaNReject NaNPolicy = iota // the whole push fails with ErrNaN, nothing is applied
+	NaNSkip                    // rows (dense chunks) holding one are skipped and counted
+)
+
+// ParseNaNPolicy parses "reject" or "skip".
+func ParseNaNPolicy(s string) (NaNPolicy, error) {
+	switch s {
+	case "reject", "":
+		return NaNReject, nil
+	case "skip":
+		return NaNSkip, nil
+	}
+	return 0, fmt.Errorf("ps: NaN policy %q: want reject or skip", s)
+}
+
+// StoreConfig bounds what a store accepts.
+type StoreConfig struct {
+	NaN      NaNPolicy
+	MaxBatch int // keys per sparse request (default 65536)
+	// MaxValues bounds a dense tensor's size (default 16 Mi values, 64 MiB).
+	MaxValues int
+}
+
+const stripes = 256
+
+// chunk is the unit of atomicity of a dense tensor: a push applies to each
+// chunk under its lock, so concurrent pushes never interleave within one.
+const chunk = 4096
+
+// Store is one server's shard: parameters by name. It is safe for
+// concurrent use; pushes to one row (dense chunk) are atomic.
+type Store struct {
+	cfg    StoreConfig
+	mu     sync.RWMutex
+	params map[string]*param
+}
+
+type param struct {
+	spec Spec
+	// Sparse: rows materialised on first push, in striped maps. A row is
+	// w (Dim) followed, for Adagrad, by its accumulator (Dim).
+	stripes [stripes]struct {
+		mu   sync.Mutex
+		rows map[uint64][]float32
+	}
+	// Dense: w and (Adagrad) h, locked per chunk.
+	w, h   []float32
+	chunks []sync.Mutex
+}
+
+// NewStore returns an empty store.
+func NewStore(cfg StoreConfig) *Store {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 65536
+	}
+	if cfg.MaxValues <= 0 {
+		cfg.MaxValues = 1 << 24
+	}
+	return &Store{cfg: cfg, params: map[string]*param{}}
+}
+
+// Define creates a parameter; defining an existing one with the same spec
+// is a no-op, with a different spec ErrConflict.
+func (s *Store) Define(spec Spec) error {
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	if spec.Kind == Dense && spec.Size > s.cfg.MaxValues {
+		return errorf(codeTooLarge, "dense tensor %q of %d values exceeds the server's limit of %d", spec.Name, spec.Size, s.cfg.MaxValues)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.params[spec.Name]; ok {
+		if p.spec != spec {
+			return errorf(codeConflict, "parameter %q already defined as %+v, not %+v", spec.Name, p.spec, spec)
+		}
+		return nil
+	}
+	p := &param{spec: spec}
+	if spec.Kind == Sparse {
+		for i := range p.stripes {
+			p.stripes[i].rows = map[uint64][]float32{}
+		}
+	} else {
+		p.w = make([]float32, spec.Size)
+		for i := range p.w {
+			p.w[i] = initValue(spec.Seed, 0, i)
+		}
+		if spec.Opt.Kind == Adagrad {
+			p.h = make([]float32, spec.Size)
+			for i := range p.h {
+				p.h[i] = spec.Opt.InitAcc
+			}
+		}
+		p.chunks = make([]sync.Mutex, (spec.Size+chunk-1)/chunk)
+	}
+	s.params[spec.Name] = p
+	return nil
+}
+
+// Specs lists the defined parameters.
+func (s *Store) Specs() []Spec {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Spec
+	for _, p := range s.params {
+		out = append(out, p.spec)
+	}
+	return out
+}
+
+func (s *Store) get(name string, kind Kind) (*param, error) {
+	s.mu.RLock()
+	p := s.params[name]
+	s.mu.RUnlock()
+	if p == nil {
+		return nil, errorf(codeUnknownParam, "no parameter %q", name)
+	}
+	if p.spec.Kind != kind {
+		what := map[Kind]string{Sparse: "sparse table", Dense: "dense tensor"}
+		return nil, errorf(codeUnknownParam, "parameter %q is a %s, not a %s", name, what[p.spec.Kind], what[kind])
+	}
+	return p, nil
+}
+
+func mix(x uint64) uint64 { // splitmix64's finaliser
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// initValue is a parameter's deterministic initial value in [-0.05, 0.05).
+func initValue(seed, key uint64, col int) float32 {
+	r := mix(seed ^ mix(key+0x9e3779b97f4a7c15) ^ uint64(col)*0xd1b54a32d192ed03)
+	return (float32(r>>40)/float32(1<<24) - 0.5) * 0.1
+}
+
+func stripeOf(key uint64) int { return int(mix(key) % stripes) }
+
+func (s *Store) checkKeys(p *param, n int, key func(int) uint64) error {
+	if n > s.cfg.MaxBatch {
+		return errorf(codeTooLarge, "batch of %d keys for %q exceeds the server's limit of %d", n, p.spec.Name, s.cfg.MaxBatch)
+	}
+	for i := 0; i < n; i++ {
+		if k := key(i); k >= p.spec.Rows {
+			return errorf(codeUnknownKey, "key %d of table %q outside 0..%d", k, p.spec.Name, p.spec.Rows-1)
+		}
+	}
+	return nil
+}
+
+// Pull writes the rows of keys into out (len(keys)*dim).
+func (s *Store) Pull(name string, keys []uint64, out []float32) error {
+	p, err := s.get(name, Sparse)
+	if err != nil {
+		return err
+	}
+	dim := p.spec.Dim
+	if len(out) != len(keys)*dim {
+		return errorf(codeDim, "table %q has dim %d: %d keys need %d values, have %d", name, dim, len(keys), len(keys)*dim, len(out))
+	}
+	if err := s.checkKeys(p, len(keys), func(i int) uint64 { return keys[i] }); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		p.readRow(k, out[i*dim:(i+1)*dim])
+	}
+	return nil
+}
+
+func (p *param) readRow(k uint64, dst []float32) {
+	st := &p.stripes[stripeOf(k)]
+	st.mu.Lock()
+	if r, ok := st.rows[k]; ok {
+		copy(dst, r[:len(dst)])
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	// Never pushed: its initial value, without materialising it (pulls of
+	// cold rows do not grow the store).
+	for j := range dst {
+		dst[j] = initValue(p.spec.Seed, k, j)
+	}
+}
+
+// pullReq serves a decoded OpPull: rows are appended to b.
+func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
+	p, err := s.get(r.Name, Sparse)
+	if err != nil {
+		return b, err
+	}
+	if r.Dim != p.spec.Dim {
+		return b, errorf(codeDim, "table %q has dim %d, request says %d", r.Name, p.spec.Dim, r.Dim)
+	}
+	if err := s.checkKeys(p, r.N, r.Key); err != nil {
+		return b, err
+	}
+	dim := p.spec.Dim
+	b = appendU32(b, uint32(dim))
+	b = appendU32(b, uint32(r.N))
+	o := len(b)
+	b = grow(b, 4*r.N*dim)
+	row := make([]float32, dim)
+	for i := 0; i < r.N; i++ {
+		p.readRow(r.Key(i), row)
+		putFloats(b[o+4*i*dim:], row)
+	}
+	return b, nil
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b)-len(b) < n {
+		nb := make([]byte, len(b), len(b)+n)
+		copy(nb, b)
+		b = nb
+	}
+	return b[:len(b)+n]
+}
+
+func appendU32(b []byte, v uint32) []byte {
+	return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24))
+}
+
+// Push applies gradients (len(keys)*dim) to the rows of keys. It returns
+// the rows applied and skipped (NaN, skip policy).
+func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skipped int, err error) {
+	p, err := s.get(name, Sparse)
+	if err != nil {
+		return 0, 0, err
+	}
+	dim := p.spec.Dim
+	if len(grads) != len(keys)*dim {
+		return 0, 0, errorf(codeDim, "table %q has dim %d: %d keys need %d gradient values, have %d", name, dim, len(keys), len(keys)*dim, len(grads))
+	}
+	return s.push(p, len(keys), func(i int) uint64 { return keys[i] }, func(i int) float32 { return grads[i] })
+}
+
+func (s *Store) pushReq(r *Request) (applied, skipped int, err error) {
+	p, err := s.get(r.Name, Sparse)
+	if err != nil {
+		return 0, 0, err
+	}
+	if r.Dim != p.spec.Dim {
+		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.Name, p.spec.Dim, r.Dim)
+	}
+	return s.push(p, r.N, r.Key, r.Float)
+}
+
+func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float32) (applied, skipped int, err error) {
+	if err := s.checkKeys(p, n, key); err != nil {
+		return 0, 0, err
+	}
+	dim := p.spec.Dim
+	bad := func(i int) bool {
+		for j := 0; j < dim; j++ {
+			if !finite(grad(i*dim + j)) {
+				return true
+			}
+		}
+		return false
+	}
+	if s.cfg.NaN == NaNReject {
+		for i := 0; i < n; i++ {
+			if bad(i) {
+				return 0, 0, errorf(codeNaN, "push to %q: gradient of key %d (batch row %d) is not finite; nothing applied", p.spec.Name, key(i), i)
+			}
+		}
+	}
+	g := make([]float32, dim)
+	for i := 0; i < n; i++ {
+		if s.cfg.NaN == NaNSkip && bad(i) {
+			skipped++
+			continue
+		}
+		for j := range g {
+			g[j] = grad(i*dim + j)
+		}
+		k := key(i)
+		st := &p.stripes[stripeOf(k)]
+		st.mu.Lock()
+		row, ok := st.rows[k]
+		if !ok {
+			w := 1
+			if p.spec.Opt.Kind == Adagrad {
+				w = 2
+			}
+			row = make([]float32, w*dim)
+			for j := 0; j < dim; j++ {
+				row[j] = initValue(p.spec.Seed, k, j)
+				if w == 2 {
+					row[dim+j] = p.spec.Opt.InitAcc
+				}
+			}
+			st.rows[k] = row
+		}
+		var h []float32
+		if p.spec.Opt.Kind == Adagrad {
+			h = row[dim:]
+		}
+		apply(p.spec.Opt, row[:dim], h, g)
+		st.mu.Unlock()
+		applied++
+	}
+	return applied, skipped, nil
+}
+
+// apply is the optimizer step on one row; h is nil for SGD.
+func apply(o Optimizer, w, h, g []float32) {
+	switch o.Kind {
+	case SGD:
+		for j := range w {
+			w[j] -= o.LR * g[j]
+		}
+	case Adagrad:
+		for j := range w {
+			h[j] += g[j] * g[j]
+			w[j] -= o.LR * g[j] / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
+		}
+	}
+}
+
+// PullDense copies a dense tensor into out (its size).
+func (s *Store) PullDense(name string, out []float32) error {
+	p, err := s.get(name, Dense)
+	if err != nil {
+		return err
+	}
+	if len(out) != p.spec.Size {
+		return errorf(codeDim, "tensor %q has %d values, buffer %d", name, p.spec.Size, len(out))
+	}
+	for c := range p.chunks {
+		lo, hi := c*chunk, min((c+1)*chunk, len(p.w))
+		p.chunks[c].Lock()
+		copy(out[lo:hi], p.w[lo:hi])
+		p.chunks[c].Unlock()
+	}
+	return nil
+}
+
+func (s *Store) pullDenseReq(r *Request, b []byte) ([]byte, error) {
+	p, err := s.get(r.Name, Dense)
+	if err != nil {
+		return b, err
+	}
+	if r.N != p.spec.Size {
+		return b, errorf(codeDim, "tensor %q has %d values, request says %d", r.Name, p.spec.Size, r.N)
+	}
+	b = appendU32(b, uint32(r.N))
+	o := len(b)
+	b = grow(b, 4*r.N)
+	for c := range p.chunks {
+		lo, hi := c*chunk, min((c+1)*chunk, len(p.w))
+		p.chunks[c].Lock()
+		putFloats(b[o+4*lo:], p.w[lo:hi])
+		p.chunks[c].Unlock()
+	}
+	return b, nil
+}
+
+// PushDense applies a gradient to a dense tensor, chunk by chunk.
+func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, err error) {
+	p, err := s.get(name, Dense)
+	if err != nil {
+		return 0, 0, err
+	}
+	return s.pushDense(p, len(grads), func(i int) float32 { return grads[i] })
+}
+
+func (s *Store) pushDenseReq(r *Request) (applied, skipped int, err error) {
+	p, err := s.get(r.Name, Dense)
+	if err != nil {
+		return 0, 0, err
+	}
+	return s.pushDense(p, r.N, r.Float)
+}
+
+func (s *Store) pushDense(p *param, n int, grad func(int) float32) (applied, skipped int, err error) {
+	if n != p.spec.Size {
+		return 0, 0, errorf(codeDim, "tensor %q has %d values, gradient %d", p.spec.Name, p.spec.Size, n)
+	}
+	badChunk := func(c int) int {
+		for i := c * chunk; i < min((c+1)*chunk, n); i++ {
+			if !finite(grad(i)) {
+				return i
+			}
+		}
+		return -1
+	}
+	if s.cfg.NaN == NaNReject {
+		for c := range p.chunks {
+			if i := badChunk(c); i >= 0 {
+				return 0, 0, errorf(codeNaN, "push to %q: gradient value %d is not finite; nothing applied", p.spec.Name, i)
+			}
+		}
+	}
+	g := make([]float32, min(chunk, n))
+	for c := range p.chunks {
+		if s.cfg.NaN == NaNSkip && badChunk(c) >= 0 {
+			skipped++
+			continue
+		}
+		lo, hi := c*chunk, min((c+1)*chunk, n)
+		g := g[:hi-lo]
+		for i := range g {
+			g[i] = grad(lo + i)
+		}
+		var h []float32
+		if p.h != nil {
+			h = p.h[lo:hi]
+		}
+		p.chunks[c].Lock()
+		apply(p.spec.Opt, p.w[lo:hi], h, g)
+		p.chunks[c].Unlock()
+		applied++
+	}
+	return applied, skipped, nil
+}

@@ -1,0 +1,276 @@
+package ps
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+)
+
+// rdmaClient: one bx endpoint per client, one peer per server, calls spread
+// over Streams stream ids (and so over the peer's lanes). Requests are
+// built in place in allocator buffers (CallBuffer); responses are read in
+// place in the buffers they landed in, then released.
+type rdmaClient struct {
+	ep    *bx.Endpoint
+	addrs []string
+	mu    []sync.Mutex
+	peers []*bx.Peer
+	next  atomic.Uint32
+}
+
+func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
+	c := cfg.BX
+	def := DefaultClientBX
+	if c.Lanes == 0 {
+		c.Lanes = def.Lanes
+	}
+	if c.Credits == 0 {
+		c.Credits = def.Credits
+	}
+	if c.MaxMessage == 0 {
+		c.MaxMessage = def.MaxMessage
+	}
+	if c.MaxPeers == 0 {
+		c.MaxPeers = len(cfg.Servers) + 1
+	}
+	c.Device, c.Token = cfg.Device, cfg.Token
+	if c.Device == "" {
+		return nil, errors.New("ps: rdma client: ClientConfig.Device is required")
+	}
+	ep, err := bx.New(c)
+	if err != nil {
+		return nil, fmt.Errorf("ps: client: %w", err)
+	}
+	return &rdmaClient{ep: ep, addrs: cfg.Servers, mu: make([]sync.Mutex, len(cfg.Servers)), peers: make([]*bx.Peer, len(cfg.Servers))}, nil
+}
+
+func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
+	t.mu[i].Lock()
+	defer t.mu[i].Unlock()
+	if p := t.peers[i]; p != nil {
+		select {
+		case <-p.Done():
+			// Gone (the server died or restarted): dial again.
+		default:
+			return p, nil
+		}
+	}
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		var p *bx.Peer
+		if p, err = t.ep.Dial(ctx, t.addrs[i]); err != nil {
+			return nil, err
+		}
+		if err = probe(ctx, p); err == nil {
+			t.peers[i] = p
+			return p, nil
+		}
+		p.Close()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("bx peer %s does not answer after connecting: %w", t.addrs[i], err)
+}
+
+// probe works around a race in bx's handshake (bx/peer.go, handshake): the
+// dialer's Dial returns once it sent its final ping, but the acceptor
+// registers the new lanes' QPNs (Endpoint.byQPN) only after reading that
+// ping; a message that lands before then completes on a QP the acceptor
+// does not know yet, and Endpoint.complete reposts its buffer, dropping it
+// silently, while RC already acknowledged it: the first call never gets an
+// answer. So: give the acceptor a moment, then make sure a call goes
+// through before using the peer; if it does not, drop the peer and dial
+// again.
+func probe(ctx context.Context, p *bx.Peer) error {
+	time.Sleep(5 * time.Millisecond)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	m, err := p.Call(pctx, 0, EncodeStats())
+	if err != nil {
+		return err
+	}
+	m.Release()
+	return nil
+}
+
+func (t *rdmaClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]byte, func(), error) {
+	p, err := t.peer(ctx, i)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := t.ep.Alloc(n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	}
+	fill(b.Payload())
+	m, err := p.CallBuffer(ctx, t.next.Add(1)%Streams, b)
+	if err != nil {
+		if bx.IsRemote(err) {
+			return nil, nil, fmt.Errorf("%w: %w", ErrInternal, err)
+		}
+		return nil, nil, err
+	}
+	return m.Data(), m.Release, nil
+}
+
+func (t *rdmaClient) close() error { return t.ep.Close() }
+
+// tcpClient: per server a pool of connections, one call at a time on each,
+// frames of u32 length + the same request/response bytes as over bx.
+type tcpClient struct {
+	addrs []string
+	pools []chan *tcpConn
+	d     net.Dialer
+	done  chan struct{}
+	once  sync.Once
+	max   int
+}
+
+type tcpConn struct {
+	c    net.Conn
+	br   *bufio.Reader
+	wbuf []byte
+	rbuf []byte
+	pool chan *tcpConn
+}
+
+func newTCPClient(cfg ClientConfig) *tcpClient {
+	n := cfg.Pool
+	if n <= 0 {
+		n = 64
+	}
+	t := &tcpClient{addrs: cfg.Servers, pools: make([]chan *tcpConn, len(cfg.Servers)), done: make(chan struct{})}
+	for i := range t.pools {
+		t.pools[i] = make(chan *tcpConn, n)
+	}
+	t.d.Timeout = 10 * time.Second
+	t.max = cfg.BX.MaxMessage
+	if t.max <= 0 {
+		t.max = DefaultClientBX.MaxMessage
+	}
+	return t
+}
+
+func (t *tcpClient) get(ctx context.Context, i int) (*tcpConn, error) {
+	select {
+	case c := <-t.pools[i]:
+		return c, nil
+	default:
+	}
+	select {
+	case <-t.done:
+		return nil, errors.New("ps: client closed")
+	default:
+	}
+	c, err := t.d.DialContext(ctx, "tcp", t.addrs[i])
+	if err != nil {
+		return nil, err
+	}
+	c.(*net.TCPConn).SetNoDelay(true)
+	return &tcpConn{c: c, br: bufio.NewReaderSize(c, 64<<10), pool: t.pools[i]}, nil
+}
+
+func (tc *tcpConn) put(done chan struct{}) {
+	select {
+	case <-done:
+		tc.c.Close()
+		return
+	default:
+	}
+	if cap(tc.rbuf) > 1<<20 {
+		tc.rbuf = nil
+	}
+	if cap(tc.wbuf) > 1<<20 {
+		tc.wbuf = nil
+	}
+	select {
+	case tc.pool <- tc:
+	default:
+		tc.c.Close()
+	}
+}
+
+func (t *tcpClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]byte, func(), error) {
+	if n > t.max {
+		// As bx refuses it (Endpoint.Alloc), and as the server would.
+		return nil, nil, fmt.Errorf("%w: request of %d bytes, MaxMessage %d", ErrTooLarge, n, t.max)
+	}
+	tc, err := t.get(ctx, i)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cap(tc.wbuf) < 4+n {
+		tc.wbuf = make([]byte, 4+n)
+	}
+	w := tc.wbuf[:4+n]
+	binary.LittleEndian.PutUint32(w, uint32(n))
+	fill(w[4:])
+	if dl, ok := ctx.Deadline(); ok {
+		tc.c.SetDeadline(dl)
+	} else {
+		tc.c.SetDeadline(time.Time{})
+	}
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { tc.c.SetDeadline(time.Unix(1, 0)) })
+	}
+	fail := func(err error) ([]byte, func(), error) {
+		if stop != nil {
+			stop()
+		}
+		tc.c.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, nil, err
+	}
+	if _, err := tc.c.Write(w); err != nil {
+		return fail(err)
+	}
+	var lb [4]byte
+	if _, err := io.ReadFull(tc.br, lb[:]); err != nil {
+		return fail(err)
+	}
+	m := int(binary.LittleEndian.Uint32(lb[:]))
+	if m > maxWireFloats*4+64 {
+		return fail(fmt.Errorf("%w: response frame of %d bytes", ErrMalformed, m))
+	}
+	if cap(tc.rbuf) < m {
+		tc.rbuf = make([]byte, m)
+	}
+	r := tc.rbuf[:m]
+	if _, err := io.ReadFull(tc.br, r); err != nil {
+		return fail(err)
+	}
+	if stop != nil && !stop() {
+		// The context ended as we finished: the deadline may be set.
+		return fail(ctx.Err())
+	}
+	return r, func() { tc.put(t.done) }, nil
+}
+
+func (t *tcpClient) close() error {
+	t.once.Do(func() { close(t.done) })
+	for _, p := range t.pools {
+	drain:
+		for {
+			select {
+			case c := <-p:
+				c.c.Close()
+			default:
+				break drain
+			}
+		}
+	}
+	return nil
+}

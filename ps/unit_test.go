@@ -1,0 +1,226 @@
+package ps
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestRingPlacement(t *testing.T) {
+	r := NewRing(4, 0)
+	counts := make([]int, 4)
+	for k := range uint64(100000) {
+		counts[r.Key("emb", k)]++
+	}
+	for s, c := range counts {
+		if c < 15000 || c > 35000 {
+			t.Errorf("server %d holds %d of 100000 keys: ring badly balanced %v", s, c, counts)
+		}
+	}
+	// Adding a server moves about 1/5 of the keys, all of them to it.
+	r5 := NewRing(5, 0)
+	moved := 0
+	for k := range uint64(100000) {
+		a, b := r.Key("emb", k), r5.Key("emb", k)
+		if a != b {
+			moved++
+			if b != 4 {
+				t.Fatalf("key %d moved from %d to %d, not to the new server", k, a, b)
+			}
+		}
+	}
+	if moved < 10000 || moved > 30000 {
+		t.Errorf("%d of 100000 keys moved when adding a fifth server, want about 20000", moved)
+	}
+	if NewRing(1, 0).Tensor("x") != 0 {
+		t.Error("one server must own everything")
+	}
+}
+
+func TestOptimizers(t *testing.T) {
+	s := NewStore(StoreConfig{})
+	must(t, s.Define(Spec{Name: "sgd", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 0.5}, Seed: 1}))
+	must(t, s.Define(Spec{Name: "ada", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: Adagrad, LR: 0.5, Eps: 1e-8, InitAcc: 0.25}, Seed: 2}))
+	must(t, s.Define(Spec{Name: "d", Kind: Dense, Size: 5000, Opt: Optimizer{Kind: SGD, LR: 1}, Seed: 3}))
+	w0 := initValue(1, 3, 0)
+	if _, _, err := s.Push("sgd", []uint64{3}, []float32{2, 4}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 2)
+	must(t, s.Pull("sgd", []uint64{3}, out))
+	if out[0] != w0-0.5*2 || out[1] != initValue(1, 3, 1)-0.5*4 {
+		t.Errorf("sgd row %v", out)
+	}
+	a0 := initValue(2, 7, 0)
+	if _, _, err := s.Push("ada", []uint64{7}, []float32{2, 0}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Pull("ada", []uint64{7}, out))
+	h := float32(0.25 + 4)
+	if want := a0 - 0.5*2/(float32(math.Sqrt(float64(h)))+1e-8); out[0] != want {
+		t.Errorf("adagrad w = %v, want %v", out[0], want)
+	}
+	if out[1] != initValue(2, 7, 1) {
+		t.Errorf("zero gradient moved w to %v", out[1])
+	}
+	g := make([]float32, 5000)
+	g[4999] = 1
+	if a, _, err := s.PushDense("d", g); err != nil || a != 2 {
+		t.Fatalf("dense push: %d chunks, %v", a, err)
+	}
+	d := make([]float32, 5000)
+	must(t, s.PullDense("d", d))
+	if d[4999] != initValue(3, 0, 4999)-1 || d[0] != initValue(3, 0, 0) {
+		t.Errorf("dense after push: %v %v", d[0], d[4999])
+	}
+}
+
+func TestStoreErrors(t *testing.T) {
+	s := NewStore(StoreConfig{MaxBatch: 4})
+	must(t, s.Define(Spec{Name: "e", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 0.1}}))
+	cases := []struct {
+		name string
+		err  error
+		run  func() error
+	}{
+		{"unknown key", ErrUnknownKey, func() error { return s.Pull("e", []uint64{10}, make([]float32, 2)) }},
+		{"unknown table", ErrUnknownParam, func() error { return s.Pull("nope", []uint64{1}, make([]float32, 2)) }},
+		{"wrong dim", ErrDim, func() error { return s.Pull("e", []uint64{1}, make([]float32, 3)) }},
+		{"batch", ErrTooLarge, func() error { return s.Pull("e", []uint64{1, 2, 3, 4, 5}, make([]float32, 10)) }},
+		{"nan", ErrNaN, func() error { _, _, err := s.Push("e", []uint64{1}, []float32{float32(math.NaN()), 0}); return err }},
+		{"inf", ErrNaN, func() error { _, _, err := s.Push("e", []uint64{1}, []float32{0, float32(math.Inf(1))}); return err }},
+		{"conflict", ErrConflict, func() error {
+			return s.Define(Spec{Name: "e", Kind: Sparse, Dim: 3, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 0.1}})
+		}},
+		{"bad spec", ErrMalformed, func() error { return s.Define(Spec{Name: "x", Kind: Sparse, Rows: 10, Opt: Optimizer{Kind: SGD}}) }},
+	}
+	for _, c := range cases {
+		if err := c.run(); !errors.Is(err, c.err) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.err)
+		}
+	}
+	skip := NewStore(StoreConfig{NaN: NaNSkip})
+	must(t, skip.Define(Spec{Name: "e", Kind: Sparse, Dim: 1, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 1}}))
+	a, k, err := skip.Push("e", []uint64{1, 2}, []float32{float32(math.NaN()), 1})
+	if err != nil || a != 1 || k != 1 {
+		t.Errorf("skip policy: applied %d skipped %d err %v", a, k, err)
+	}
+}
+
+func TestProtoRoundTrip(t *testing.T) {
+	s := NewStore(StoreConfig{})
+	srv := &Server{store: s, inc: 42}
+	spec := Spec{Name: "e", Kind: Sparse, Dim: 3, Rows: 100, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6, InitAcc: 0.1}, Seed: 9}
+	r, err := DecodeRequest(EncodeDefine(spec))
+	if err != nil || r.Spec != spec {
+		t.Fatalf("define round trip: %+v %v", r.Spec, err)
+	}
+	if _, err := decodeResponse(srv.Handle(EncodeDefine(spec), nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := decodeResponse(srv.Handle(EncodePush("e", 3, []uint64{5, 6}, []float32{1, 2, 3, 4, 5, 6}), nil), 0)
+	if err != nil || resp.inc != 42 || len(resp.body) != 8 {
+		t.Fatalf("push: %+v %v", resp, err)
+	}
+	resp, err = decodeResponse(srv.Handle(EncodePull("e", 3, []uint64{5, 6, 7}), nil), 0)
+	if err != nil || len(resp.body) != 8+4*9 {
+		t.Fatalf("pull: %v", err)
+	}
+	got := make([]float32, 9)
+	getFloats(got, resp.body[8:])
+	want := make([]float32, 9)
+	must(t, s.Pull("e", []uint64{5, 6, 7}, want))
+	if got != nil && got[8] != want[8] || got[0] != want[0] {
+		t.Errorf("pull over the protocol %v, store %v", got, want)
+	}
+	_, err = decodeResponse(srv.Handle(EncodePull("e", 4, []uint64{5}), nil), 3)
+	var se *ServerError
+	if !errors.As(err, &se) || se.Server != 3 || !errors.Is(err, ErrDim) {
+		t.Errorf("wrong dim over the protocol: %v", err)
+	}
+	for _, bad := range [][]byte{nil, {1}, {2, 1, 0, 0}, {1, 99, 0, 0}, {1, 1, 0, 5, 'a'}, EncodePull("e", 3, []uint64{1})[:10]} {
+		if _, err := DecodeRequest(bad); !errors.Is(err, ErrMalformed) {
+			t.Errorf("decode %x: %v", bad, err)
+		}
+		if _, err := decodeResponse(srv.Handle(bad, nil), 0); !errors.Is(err, ErrMalformed) {
+			t.Errorf("serve %x: %v", bad, err)
+		}
+	}
+}
+
+// seedRequests are the fuzz seed corpus (also under testdata/fuzz).
+func seedRequests() [][]byte {
+	return [][]byte{
+		EncodePull("emb", 8, []uint64{1, 2, 3}),
+		EncodePush("emb", 2, []uint64{7}, []float32{1, 2}),
+		EncodePullDense("w", 16),
+		EncodePushDense("w", []float32{1, 2, 3}),
+		EncodeDefine(Spec{Name: "emb", Kind: Sparse, Dim: 8, Rows: 1 << 20, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6}}),
+		EncodeStats(),
+		{1, 1, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f},
+	}
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range seedRequests() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRequest(b)
+		if err != nil {
+			return
+		}
+		// A request that decodes is served without a panic, and answers
+		// something that decodes.
+		for i := 0; i < r.N && r.keys != nil; i++ {
+			r.Key(i)
+		}
+		for i := 0; i < r.NumFloats(); i++ {
+			r.Float(i)
+		}
+		srv := &Server{store: NewStore(StoreConfig{MaxBatch: 1024, MaxValues: 1 << 16}), inc: 1}
+		srv.store.Define(Spec{Name: "emb", Kind: Sparse, Dim: 8, Rows: 1 << 20, Opt: Optimizer{Kind: SGD, LR: 0.1}})
+		srv.store.Define(Spec{Name: "w", Kind: Dense, Size: 16, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6}})
+		if _, err := decodeResponse(srv.Handle(b, nil), 0); err != nil {
+			var se *ServerError
+			if !errors.As(err, &se) {
+				t.Fatalf("response does not decode: %v", err)
+			}
+		}
+	})
+}
+
+// TestFuzzCorpus keeps testdata/fuzz/FuzzDecodeRequest in step with
+// seedRequests (PS_WRITE_CORPUS=1 rewrites it).
+func TestFuzzCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzDecodeRequest")
+	if os.Getenv("PS_WRITE_CORPUS") == "1" {
+		os.MkdirAll(dir, 0o755)
+		for i, s := range seedRequests() {
+			body := "go test fuzz v1\n[]byte(" + quote(s) + ")\n"
+			must(t, os.WriteFile(filepath.Join(dir, "seed"+string(rune('0'+i))), []byte(body), 0o644))
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(ents) < len(seedRequests()) {
+		t.Fatalf("seed corpus %s: %d files, %v (PS_WRITE_CORPUS=1 go test -run TestFuzzCorpus ./ps writes it)", dir, len(ents), err)
+	}
+}
+
+func quote(b []byte) string {
+	const hex = "0123456789abcdef"
+	s := []byte{'"'}
+	for _, c := range b {
+		s = append(s, '\\', 'x', hex[c>>4], hex[c&15])
+	}
+	return string(append(s, '"'))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
