@@ -8,6 +8,8 @@
 //	goverbs srq-pingpong [flags] [HOST] ibv_srq_pingpong, wire compatible
 //	goverbs perf TEST [flags] [HOST]  perftest's ib_TEST (send_lat, write_bw, ...)
 //	goverbs vm [flags] -- CMD...       run CMD in qemu guests with rxe devices
+//	goverbs ps serve|bench|report ...  parameter server over ByteExpress or TCP
+//	goverbs top [--once --json]        live eBPF view of uverbs commands, doorbells, rxe QPs
 //	goverbs version
 package main
 
@@ -54,6 +56,8 @@ func init() {
 		{"srq-pingpong", "RC SEND ping-pong over many QPs and one SRQ, wire compatible with ibv_srq_pingpong", runSRQPingpong},
 		{"vm", "run a command as root in throw-away qemu guests with rxe devices (docs/vm.md)", runVM},
 		{"perf", "perftest-like latency and bandwidth tests (send_lat, write_lat, read_bw, ...)", runPerf},
+		{"ps", "parameter server over ByteExpress (rdma) or TCP: serve, bench, report", runPS},
+		{"top", "live view of uverbs commands, doorbells, rxe QPs and retransmits (eBPF probes)", runTop},
 		{"version", "print the version", runVersion},
 	}
 }
@@ -83,7 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-version", "--version":
 		name = "version"
 	}
-	for _, c := range commands {
+	for _, c := range append(commands, hiddenCommands...) {
 		if c.name == name {
 			err := c.run(args[1:], stdout, stderr)
 			if err == nil {

@@ -1,0 +1,1140 @@
+package main
+
+// goverbs chaos-load: a hidden developer command, the load that
+// scripts/chaos drives while it injects faults (docs/reliability.md).
+//
+//	goverbs chaos-load serve  --device rxe1 --listen 10.99.0.2:18900
+//	goverbs chaos-load drive  --device rxe0 --peer 10.99.0.2:18900 --duration 20s
+//	goverbs chaos-load verify --device rxe0 --peer 10.99.0.2:18900 --journal F
+//	goverbs chaos-load stats  --device rxe0 --peer 10.99.0.2:18900
+//
+// serve is a bx endpoint with three handlers: "apply" (stream 1) records a
+// request id in a ledger and applies it the first time only, so a retried
+// id is de-duplicated; "stats" (stream 2) answers the ledger summary and
+// the process's own resources as JSON; "check" (stream 3) answers, for a
+// list of ids, whether each was applied and how often it was delivered.
+// SIGUSR1 makes every apply handler hold its request (and so its receive
+// buffer: the receiver stops returning credits) for --stall.
+//
+// drive issues calls with unique ids (a random 32-bit run prefix and a
+// sequence number) and retries an id, with the same id, after any error
+// until --give-up: re-dialing when the peer is gone. Each id ends exactly
+// once, acknowledged or failed. Acknowledged ids are journaled with the
+// server incarnation that acknowledged them, and checked against the
+// ledger at the end (and every --report-every): an id acknowledged by the
+// current incarnation must be applied there, exactly once; ids
+// acknowledged by an incarnation that has since been killed are counted as
+// lost with the server's state, not as violations. drive then closes its
+// peer and checks its own leaks: allocator buffers back to the idle
+// baseline, no QP left, goroutines and fds back to the baseline.
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
+)
+
+// hiddenCommands are dispatched by run but not listed in the usage.
+var hiddenCommands = []command{
+	{"chaos-load", "bx RPC load with an exactly-once ledger, for scripts/chaos", runChaosLoad},
+}
+
+const (
+	chaosStreamApply = 1
+	chaosStreamStats = 2
+	chaosStreamCheck = 3
+	chaosTokenEnv    = "GOVERBS_CHAOS_TOKEN"
+	chaosReqHeader   = 12 // id (8) and attempt (4)
+)
+
+func chaosToken() []byte {
+	if t := os.Getenv(chaosTokenEnv); len(t) >= 16 {
+		return []byte(t)
+	}
+	return []byte("goverbs-chaos-load-dev-token")
+}
+
+const chaosUsage = `Usage: goverbs chaos-load serve|drive|verify|stats [flags]
+
+A developer load for scripts/chaos (docs/reliability.md): a bx RPC server
+with an exactly-once ledger, and a driver that retries every id until it is
+acknowledged. Run 'goverbs chaos-load COMMAND -h' for flags.
+`
+
+func runChaosLoad(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, chaosUsage)
+		return &exitError{code: 1}
+	}
+	switch args[0] {
+	case "serve":
+		return chaosServe(args[1:], stdout, stderr)
+	case "drive":
+		return chaosDrive(args[1:], stdout, stderr)
+	case "verify":
+		return chaosVerifyCmd(args[1:], stdout, stderr)
+	case "stats":
+		return chaosStatsCmd(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, chaosUsage)
+		return nil
+	}
+	return usageError("unknown chaos-load command %q", args[0])
+}
+
+// chaosEndpointFlags are the bx.Config knobs both roles share.
+type chaosEndpointFlags struct {
+	device      *string
+	credits     *int
+	maxPeers    *int
+	lanes       *int
+	memLimit    *int64
+	maxMessage  *int
+	peerTimeout *time.Duration
+}
+
+func addChaosEndpointFlags(fs *flag.FlagSet, dev string) chaosEndpointFlags {
+	return chaosEndpointFlags{
+		device:      fs.String("device", dev, "RDMA device"),
+		credits:     fs.Int("credits", 0, "bx Config.Credits (0: default 64)"),
+		maxPeers:    fs.Int("max-peers", 4, "bx Config.MaxPeers"),
+		lanes:       fs.Int("lanes", 0, "bx Config.Lanes (0: default 2)"),
+		memLimit:    fs.Int64("memory-limit", 0, "bx Config.MemoryLimit per buffer pool in bytes (0: default 1 GiB)"),
+		maxMessage:  fs.Int("max-message", 0, "bx Config.MaxMessage (0: default 4 MiB)"),
+		peerTimeout: fs.Duration("peer-timeout", 0, "bx Config.PeerTimeout (0: default 10s)"),
+	}
+}
+
+func (f chaosEndpointFlags) config() bx.Config {
+	return bx.Config{Device: *f.device, Token: chaosToken(), Credits: *f.credits, MaxPeers: *f.maxPeers,
+		Lanes: *f.lanes, MemoryLimit: *f.memLimit, MaxMessage: *f.maxMessage, PeerTimeout: *f.peerTimeout}
+}
+
+// chaosProc is what a process reports about its own resources.
+type chaosProc struct {
+	PID        int            `json:"pid"`
+	Goroutines int            `json:"goroutines"`
+	FDs        int            `json:"fds"`
+	RSSKiB     int64          `json:"rss_kib"`
+	HeapKiB    uint64         `json:"heap_kib"`
+	Eager      int64          `json:"eager_in_use"`
+	Large      int64          `json:"large_in_use"`
+	Rndv       int64          `json:"rndv_in_use"`
+	Registered int64          `json:"registered_bytes"`
+	AllocFails uint64         `json:"alloc_failures"`
+	RDMA       map[string]int `json:"rdma,omitempty"` // uverbs objects of this pid: qp, cq, mr, pd
+	Recoveries uint64         `json:"recoveries"`
+	BXDups     uint64         `json:"bx_duplicates"`
+}
+
+func chaosProcStats(e *bx.Endpoint, rdma bool) chaosProc {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	p := chaosProc{PID: os.Getpid(), Goroutines: runtime.NumGoroutine(), FDs: chaosFDs(), RSSKiB: chaosRSS(),
+		HeapKiB: ms.HeapInuse >> 10}
+	if e != nil {
+		eg, lg, rv := e.AllocatorStats()
+		p.Eager, p.Large, p.Rndv = eg.InUse, lg.InUse, rv.InUse
+		p.Registered = eg.Registered + lg.Registered + rv.Registered
+		p.AllocFails = eg.Failures + lg.Failures + rv.Failures
+		p.Recoveries = e.Stats().Recoveries.Load()
+		p.BXDups = e.Stats().Duplicates.Load()
+	}
+	if rdma {
+		p.RDMA = chaosRDMAObjects(os.Getpid())
+	}
+	return p
+}
+
+func chaosFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory being read
+}
+
+func chaosRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v
+		}
+	}
+	return -1
+}
+
+// chaosRDMAObjects counts the uverbs objects the kernel lists for this
+// process (rdma -j resource show TYPE), or returns nil without the rdma
+// tool.
+func chaosRDMAObjects(pid int) map[string]int {
+	if _, err := exec.LookPath("rdma"); err != nil {
+		return nil
+	}
+	m := map[string]int{}
+	for _, typ := range []string{"qp", "cq", "mr", "pd"} {
+		out, err := exec.Command("rdma", "-j", "resource", "show", typ).Output()
+		if err != nil {
+			m[typ] = -1
+			continue
+		}
+		var ents []map[string]any
+		if err := json.Unmarshal(out, &ents); err != nil {
+			m[typ] = -1
+			continue
+		}
+		for _, e := range ents {
+			// The kernel records the thread that created the object:
+			// with Go, any thread of the process.
+			if v, ok := e["pid"].(float64); ok && (int(v) == pid || chaosOurThread(int(v))) {
+				m[typ]++
+			}
+		}
+	}
+	return m
+}
+
+func chaosOurThread(tid int) bool {
+	_, err := os.Stat("/proc/self/task/" + strconv.Itoa(tid))
+	return err == nil
+}
+
+// --- serve -----------------------------------------------------------------
+
+type chaosEntry struct {
+	deliveries uint32
+	attempts   uint64 // bit a: attempt a (< 64) was delivered
+}
+
+type chaosLedger struct {
+	mu            sync.Mutex
+	ids           map[uint64]*chaosEntry
+	applied       uint64
+	deliveries    uint64
+	retryDups     uint64 // a retried attempt of an applied id: de-duplicated
+	transportDups uint64 // the same attempt delivered twice: a transport bug
+	badRequests   uint64
+}
+
+func (l *chaosLedger) apply(id uint64, attempt uint32) (first bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.deliveries++
+	en := l.ids[id]
+	if en == nil {
+		en = &chaosEntry{}
+		l.ids[id] = en
+		l.applied++
+		first = true
+	}
+	en.deliveries++
+	if attempt < 64 {
+		if en.attempts&(1<<attempt) != 0 {
+			l.transportDups++
+		}
+		en.attempts |= 1 << attempt
+	}
+	if !first {
+		l.retryDups++
+	}
+	return first
+}
+
+type chaosServerStats struct {
+	Incarnation   string    `json:"incarnation"`
+	Applied       uint64    `json:"applied"`
+	Deliveries    uint64    `json:"deliveries"`
+	RetryDups     uint64    `json:"retry_dups"`
+	TransportDups uint64    `json:"transport_dups"`
+	BadRequests   uint64    `json:"bad_requests"`
+	Peers         int       `json:"peers"`
+	Stalls        uint64    `json:"stalls"`
+	Proc          chaosProc `json:"proc"`
+	Idle          chaosProc `json:"idle"` // the process right after it started listening
+}
+
+func chaosServe(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs chaos-load serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ef := addChaosEndpointFlags(fs, "rxe1")
+	listen := fs.String("listen", "10.99.0.2:18900", "control-plane address")
+	stall := fs.Duration("stall", 3*time.Second, "how long apply handlers hold their requests after SIGUSR1")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	e, err := bx.New(ef.config())
+	if err != nil {
+		return err
+	}
+	l := &chaosLedger{ids: map[uint64]*chaosEntry{}}
+	var stallUntil atomic.Int64
+	var stalls atomic.Uint64
+	var pmu sync.Mutex
+	peers := map[*bx.Peer]struct{}{}
+	e.Handle(chaosStreamApply, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		d := req.Data()
+		if len(d) < chaosReqHeader {
+			l.mu.Lock()
+			l.badRequests++
+			l.mu.Unlock()
+			return nil, fmt.Errorf("apply request of %d bytes", len(d))
+		}
+		// A stalled receiver: the request (its receive buffer, and the
+		// credit it stands for) is held, not released.
+		if until := stallUntil.Load(); until > 0 {
+			if w := time.Until(time.Unix(0, until)); w > 0 {
+				select {
+				case <-time.After(w):
+				case <-ctx.Done():
+				}
+			}
+		}
+		id := binary.LittleEndian.Uint64(d)
+		first := l.apply(id, binary.LittleEndian.Uint32(d[8:]))
+		resp := make([]byte, 9)
+		binary.LittleEndian.PutUint64(resp, id)
+		if !first {
+			resp[8] = 1
+		}
+		return resp, nil
+	})
+	var idle chaosProc
+	e.Handle(chaosStreamStats, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		pmu.Lock()
+		np := len(peers)
+		pmu.Unlock()
+		l.mu.Lock()
+		st := chaosServerStats{Incarnation: fmt.Sprintf("%016x", e.ID()), Applied: l.applied, Deliveries: l.deliveries,
+			RetryDups: l.retryDups, TransportDups: l.transportDups, BadRequests: l.badRequests, Peers: np,
+			Stalls: stalls.Load(), Idle: idle}
+		l.mu.Unlock()
+		st.Proc = chaosProcStats(e, true)
+		return json.Marshal(st)
+	})
+	e.Handle(chaosStreamCheck, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		d := req.Data()
+		if len(d)%8 != 0 {
+			return nil, fmt.Errorf("check request of %d bytes", len(d))
+		}
+		resp := make([]byte, len(d)/8*2)
+		l.mu.Lock()
+		for i := 0; i < len(d)/8; i++ {
+			if en := l.ids[binary.LittleEndian.Uint64(d[8*i:])]; en != nil {
+				resp[2*i] = 1
+				resp[2*i+1] = byte(min(en.deliveries, 255))
+			}
+		}
+		l.mu.Unlock()
+		return resp, nil
+	})
+	// The idle baseline, before any peer can connect.
+	idle = chaosProcStats(e, true)
+	addr, err := e.Listen(*listen)
+	if err != nil {
+		e.Close()
+		return err
+	}
+	idle.FDs = chaosFDs() // the listening socket and the netpoller's descriptors
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for {
+			p, err := e.Accept(ctx)
+			if err != nil {
+				return
+			}
+			pmu.Lock()
+			peers[p] = struct{}{}
+			pmu.Unlock()
+			go func() {
+				<-p.Done()
+				pmu.Lock()
+				delete(peers, p)
+				pmu.Unlock()
+			}()
+		}
+	}()
+	fmt.Fprintf(stdout, "ready %s pid %d incarnation %016x\n", addr, os.Getpid(), e.ID())
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1, syscall.SIGUSR2)
+	for s := range sig {
+		if s == syscall.SIGUSR2 {
+			n, err := chaosBreakQPs()
+			fmt.Fprintf(stdout, "forced %d QPs to ERR (%v)\n", n, err)
+			continue
+		}
+		if s == syscall.SIGUSR1 {
+			stalls.Add(1)
+			stallUntil.Store(time.Now().Add(*stall).UnixNano())
+			fmt.Fprintf(stdout, "stalling apply handlers for %v\n", *stall)
+			continue
+		}
+		break
+	}
+	cancel()
+	l.mu.Lock()
+	fmt.Fprintf(stdout, "exit: applied %d deliveries %d retry_dups %d transport_dups %d\n", l.applied, l.deliveries, l.retryDups, l.transportDups)
+	l.mu.Unlock()
+	return e.Close()
+}
+
+// chaosBreakQPs moves every QP of this process to ERR the way an outside
+// ibv_modify_qp would: a MODIFY_QP command written straight to each
+// uverbs descriptor the process holds, for every object handle, behind
+// bx's back (handles of other object types fail with EINVAL). It is the
+// fault injection for "QPs forced to ERROR from outside": on rxe a link
+// outage does not do it, as rxe treats the RC retry count 7 that qp.Connect
+// uses by default as infinite.
+func chaosBreakQPs() (int, error) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, en := range ents {
+		target, err := os.Readlink("/proc/self/fd/" + en.Name())
+		if err != nil || !strings.HasPrefix(target, "/dev/infiniband/uverbs") {
+			continue
+		}
+		fd, err := strconv.Atoi(en.Name())
+		if err != nil {
+			continue
+		}
+		for h := uint32(0); h < 256; h++ {
+			c := ioctl.ModifyQP{Qp_handle: h, Attr_mask: uint32(qp.MaskState), Qp_state: uint8(qp.Err)}
+			buf, err := ioctl.EncodeWrite(&ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP,
+				In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP}, nil)
+			if err != nil {
+				return n, err
+			}
+			if w, err := unix.Write(fd, buf); err == nil && w == len(buf) {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// --- drive -----------------------------------------------------------------
+
+// chaosConn keeps one peer to the server, re-dialing when it is gone.
+type chaosConn struct {
+	e    *bx.Endpoint
+	addr string
+
+	mu      sync.Mutex
+	p       *bx.Peer
+	dials   atomic.Uint64
+	dialErr atomic.Uint64
+	last    string // last dial error
+}
+
+func (c *chaosConn) get(ctx context.Context) (*bx.Peer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.p != nil {
+		select {
+		case <-c.p.Done():
+			c.p = nil
+		default:
+			return c.p, nil
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p, err := c.e.Dial(dctx, c.addr)
+	if err != nil {
+		c.dialErr.Add(1)
+		c.last = err.Error()
+		return nil, err
+	}
+	c.dials.Add(1)
+	c.p = p
+	return p, nil
+}
+
+// drop forgets p if it is gone (bx closed it: recovery failed, peer died).
+func (c *chaosConn) drop(p *bx.Peer) {
+	select {
+	case <-p.Done():
+	default:
+		return
+	}
+	c.mu.Lock()
+	if c.p == p {
+		c.p = nil
+	}
+	c.mu.Unlock()
+}
+
+func (c *chaosConn) close() {
+	c.mu.Lock()
+	if c.p != nil {
+		c.p.Close()
+		c.p = nil
+	}
+	c.mu.Unlock()
+}
+
+type chaosAck struct {
+	id  uint64
+	inc uint64
+}
+
+// chaosDriveSummary is drive's JSON result.
+type chaosDriveSummary struct {
+	Run               string            `json:"run"`
+	Seconds           float64           `json:"seconds"`
+	IDsStarted        uint64            `json:"ids_started"`
+	IDsReturned       uint64            `json:"ids_returned"`
+	IDsAcked          uint64            `json:"ids_acked"`
+	IDsFailed         uint64            `json:"ids_failed"`
+	AttemptsStarted   uint64            `json:"attempts_started"`
+	AttemptsReturned  uint64            `json:"attempts_returned"`
+	Retries           uint64            `json:"retries"`
+	Dials             uint64            `json:"dials"`
+	DialErrors        uint64            `json:"dial_errors"`
+	Errors            map[string]uint64 `json:"errors"`
+	WrongReplies      uint64            `json:"wrong_replies"`
+	CallsPerSec       float64           `json:"calls_per_sec"`
+	P99ms             float64           `json:"p99_ms"`
+	MaxMs             float64           `json:"max_ms"`
+	Verify            *chaosVerifyRes   `json:"verify,omitempty"`
+	Server            *chaosServerStats `json:"server,omitempty"`
+	Idle              chaosProc         `json:"idle"`  // before the first call
+	Final             chaosProc         `json:"final"` // after closing the peer
+	MaxRSSKiB         int64             `json:"max_rss_kib"`
+	Violations        []string          `json:"violations"`
+	OK                bool              `json:"ok"`
+	LastError         string            `json:"last_error,omitempty"`
+	Incarnations      int               `json:"server_incarnations"`
+	HungAttemptsAtEnd int64             `json:"hung_attempts"`
+}
+
+type chaosVerifyRes struct {
+	Checked     int      `json:"checked"`      // acked by the current server incarnation
+	Applied     int      `json:"applied_once"` // of those, applied exactly once
+	NotApplied  int      `json:"not_applied"`  // violations
+	RestartLost int      `json:"lost_with_restart"`
+	MaxDeliv    int      `json:"max_deliveries"`
+	Examples    []string `json:"examples,omitempty"`
+	Incarnation string   `json:"incarnation"`
+}
+
+func chaosDrive(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs chaos-load drive", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ef := addChaosEndpointFlags(fs, "rxe0")
+	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
+	duration := fs.Duration("duration", 20*time.Second, "how long new ids are started")
+	conc := fs.Int("concurrency", 8, "calls in flight")
+	rate := fs.Float64("rate", 0, "calls per second over all workers (0: as fast as they return)")
+	payload := fs.Int("payload", 64, "request payload bytes (at least 12)")
+	bigEvery := fs.Int("big-every", 0, "every Nth id carries --big-size bytes (rendezvous); 0: never")
+	bigSize := fs.Int("big-size", 256<<10, "size of the big requests")
+	callTimeout := fs.Duration("call-timeout", 10*time.Second, "bound of one attempt")
+	giveUp := fs.Duration("give-up", 60*time.Second, "an id is retried until this long after its first attempt")
+	journal := fs.String("journal", "", "append acknowledged ids (id, server incarnation: 2 little-endian uint64) to this file")
+	every := fs.Duration("report-every", 0, "print a progress line and verify the ids acknowledged since the last one this often (soak)")
+	maxRSS := fs.Int64("max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded)")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	if *payload < chaosReqHeader {
+		*payload = chaosReqHeader
+	}
+	e, err := bx.New(ef.config())
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	runID := rand.Uint64() & 0xffffffff00000000
+	sum := chaosDriveSummary{Run: fmt.Sprintf("%08x", runID>>32), Errors: map[string]uint64{}}
+	sum.Idle = chaosProcStats(e, true)
+	conn := &chaosConn{e: e, addr: *peer}
+	var jw *bufio.Writer
+	var jmu sync.Mutex
+	if *journal != "" {
+		f, err := os.OpenFile(*journal, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		jw = bufio.NewWriter(f)
+		defer func() { jmu.Lock(); jw.Flush(); jmu.Unlock() }()
+	}
+
+	var (
+		seq, idsStarted, idsReturned, idsAcked, idsFailed atomic.Uint64
+		attStarted, attReturned, retries, wrong           atomic.Uint64
+		inflight                                          atomic.Int64
+		emu                                               sync.Mutex
+		lastErr                                           string
+		acks                                              []chaosAck
+		lat                                               []time.Duration
+		incs                                              = map[uint64]bool{}
+		progressViolations                                []string
+	)
+	countErr := func(err error) {
+		k := "other"
+		switch {
+		case errors.Is(err, bx.ErrPeerGone):
+			k = "peer_gone"
+		case errors.Is(err, bx.ErrRecovering):
+			k = "recovering"
+		case errors.Is(err, bx.ErrClosed):
+			k = "closed"
+		case errors.Is(err, mr.ErrAllocatorFull):
+			k = "allocator_full"
+		case bx.IsRemote(err):
+			k = "remote"
+		case errors.Is(err, context.DeadlineExceeded):
+			k = "timeout"
+		case strings.Contains(err.Error(), "dial"):
+			k = "dial"
+		}
+		emu.Lock()
+		sum.Errors[k]++
+		lastErr = err.Error()
+		emu.Unlock()
+	}
+	var tick <-chan time.Time
+	if *rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / *rate))
+		defer t.Stop()
+		tick = t.C
+	}
+	start := time.Now()
+	stopAt := start.Add(*duration)
+	// The hard end: every id has had its give-up time; anything still
+	// running then is a call that did not return.
+	hardCtx, hardCancel := context.WithDeadline(context.Background(), stopAt.Add(*giveUp+30*time.Second))
+	defer hardCancel()
+
+	oneID := func(n uint64) {
+		id := runID | n
+		size := *payload
+		if *bigEvery > 0 && n%uint64(*bigEvery) == 0 {
+			size = *bigSize
+		}
+		req := make([]byte, size)
+		binary.LittleEndian.PutUint64(req, id)
+		idsStarted.Add(1)
+		first := time.Now()
+		for attempt := uint32(0); ; attempt++ {
+			if attempt > 0 {
+				retries.Add(1)
+			}
+			binary.LittleEndian.PutUint32(req[8:], attempt)
+			p, err := conn.get(hardCtx)
+			if err == nil {
+				attStarted.Add(1)
+				inflight.Add(1)
+				t0 := time.Now()
+				cctx, cancel := context.WithTimeout(hardCtx, *callTimeout)
+				var m *bx.Msg
+				m, err = p.Call(cctx, chaosStreamApply, req)
+				cancel()
+				inflight.Add(-1)
+				attReturned.Add(1)
+				if err == nil {
+					d := m.Data()
+					okReply := len(d) == 9 && binary.LittleEndian.Uint64(d) == id
+					m.Release()
+					if !okReply {
+						wrong.Add(1)
+						err = fmt.Errorf("call for id %x answered %x", id, d)
+					} else {
+						inc := p.ID()
+						idsAcked.Add(1)
+						idsReturned.Add(1)
+						emu.Lock()
+						acks = append(acks, chaosAck{id, inc})
+						lat = append(lat, time.Since(t0))
+						incs[inc] = true
+						emu.Unlock()
+						if jw != nil {
+							var rec [16]byte
+							binary.LittleEndian.PutUint64(rec[:], id)
+							binary.LittleEndian.PutUint64(rec[8:], inc)
+							jmu.Lock()
+							jw.Write(rec[:])
+							jmu.Unlock()
+						}
+						return
+					}
+				}
+				conn.drop(p)
+			}
+			countErr(err)
+			if time.Since(first) > *giveUp || hardCtx.Err() != nil {
+				idsFailed.Add(1)
+				idsReturned.Add(1)
+				return
+			}
+			select {
+			case <-time.After(time.Duration(50+rand.IntN(150)) * time.Millisecond):
+			case <-hardCtx.Done():
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stopAt) {
+				if tick != nil {
+					select {
+					case <-tick:
+					case <-time.After(time.Until(stopAt)):
+						return
+					}
+				}
+				oneID(seq.Add(1))
+			}
+		}()
+	}
+	// Journal flushes and, for soaks, periodic progress and verification.
+	done := make(chan struct{})
+	var verified int // acks[:verified] were checked already
+	var bgwg sync.WaitGroup
+	bgwg.Add(1)
+	go func() {
+		defer bgwg.Done()
+		flush := time.NewTicker(200 * time.Millisecond)
+		defer flush.Stop()
+		var rep <-chan time.Time
+		if *every > 0 {
+			t := time.NewTicker(*every)
+			defer t.Stop()
+			rep = t.C
+		}
+		lastN, lastT := uint64(0), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-flush.C:
+				if jw != nil {
+					jmu.Lock()
+					jw.Flush()
+					jmu.Unlock()
+				}
+			case now := <-rep:
+				emu.Lock()
+				batch := append([]chaosAck(nil), acks[verified:]...)
+				emu.Unlock()
+				line := map[string]any{"t_s": int(now.Sub(start).Seconds()), "acked": idsAcked.Load(), "failed": idsFailed.Load(),
+					"retries": retries.Load(), "calls_per_sec": float64(idsAcked.Load()-lastN) / now.Sub(lastT).Seconds(),
+					"proc": chaosProcStats(e, true)}
+				lastN, lastT = idsAcked.Load(), now
+				vctx, cancel := context.WithTimeout(hardCtx, 30*time.Second)
+				if p, err := conn.get(vctx); err == nil {
+					vr, err := chaosVerify(vctx, p, batch)
+					if err == nil {
+						line["verify"] = vr
+						emu.Lock()
+						verified += len(batch)
+						emu.Unlock()
+					} else {
+						line["verify_error"] = err.Error()
+					}
+					if st, err := chaosServerStatsOf(vctx, p); err == nil {
+						line["server"] = st
+					}
+				}
+				cancel()
+				var pv []string
+				if vr, ok := line["verify"].(*chaosVerifyRes); ok && vr.NotApplied > 0 {
+					pv = append(pv, fmt.Sprintf("%d acknowledged ids not applied (e.g. %v)", vr.NotApplied, vr.Examples))
+				}
+				if st, ok := line["server"].(*chaosServerStats); ok && st.TransportDups > 0 {
+					pv = append(pv, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
+				}
+				if pr := line["proc"].(chaosProc); *maxRSS > 0 && pr.RSSKiB > *maxRSS {
+					pv = append(pv, fmt.Sprintf("driver: RSS %d KiB above %d KiB", pr.RSSKiB, *maxRSS))
+				}
+				if st, ok := line["server"].(*chaosServerStats); ok && *maxRSS > 0 && st.Proc.RSSKiB > *maxRSS {
+					pv = append(pv, fmt.Sprintf("server: RSS %d KiB above %d KiB", st.Proc.RSSKiB, *maxRSS))
+				}
+				line["violations"] = pv
+				if len(pv) > 0 {
+					emu.Lock()
+					progressViolations = append(progressViolations, pv...)
+					emu.Unlock()
+				}
+				b, _ := json.Marshal(line)
+				fmt.Fprintf(stdout, "progress %s\n", b)
+				// A markdown table row for docs/reliability.md.
+				pr := line["proc"].(chaosProc)
+				vr, _ := line["verify"].(*chaosVerifyRes)
+				if vr == nil {
+					vr = &chaosVerifyRes{}
+				}
+				st, _ := line["server"].(*chaosServerStats)
+				if st == nil {
+					st = &chaosServerStats{}
+				}
+				fmt.Fprintf(stdout, "soakrow | %d | %.0f | %d | %d (%d once) | %d | %d / %d | %d / %d | %d / %d | %d |\n",
+					line["t_s"].(int)/60, line["calls_per_sec"].(float64), idsAcked.Load(), vr.Checked, vr.Applied,
+					retries.Load(), pr.RSSKiB, st.Proc.RSSKiB, pr.Goroutines, st.Proc.Goroutines,
+					pr.RDMA["qp"], st.Proc.RDMA["qp"], len(pv))
+			}
+		}
+	}()
+	wgDone := make(chan struct{})
+	go func() { wg.Wait(); close(wgDone) }()
+	select {
+	case <-wgDone:
+	case <-hardCtx.Done():
+		sum.HungAttemptsAtEnd = inflight.Load()
+		sum.Violations = append(sum.Violations, fmt.Sprintf("%d calls did not return within give-up + 30 s", inflight.Load()))
+	}
+	close(done)
+	bgwg.Wait()
+	elapsed := time.Since(start)
+	sum.Seconds = elapsed.Seconds()
+	sum.IDsStarted, sum.IDsReturned, sum.IDsAcked, sum.IDsFailed = idsStarted.Load(), idsReturned.Load(), idsAcked.Load(), idsFailed.Load()
+	sum.AttemptsStarted, sum.AttemptsReturned, sum.Retries = attStarted.Load(), attReturned.Load(), retries.Load()
+	sum.Dials, sum.DialErrors, sum.WrongReplies = conn.dials.Load(), conn.dialErr.Load(), wrong.Load()
+	sum.CallsPerSec = float64(sum.IDsAcked) / elapsed.Seconds()
+	sum.LastError = lastErr
+	sum.Incarnations = len(incs)
+	if len(lat) > 0 {
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		sum.P99ms = float64(lat[len(lat)*99/100]) / 1e6
+		sum.MaxMs = float64(lat[len(lat)-1]) / 1e6
+	}
+	sum.Violations = append(sum.Violations, progressViolations...)
+	if sum.IDsStarted != sum.IDsReturned {
+		sum.Violations = append(sum.Violations, fmt.Sprintf("%d ids started, %d returned", sum.IDsStarted, sum.IDsReturned))
+	}
+	if sum.AttemptsStarted != sum.AttemptsReturned {
+		sum.Violations = append(sum.Violations, fmt.Sprintf("%d calls started, %d returned", sum.AttemptsStarted, sum.AttemptsReturned))
+	}
+	if sum.WrongReplies != 0 {
+		sum.Violations = append(sum.Violations, fmt.Sprintf("%d replies for the wrong id", sum.WrongReplies))
+	}
+	if sum.IDsAcked == 0 {
+		sum.Violations = append(sum.Violations, "no call was acknowledged")
+	}
+	// Verify the acknowledged ids not verified yet, then the server's view.
+	vctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var p *bx.Peer
+	for i := 0; i < 20; i++ {
+		if p, err = conn.get(vctx); err == nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil {
+		sum.Violations = append(sum.Violations, "cannot reach the server to verify: "+err.Error())
+	} else {
+		vr, err := chaosVerify(vctx, p, acks[verified:])
+		if err != nil {
+			sum.Violations = append(sum.Violations, "verify: "+err.Error())
+		} else {
+			sum.Verify = vr
+			if vr.NotApplied > 0 {
+				sum.Violations = append(sum.Violations, fmt.Sprintf("%d acknowledged ids not applied by the server (e.g. %v)", vr.NotApplied, vr.Examples))
+			}
+		}
+		if st, err := chaosServerStatsOf(vctx, p); err != nil {
+			sum.Violations = append(sum.Violations, "server stats: "+err.Error())
+		} else {
+			sum.Server = st
+			if st.TransportDups > 0 {
+				sum.Violations = append(sum.Violations, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
+			}
+		}
+	}
+	// Our own leaks, with no peer left: QPs gone, buffers back to what the
+	// idle endpoint holds (its posted receives), goroutines and fds back.
+	conn.close()
+	time.Sleep(300 * time.Millisecond)
+	sum.Final = chaosProcStats(e, false)
+	for i := 0; i < 20 && (sum.Final.Goroutines > sum.Idle.Goroutines+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
+		time.Sleep(250 * time.Millisecond)
+		sum.Final = chaosProcStats(e, false)
+	}
+	sum.Final.RDMA = chaosRDMAObjects(os.Getpid())
+	sum.MaxRSSKiB = sum.Final.RSSKiB
+	sum.Violations = append(sum.Violations, chaosLeaks("driver", sum.Idle, sum.Final, *maxRSS)...)
+	sum.OK = len(sum.Violations) == 0
+	if sum.Violations == nil {
+		sum.Violations = []string{}
+	}
+	b, _ := json.Marshal(sum)
+	fmt.Fprintf(stdout, "summary %s\n", b)
+	// The same, flat, for shell scripts (the guest has no fast JSON tool).
+	row := chaosDriveRow{Acked: sum.IDsAcked, Failed: sum.IDsFailed, Retries: sum.Retries, Dials: sum.Dials,
+		Recoveries: sum.Final.Recoveries, P99: sum.P99ms, Max: sum.MaxMs, OK: sum.OK,
+		AllocFails: sum.Final.AllocFails}
+	if sum.Server != nil {
+		row.Recoveries += sum.Server.Proc.Recoveries
+		row.Dedup = sum.Server.RetryDups
+		row.SrvAllocFails = sum.Server.Proc.AllocFails
+	}
+	if sum.Verify != nil {
+		row.Lost = sum.Verify.RestartLost
+	}
+	fmt.Fprintf(stdout, "row acked=%d failed=%d retries=%d dedup=%d dials=%d recoveries=%d lost=%d p99=%.1f max=%.1f alloc_fail=%d srv_alloc_fail=%d ok=%v\n",
+		row.Acked, row.Failed, row.Retries, row.Dedup, row.Dials, row.Recoveries, row.Lost, row.P99, row.Max,
+		row.AllocFails, row.SrvAllocFails, row.OK)
+	if len(sum.Violations) > 0 {
+		fmt.Fprintf(stdout, "violations %s\n", strings.Join(sum.Violations, "; "))
+	}
+	if !sum.OK {
+		return &exitError{code: 3, msg: "invariants violated: " + strings.Join(sum.Violations, "; ")}
+	}
+	return nil
+}
+
+type chaosDriveRow struct {
+	Acked, Failed, Retries, Dedup, Dials, Recoveries uint64
+	Lost                                             int
+	P99, Max                                         float64
+	AllocFails, SrvAllocFails                        uint64
+	OK                                               bool
+}
+
+// chaosLeaks compares a process's resources with its idle baseline.
+func chaosLeaks(who string, idle, now chaosProc, maxRSS int64) []string {
+	var v []string
+	if now.Goroutines > idle.Goroutines+1 {
+		v = append(v, fmt.Sprintf("%s: %d goroutines, %d when idle", who, now.Goroutines, idle.Goroutines))
+	}
+	if now.FDs > idle.FDs {
+		v = append(v, fmt.Sprintf("%s: %d fds, %d when idle", who, now.FDs, idle.FDs))
+	}
+	if now.Eager != idle.Eager || now.Large != idle.Large || now.Rndv != idle.Rndv {
+		v = append(v, fmt.Sprintf("%s: buffers in use eager/large/rndv %d/%d/%d, %d/%d/%d when idle", who,
+			now.Eager, now.Large, now.Rndv, idle.Eager, idle.Large, idle.Rndv))
+	}
+	if now.RDMA != nil && idle.RDMA != nil {
+		for _, k := range []string{"qp", "cq", "pd"} {
+			if now.RDMA[k] != idle.RDMA[k] {
+				v = append(v, fmt.Sprintf("%s: %d %s objects, %d when idle", who, now.RDMA[k], k, idle.RDMA[k]))
+			}
+		}
+	}
+	if maxRSS > 0 && now.RSSKiB > maxRSS {
+		v = append(v, fmt.Sprintf("%s: RSS %d KiB above %d KiB", who, now.RSSKiB, maxRSS))
+	}
+	return v
+}
+
+// chaosVerify asks the server about acks, 4096 ids per call.
+func chaosVerify(ctx context.Context, p *bx.Peer, acks []chaosAck) (*chaosVerifyRes, error) {
+	inc := p.ID()
+	r := &chaosVerifyRes{Incarnation: fmt.Sprintf("%016x", inc)}
+	var ids []uint64
+	for _, a := range acks {
+		if a.inc == inc {
+			ids = append(ids, a.id)
+		} else {
+			r.RestartLost++
+		}
+	}
+	for len(ids) > 0 {
+		n := min(len(ids), 4096)
+		req := make([]byte, 8*n)
+		for i, id := range ids[:n] {
+			binary.LittleEndian.PutUint64(req[8*i:], id)
+		}
+		m, err := p.Call(ctx, chaosStreamCheck, req)
+		if err != nil {
+			return nil, err
+		}
+		d := m.Data()
+		if len(d) != 2*n {
+			m.Release()
+			return nil, fmt.Errorf("check answered %d bytes for %d ids", len(d), n)
+		}
+		for i := range n {
+			r.Checked++
+			if d[2*i] == 1 {
+				r.Applied++
+			} else {
+				r.NotApplied++
+				if len(r.Examples) < 5 {
+					r.Examples = append(r.Examples, fmt.Sprintf("%016x", ids[i]))
+				}
+			}
+			r.MaxDeliv = max(r.MaxDeliv, int(d[2*i+1]))
+		}
+		m.Release()
+		ids = ids[n:]
+	}
+	return r, nil
+}
+
+func chaosServerStatsOf(ctx context.Context, p *bx.Peer) (*chaosServerStats, error) {
+	m, err := p.Call(ctx, chaosStreamStats, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Release()
+	var st chaosServerStats
+	if err := json.Unmarshal(m.Data(), &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// --- verify and stats ------------------------------------------------------
+
+// chaosVerifyCmd checks journals written by drive processes (killed ones
+// too) against the server's ledger.
+func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs chaos-load verify", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ef := addChaosEndpointFlags(fs, "rxe0")
+	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
+	journal := fs.String("journal", "", "journal written by drive --journal (required)")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(*journal)
+	if err != nil {
+		return err
+	}
+	acks := make([]chaosAck, 0, len(b)/16)
+	for i := 0; i+16 <= len(b); i += 16 {
+		acks = append(acks, chaosAck{binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])})
+	}
+	e, err := bx.New(ef.config())
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := e.Dial(ctx, *peer)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	vr, err := chaosVerify(ctx, p, acks)
+	if err != nil {
+		return err
+	}
+	out, _ := json.Marshal(map[string]any{"journal": *journal, "records": len(acks), "torn_bytes": len(b) % 16, "verify": vr})
+	fmt.Fprintf(stdout, "verify %s\n", out)
+	if vr.NotApplied > 0 {
+		return &exitError{code: 3, msg: fmt.Sprintf("%d acknowledged ids not applied", vr.NotApplied)}
+	}
+	return nil
+}
+
+func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs chaos-load stats", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ef := addChaosEndpointFlags(fs, "rxe0")
+	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
+	check := fs.Bool("check", false, "exit 3 unless the server is back to its idle resources (but for this one peer)")
+	srvLanes := fs.Int("server-lanes", 2, "with --check: QPs the server holds per peer")
+	maxRSS := fs.Int64("max-rss", 512<<10, "with --check: largest acceptable server RSS in KiB")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	e, err := bx.New(ef.config())
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := e.Dial(ctx, *peer)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	// Give the server a moment to notice peers that went away.
+	var st *chaosServerStats
+	var v []string
+	for i := 0; i < 20; i++ {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := chaosServerStatsOf(cctx, p)
+		ccancel()
+		if err != nil {
+			if st == nil {
+				return fmt.Errorf("server stats: %w", err)
+			}
+			v = append(v, "server stats: "+err.Error())
+			break
+		}
+		st = s
+		if v = chaosServerViolations(st, *srvLanes, *maxRSS); !*check || len(v) == 0 {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	out, _ := json.Marshal(map[string]any{"stats": st, "violations": v})
+	fmt.Fprintf(stdout, "stats %s\n", out)
+	if *check && len(v) > 0 {
+		return &exitError{code: 3, msg: "server invariants violated: " + strings.Join(v, "; ")}
+	}
+	return nil
+}
+
+// chaosServerViolations checks a server with st.Peers peers connected
+// (the one asking among them) against its idle self.
+func chaosServerViolations(st *chaosServerStats, lanes int, maxRSS int64) []string {
+	var v []string
+	if st.TransportDups > 0 {
+		v = append(v, fmt.Sprintf("server: %d requests delivered twice", st.TransportDups))
+	}
+	if st.BadRequests > 0 {
+		v = append(v, fmt.Sprintf("server: %d malformed requests", st.BadRequests))
+	}
+	idle, now, n := st.Idle, st.Proc, st.Peers
+	if now.RDMA != nil && now.RDMA["qp"] != idle.RDMA["qp"]+lanes*n {
+		v = append(v, fmt.Sprintf("server: %d QPs for %d peers of %d lanes", now.RDMA["qp"], n, lanes))
+	}
+	if now.Goroutines > idle.Goroutines+2+4*n {
+		v = append(v, fmt.Sprintf("server: %d goroutines with %d peers, %d when idle", now.Goroutines, n, idle.Goroutines))
+	}
+	if now.FDs > idle.FDs+n {
+		v = append(v, fmt.Sprintf("server: %d fds with %d peers, %d when idle", now.FDs, n, idle.FDs))
+	}
+	// The request being served and a few unacknowledged responses.
+	if now.Eager > idle.Eager+4 || now.Large != 0 || now.Rndv != 0 {
+		v = append(v, fmt.Sprintf("server: buffers in use eager/large/rndv %d/%d/%d, %d/0/0 when idle", now.Eager, now.Large, now.Rndv, idle.Eager))
+	}
+	if maxRSS > 0 && now.RSSKiB > maxRSS {
+		v = append(v, fmt.Sprintf("server: RSS %d KiB above %d KiB", now.RSSKiB, maxRSS))
+	}
+	return v
+}

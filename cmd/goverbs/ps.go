@@ -1,0 +1,774 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/ps"
+)
+
+// goverbs ps: the parameter server (package ps) as real processes.
+//
+//	goverbs ps serve  --transport rdma|tcp --listen IP:PORT [--device DEV]
+//	goverbs ps bench  --transport rdma|tcp --workload inference|training|incast
+//	                  [--workers N] [--servers M] [--duration D] [--json]
+//	goverbs ps report [--plots DIR] FILE.json...
+//	goverbs ps worker ...   (started by bench)
+//
+// bench without --addrs starts M `ps serve` children on the server device
+// (the second ACTIVE RDMA device: rxe1/10.99.0.2 in the guest) and worker
+// children on the first (rxe0), runs the workload for --duration and
+// reports latency per operation, throughput and CPU (getrusage of every
+// server and worker process, over the measured window).
+
+const psTokenEnv = "GOVERBS_PS_TOKEN"
+
+func psToken() []byte {
+	if t := os.Getenv(psTokenEnv); t != "" {
+		return []byte(t)
+	}
+	return []byte("goverbs-ps-default-token")
+}
+
+func runPS(args []string, stdout, stderr io.Writer) error {
+	// GOVERBS_PS_CPUPROFILE=PREFIX writes PREFIX.<command>.<pid> CPU
+	// profiles of serve and worker processes.
+	if pfx := os.Getenv("GOVERBS_PS_CPUPROFILE"); pfx != "" && len(args) > 0 && (args[0] == "serve" || args[0] == "worker") {
+		if f, err := os.Create(fmt.Sprintf("%s.%s.%d", pfx, args[0], os.Getpid())); err == nil {
+			pprof.StartCPUProfile(f)
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		w := stderr
+		if len(args) > 0 {
+			w = stdout
+		}
+		fmt.Fprint(w, psUsage)
+		if len(args) == 0 {
+			return usageError("")
+		}
+		return nil
+	}
+	switch args[0] {
+	case "serve":
+		return psServe(args[1:], stdout, stderr)
+	case "bench":
+		return psBench(args[1:], stdout, stderr)
+	case "worker":
+		return psWorker(args[1:], stdout, stderr)
+	case "report":
+		return psReport(args[1:], stdout, stderr)
+	}
+	fmt.Fprint(stderr, psUsage)
+	return usageError("unknown ps command %q", args[0])
+}
+
+const psUsage = `Usage: goverbs ps COMMAND [flags]
+
+  serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
+          serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
+  bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
+          [--duration D] [--json] [--addrs A,B,...]
+          run workers against servers (its own children unless --addrs) and report latency,
+          throughput and CPU per 1000 ops
+  report  [--plots DIR] FILE.json...
+          side-by-side table of bench --json results; PNG plots into DIR
+
+`
+
+func psServe(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs ps serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	transport := fs.String("transport", "rdma", "rdma (ByteExpress) or tcp")
+	listen := fs.String("listen", "", "IP:PORT to listen on (required)")
+	device := fs.String("device", "", "RDMA device (default: the one whose GID is the listen IP)")
+	nan := fs.String("nan", "reject", "NaN/Inf gradients: reject the push, or skip the rows")
+	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	if *listen == "" {
+		return usageError("--listen is required")
+	}
+	pol, err := ps.ParseNaNPolicy(*nan)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin}})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	dev := ""
+	if ep := s.Endpoint(); ep != nil {
+		dev = ep.Device()
+	}
+	json.NewEncoder(stdout).Encode(map[string]any{"addr": s.Addr().String(), "transport": *transport, "device": dev, "pid": os.Getpid()})
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, os.Interrupt)
+	<-ch
+	return nil
+}
+
+// workload parameters.
+type psWorkload struct {
+	name    string
+	workers int
+	specs   []ps.Spec
+}
+
+const (
+	embDim  = 32
+	embRows = 1 << 20
+)
+
+func psWorkloadOf(name string, servers int) (psWorkload, error) {
+	emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: embDim, Rows: embRows, Opt: ps.Optimizer{Kind: ps.Adagrad, LR: 0.05, Eps: 1e-6, InitAcc: 0.1}, Seed: 1}
+	switch name {
+	case "inference":
+		return psWorkload{name, 4, []ps.Spec{emb}}, nil
+	case "training":
+		return psWorkload{name, 4, []ps.Spec{emb,
+			{Name: "dense_small", Kind: ps.Dense, Size: 4096, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 2},
+			{Name: "dense_large", Kind: ps.Dense, Size: 65536, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 3}}}, nil
+	case "incast":
+		return psWorkload{name, 16, []ps.Spec{{Name: incastTensor(servers), Kind: ps.Dense, Size: 16384, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 4}}}, nil
+	}
+	return psWorkload{}, fmt.Errorf("workload %q: want inference, training or incast", name)
+}
+
+// incastTensor is a dense tensor name the ring places on server 0: every
+// incast worker pushes to that one server.
+func incastTensor(servers int) string {
+	r := ps.NewRing(servers, 0)
+	for i := 0; ; i++ {
+		if n := "incast" + strconv.Itoa(i); r.Tensor(n) == 0 {
+			return n
+		}
+	}
+}
+
+// step runs one iteration of a workload, recording each call's latency.
+type psStepper struct {
+	c        *ps.Client
+	w        psWorkload
+	rng      *mrand.Rand
+	keys     []uint64
+	rows     []float32
+	small    []float32
+	large    []float32
+	incast   []float32
+	n        int
+	pull     *hist
+	push     *hist
+	ops      *atomic.Int64
+	incastNm string
+}
+
+func (s *psStepper) timed(h *hist, f func() error) error {
+	t0 := time.Now()
+	err := f()
+	if h != nil {
+		h.add(time.Since(t0))
+		s.ops.Add(1)
+	}
+	return err
+}
+
+func (s *psStepper) randKeys(n int) []uint64 {
+	k := s.keys[:n]
+	for i := range k {
+		k[i] = s.rng.Uint64N(embRows)
+	}
+	return k
+}
+
+func (s *psStepper) grads(v []float32) {
+	for i := range v {
+		v[i] = float32(s.rng.NormFloat64() * 0.001)
+	}
+}
+
+func (s *psStepper) step(ctx context.Context, record bool) error {
+	pull, push := s.pull, s.push
+	if !record {
+		pull, push = nil, nil
+	}
+	s.n++
+	switch s.w.name {
+	case "inference":
+		// Pull-heavy: small sparse batches; one in 20 also pushes.
+		keys := s.randKeys(32)
+		rows := s.rows[:32*embDim]
+		if err := s.timed(pull, func() error { return s.c.Pull(ctx, "emb", keys, rows) }); err != nil {
+			return err
+		}
+		if s.n%20 == 0 {
+			s.grads(rows)
+			return s.timed(push, func() error { _, err := s.c.Push(ctx, "emb", keys, rows); return err })
+		}
+	case "training":
+		keys := s.randKeys(128)
+		rows := s.rows[:128*embDim]
+		if err := s.timed(pull, func() error { return s.c.Pull(ctx, "emb", keys, rows) }); err != nil {
+			return err
+		}
+		if err := s.timed(pull, func() error { return s.c.PullDense(ctx, "dense_small", s.small) }); err != nil {
+			return err
+		}
+		if err := s.timed(pull, func() error { return s.c.PullDense(ctx, "dense_large", s.large) }); err != nil {
+			return err
+		}
+		s.grads(rows)
+		s.grads(s.small)
+		s.grads(s.large)
+		if err := s.timed(push, func() error { _, err := s.c.Push(ctx, "emb", keys, rows); return err }); err != nil {
+			return err
+		}
+		if err := s.timed(push, func() error { _, err := s.c.PushDense(ctx, "dense_small", s.small); return err }); err != nil {
+			return err
+		}
+		return s.timed(push, func() error { _, err := s.c.PushDense(ctx, "dense_large", s.large); return err })
+	case "incast":
+		return s.timed(push, func() error { _, err := s.c.PushDense(ctx, s.incastNm, s.incast); return err })
+	}
+	return nil
+}
+
+// workerResult is what a worker process reports.
+type workerResult struct {
+	Pull, Push *hist
+	CPUns      int64
+	Wallns     int64
+	Errors     int64
+	FirstErr   string
+}
+
+func psWorker(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs ps worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	transport := fs.String("transport", "rdma", "rdma or tcp")
+	addrs := fs.String("addrs", "", "server addresses, comma separated")
+	workload := fs.String("workload", "inference", "inference, training or incast")
+	workers := fs.Int("workers", 1, "worker goroutines")
+	duration := fs.Duration("duration", 10*time.Second, "measured time")
+	device := fs.String("device", "", "RDMA device")
+	seed := fs.Uint64("seed", 1, "random seed")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	servers := strings.Split(*addrs, ",")
+	w, err := psWorkloadOf(*workload, len(servers))
+	if err != nil {
+		return usageError("%v", err)
+	}
+	c, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: servers, Device: *device, Token: psToken(), BX: bx.Config{Spin: *spin}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	out := json.NewEncoder(stdout)
+	ctx := context.Background()
+	res := workerResult{Pull: newHist(), Push: newHist()}
+	var ops atomic.Int64
+	steppers := make([]*psStepper, *workers)
+	for i := range steppers {
+		steppers[i] = &psStepper{c: c, w: w, rng: mrand.New(mrand.NewPCG(*seed, uint64(i))), keys: make([]uint64, 128),
+			rows: make([]float32, 128*embDim), small: make([]float32, 4096), large: make([]float32, 65536),
+			incast: make([]float32, 16384), pull: newHist(), push: newHist(), ops: &ops, incastNm: incastTensor(len(servers))}
+		// Warm up: connections, buffers, the servers' first touch.
+		for range 3 {
+			if err := steppers[i].step(ctx, false); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+		}
+	}
+	out.Encode(map[string]any{"ready": true})
+	// Wait for the parent's go (a line on stdin).
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for go: %w", err)
+	}
+	u0, s0 := ps.CPUTime()
+	t0 := time.Now()
+	end := t0.Add(*duration)
+	var wg sync.WaitGroup
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	for _, st := range steppers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				if err := st.step(ctx, true); err != nil {
+					if errs.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
+					if errs.Load() > 100 {
+						return
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		case <-tick.C:
+			out.Encode(map[string]any{"progress": ops.Load()})
+		}
+	}
+	u1, s1 := ps.CPUTime()
+	res.Wallns = int64(time.Since(t0))
+	res.CPUns = int64(u1 - u0 + s1 - s0)
+	for _, st := range steppers {
+		res.Pull.merge(st.pull)
+		res.Push.merge(st.push)
+	}
+	res.Errors = errs.Load()
+	if e, ok := firstErr.Load().(string); ok {
+		res.FirstErr = e
+	}
+	return out.Encode(map[string]any{"result": res})
+}
+
+// benchResult is bench's --json output.
+type benchResult struct {
+	Transport string      `json:"transport"`
+	Workload  string      `json:"workload"`
+	Ops       []benchOp   `json:"ops"`
+	Workers   int         `json:"workers"`
+	Servers   int         `json:"servers"`
+	Duration  float64     `json:"duration_s"`
+	CPU       float64     `json:"cpu_s"`
+	ServerCPU float64     `json:"server_cpu_s"`
+	WorkerCPU float64     `json:"worker_cpu_s"`
+	Errors    int64       `json:"errors"`
+	RNR       *uint64     `json:"rnr_nak_retries,omitempty"`
+	Counters  rdmaCounter `json:"rdma_counters,omitempty"`
+}
+
+type benchOp struct {
+	Op        string      `json:"op"`
+	Count     int64       `json:"count"`
+	Mean      float64     `json:"mean_us"`
+	P50       float64     `json:"p50_us"`
+	P99       float64     `json:"p99_us"`
+	P999      float64     `json:"p999_us"`
+	OpsPerSec float64     `json:"ops_per_s"`
+	CPUPerKop float64     `json:"cpu_s_per_kop"`
+	Hist      [][2]uint64 `json:"hist,omitempty"` // [bucket upper bound in ns, count]
+}
+
+type rdmaCounter map[string]uint64
+
+func psBench(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs ps bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	transport := fs.String("transport", "rdma", "rdma (ByteExpress) or tcp")
+	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server)")
+	workers := fs.Int("workers", 0, "worker goroutines in all (default: 4, incast 16)")
+	servers := fs.Int("servers", 2, "servers to start")
+	procs := fs.Int("worker-procs", 0, "worker processes (default: one per 8 workers)")
+	duration := fs.Duration("duration", 10*time.Second, "measured time")
+	jsonOut := fs.Bool("json", false, "print one JSON object")
+	addrs := fs.String("addrs", "", "existing servers (IP:PORT,...); default: start --servers children")
+	device := fs.String("device", "", "workers' RDMA device (default: the first ACTIVE one)")
+	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (CPU for latency; default 0)")
+	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	if *transport != "rdma" && *transport != "tcp" {
+		return usageError("--transport %q: want rdma or tcp", *transport)
+	}
+	w, err := psWorkloadOf(*workload, max(*servers, 1))
+	if err != nil {
+		return usageError("%v", err)
+	}
+	if *workers <= 0 {
+		*workers = w.workers
+	}
+	if *procs <= 0 {
+		*procs = (*workers + 7) / 8
+	}
+	*procs = min(*procs, *workers)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// Devices: servers on the second ACTIVE device and its IP, workers on
+	// the first; tcp uses the same addresses (so its traffic crosses the
+	// same link), or loopback without devices.
+	devs, _ := ps.ActiveDevices()
+	srvIP, cliDev, srvDev := "127.0.0.1", *device, *srvDevice
+	if len(devs) > 0 {
+		s := devs[len(devs)-1]
+		if len(devs) > 1 {
+			s = devs[1]
+		}
+		if srvDev != "" {
+			for _, d := range devs {
+				if d.Name == srvDev {
+					s = d
+				}
+			}
+		}
+		srvDev, srvIP = s.Name, s.IP.String()
+		if cliDev == "" {
+			cliDev = devs[0].Name
+		}
+	}
+	if *transport == "rdma" && cliDev == "" {
+		return errors.New("no ACTIVE RDMA device for rdma (run it through scripts/vm, or use --transport tcp)")
+	}
+	if os.Getenv(psTokenEnv) == "" {
+		var b [16]byte
+		rand.Read(b[:])
+		os.Setenv(psTokenEnv, hex.EncodeToString(b[:]))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var list []string
+	var children []*exec.Cmd
+	defer func() {
+		for _, c := range children {
+			c.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range children {
+			done := make(chan struct{})
+			go func() { c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				c.Process.Kill()
+				<-done
+			}
+		}
+	}()
+	if *addrs != "" {
+		list = strings.Split(*addrs, ",")
+	} else {
+		for range *servers {
+			cmd := exec.Command(self, "ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String())
+			cmd.Stderr = stderr
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				return err
+			}
+			children = append(children, cmd)
+			var hello struct{ Addr string }
+			line, err := bufio.NewReader(out).ReadBytes('\n')
+			if err == nil {
+				err = json.Unmarshal(line, &hello)
+			}
+			if err != nil || hello.Addr == "" {
+				return fmt.Errorf("server child did not start: %q %v", line, err)
+			}
+			list = append(list, hello.Addr)
+		}
+	}
+	w, _ = psWorkloadOf(*workload, len(list))
+	// The parent's own client: defines the parameters, reads server CPU.
+	ctl, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: list, Device: cliDev, Token: psToken()})
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	if err := ctl.Define(ctx, w.specs...); err != nil {
+		return err
+	}
+	type wproc struct {
+		cmd   *exec.Cmd
+		in    io.WriteCloser
+		lines *bufio.Scanner
+		prog  atomic.Int64
+		res   *workerResult
+		err   error
+	}
+	var wps []*wproc
+	for i := range *procs {
+		n := *workers / *procs
+		if i < *workers%*procs {
+			n++
+		}
+		cmd := exec.Command(self, "ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
+			"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String())
+		cmd.Stderr = stderr
+		in, _ := cmd.StdinPipe()
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		children = append(children, cmd)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
+	}
+	for i, p := range wps {
+		if !p.lines.Scan() || !strings.Contains(p.lines.Text(), "ready") {
+			return fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
+		}
+	}
+	before, err := ctl.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	c0 := readRDMACounters()
+	for _, p := range wps {
+		io.WriteString(p.in, "go\n")
+	}
+	var wg sync.WaitGroup
+	for _, p := range wps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p.lines.Scan() {
+				var m struct {
+					Progress *int64
+					Result   *workerResult
+				}
+				if err := json.Unmarshal(p.lines.Bytes(), &m); err != nil {
+					continue
+				}
+				if m.Progress != nil {
+					p.prog.Store(*m.Progress)
+				}
+				if m.Result != nil {
+					p.res = m.Result
+				}
+			}
+			p.err = p.cmd.Wait()
+		}()
+	}
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	progress := *duration >= 4*time.Second
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-tick.C:
+			if progress {
+				var n int64
+				for _, p := range wps {
+					n += p.prog.Load()
+				}
+				fmt.Fprintf(stderr, "ps bench %s %s: %.0fs/%v, %d ops\n", *transport, *workload, time.Since(start).Seconds(), *duration, n)
+			}
+		}
+	}
+	after, err := ctl.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	c1 := readRDMACounters()
+	res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list)}
+	pull, push := newHist(), newHist()
+	var wall int64
+	for i, p := range wps {
+		if p.res == nil {
+			return fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
+		}
+		pull.merge(p.res.Pull)
+		push.merge(p.res.Push)
+		res.WorkerCPU += float64(p.res.CPUns) / 1e9
+		res.Errors += p.res.Errors
+		if p.res.FirstErr != "" {
+			fmt.Fprintf(stderr, "ps bench: worker %d: %d errors, first: %s\n", i, p.res.Errors, p.res.FirstErr)
+		}
+		wall = max(wall, p.res.Wallns)
+	}
+	for i := range after {
+		res.ServerCPU += (after[i].User + after[i].System - before[i].User - before[i].System).Seconds()
+	}
+	res.CPU = res.ServerCPU + res.WorkerCPU
+	res.Duration = float64(wall) / 1e9
+	total := pull.n + push.n
+	for _, o := range []struct {
+		name string
+		h    *hist
+	}{{"pull", pull}, {"push", push}} {
+		if o.h.n == 0 {
+			continue
+		}
+		op := benchOp{Op: o.name, Count: o.h.n, Mean: o.h.mean() / 1e3, P50: o.h.quantile(0.5) / 1e3, P99: o.h.quantile(0.99) / 1e3,
+			P999: o.h.quantile(0.999) / 1e3, OpsPerSec: float64(o.h.n) / res.Duration, Hist: o.h.buckets()}
+		if total > 0 {
+			op.CPUPerKop = res.CPU / (float64(total) / 1000)
+		}
+		res.Ops = append(res.Ops, op)
+	}
+	if c0 != nil && c1 != nil {
+		res.Counters = rdmaCounter{}
+		for k, v := range c1 {
+			res.Counters[k] = v - c0[k]
+		}
+		var rnr uint64
+		for k, v := range res.Counters {
+			if strings.Contains(k, "rnr") {
+				rnr += v
+			}
+		}
+		res.RNR = &rnr
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(res)
+	}
+	printBench(stdout, []benchResult{res})
+	return nil
+}
+
+// readRDMACounters sums the hw_counters of every device's port 1 (rxe's
+// retransmit and RNR counters), or nil without devices.
+func readRDMACounters() map[string]uint64 {
+	dirs, _ := filepath.Glob("/sys/class/infiniband/*/ports/1/hw_counters")
+	if len(dirs) == 0 {
+		return nil
+	}
+	m := map[string]uint64{}
+	for _, d := range dirs {
+		for _, name := range []string{"rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err", "rnr_nak_retry_err", "completer_retry_err", "retry_exceeded_err", "rcvd_seq_err", "duplicate_request", "out_of_seq_request"} {
+			b, err := os.ReadFile(filepath.Join(d, name))
+			if err != nil {
+				continue
+			}
+			v, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+			m[name] += v
+		}
+	}
+	return m
+}
+
+func printBench(w io.Writer, rs []benchResult) {
+	fmt.Fprintf(w, "%-9s %-9s %-4s %9s %9s %9s %9s %9s %9s %11s\n", "workload", "transport", "op", "count", "mean_us", "p50_us", "p99_us", "p999_us", "ops/s", "cpu_s/kop")
+	for _, r := range rs {
+		for _, o := range r.Ops {
+			fmt.Fprintf(w, "%-9s %-9s %-4s %9d %9.1f %9.1f %9.1f %9.1f %9.0f %11.4f\n", r.Workload, r.Transport, o.Op, o.Count, o.Mean, o.P50, o.P99, o.P999, o.OpsPerSec, o.CPUPerKop)
+		}
+	}
+}
+
+// hist is a log-bucket latency histogram: values below 128 ns exact, above
+// with 64 buckets per power of two (under 1.6% error); the mean is exact.
+type hist struct {
+	C   map[int]int64 `json:"c"`
+	n   int64
+	Sum float64 `json:"sum"`
+	N   int64   `json:"n"`
+}
+
+func newHist() *hist { return &hist{C: map[int]int64{}} }
+
+func bucketOf(ns uint64) int {
+	if ns < 128 {
+		return int(ns)
+	}
+	e := bits.Len64(ns) - 7
+	return e*64 + int(ns>>e)
+}
+
+// bucketHigh is a bucket's (exclusive) upper bound in ns.
+func bucketHigh(b int) float64 {
+	if b < 128 {
+		return float64(b + 1)
+	}
+	e := b/64 - 1
+	m := b - e*64
+	return float64((uint64(m) + 1) << e)
+}
+
+func (h *hist) add(d time.Duration) {
+	h.C[bucketOf(uint64(max(d, 0)))]++
+	h.N++
+	h.n = h.N
+	h.Sum += float64(d)
+}
+
+func (h *hist) merge(o *hist) {
+	if o == nil {
+		return
+	}
+	for b, c := range o.C {
+		h.C[b] += c
+	}
+	h.N += o.N
+	h.n = h.N
+	h.Sum += o.Sum
+}
+
+func (h *hist) mean() float64 {
+	if h.N == 0 {
+		return 0
+	}
+	return h.Sum / float64(h.N)
+}
+
+func (h *hist) sorted() []int {
+	bs := make([]int, 0, len(h.C))
+	for b := range h.C {
+		bs = append(bs, b)
+	}
+	sort.Ints(bs)
+	return bs
+}
+
+func (h *hist) quantile(q float64) float64 {
+	if h.N == 0 {
+		return 0
+	}
+	rank := int64(math.Ceil(q * float64(h.N)))
+	var seen int64
+	for _, b := range h.sorted() {
+		seen += h.C[b]
+		if seen >= rank {
+			return bucketHigh(b)
+		}
+	}
+	return 0
+}
+
+func (h *hist) buckets() [][2]uint64 {
+	var out [][2]uint64
+	for _, b := range h.sorted() {
+		out = append(out, [2]uint64{uint64(bucketHigh(b)), uint64(h.C[b])})
+	}
+	return out
+}

@@ -1,0 +1,608 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goverbs/goverbs/probe"
+)
+
+// goverbs top: a live view of the uverbs path and rxe, from the eBPF
+// probes (package probe) and, with --metrics, a process's bx/ps metrics
+// endpoint (package metrics).
+
+const topUsage = `Usage: goverbs top [flags]
+
+A live view of RDMA devices, QPs, uverbs commands, doorbells,
+retransmissions and command latency, from eBPF probes (needs root), and of a
+process's ByteExpress/ps metrics with --metrics.
+
+  --once             sample for --interval, print once and exit
+  --interval D       refresh (or sampling) interval (default 1s)
+  --json             with --once: print one JSON object
+  --pid PID[,PID]    count only these processes' uverbs commands
+  --metrics URL      also show a Prometheus endpoint's goverbs_ metrics
+                     (e.g. http://127.0.0.1:9464/metrics)
+  --sort KEY         sort commands and QPs by rate (default), count or name
+  -n ROWS            rows per table (default 15)
+  --skip P[,P]       probes not to attach (uverbs-commands, rxe-packets,
+                     rxe-retransmits, rxe-timeouts, rxe-rnr, rxe-qp-errors,
+                     rxe-completions)
+
+Keys in the live view: s cycles the sort key, q quits.
+`
+
+type topOptions struct {
+	once     bool
+	interval time.Duration
+	json     bool
+	pids     []int
+	metrics  string
+	sort     string
+	rows     int
+}
+
+func runTop(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("goverbs top", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), topUsage) }
+	var o topOptions
+	var pids string
+	fs.BoolVar(&o.once, "once", false, "sample once and exit")
+	fs.DurationVar(&o.interval, "interval", time.Second, "interval")
+	fs.BoolVar(&o.json, "json", false, "JSON output (with --once)")
+	fs.StringVar(&pids, "pid", "", "process ids")
+	fs.StringVar(&o.metrics, "metrics", "", "Prometheus endpoint URL")
+	fs.StringVar(&o.sort, "sort", "rate", "rate, count or name")
+	fs.IntVar(&o.rows, "n", 15, "rows per table")
+	var skip string
+	fs.StringVar(&skip, "skip", "", "probes not to attach")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected argument %q", fs.Arg(0))
+	}
+	if o.interval <= 0 {
+		return usageError("--interval must be positive")
+	}
+	if o.json && !o.once {
+		return usageError("--json needs --once")
+	}
+	if !slices.Contains(topSortKeys, o.sort) {
+		return usageError("--sort %q: want one of %s", o.sort, strings.Join(topSortKeys, ", "))
+	}
+	for _, s := range strings.FieldsFunc(pids, func(r rune) bool { return r == ',' || r == ' ' }) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return usageError("--pid %q: not a process id", s)
+		}
+		o.pids = append(o.pids, n)
+	}
+	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ",")})
+	if err != nil {
+		if os.Geteuid() != 0 {
+			return fmt.Errorf("%v (loading eBPF programs needs root or CAP_BPF+CAP_PERFMON)", err)
+		}
+		return err
+	}
+	defer p.Close()
+	for _, s := range p.Status() {
+		if !s.Attached {
+			fmt.Fprintf(stderr, "goverbs top: probe %s not attached: %s\n", s.Name, s.Reason)
+		}
+	}
+	if o.once {
+		fmt.Fprintf(stderr, "goverbs top: sampling for %v\n", o.interval)
+		r, err := topSample(p, o, nil, o.interval)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			b, err := json.MarshalIndent(r, "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(stdout, "%s\n", b)
+			return err
+		}
+		r.render(stdout, o, false)
+		return nil
+	}
+	return topLive(p, o, stdout)
+}
+
+var topSortKeys = []string{"rate", "count", "name"}
+
+// topSample is one interval: the counters' growth over d.
+type topState struct {
+	snap    *probe.Snapshot
+	hw      map[string]map[string]uint64
+	metrics map[string]float64
+}
+
+func topRead(p *probe.Probes, o topOptions) (*topState, error) {
+	s, err := p.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	st := &topState{snap: s, hw: map[string]map[string]uint64{}}
+	for _, d := range probe.Devices() {
+		st.hw[d] = probe.HWCounters(d, 1)
+	}
+	return st, nil
+}
+
+// topReport is what `goverbs top --once --json` prints.
+type topReport struct {
+	Time         time.Time      `json:"time"`
+	IntervalS    float64        `json:"interval_s"`
+	Probes       []probe.Status `json:"probes"`
+	Devices      []topDevice    `json:"devices"`
+	QPs          []topQP        `json:"qps"`
+	Commands     []topCommand   `json:"commands"`
+	Metrics      []topMetric    `json:"metrics,omitempty"`
+	MetricsError string         `json:"metrics_error,omitempty"`
+}
+
+type topDevice struct {
+	Name          string  `json:"name"`
+	Doorbells     uint64  `json:"doorbells"`   // write(POST_SEND) on the device's uverbs fds
+	Commands      uint64  `json:"commands"`    // every uverbs command (ioctl and write)
+	Retransmits   uint64  `json:"retransmits"` // requester retry passes (probe), else hw completer_retry_err
+	DoorbellsPerS float64 `json:"doorbells_per_s"`
+	CommandsPerS  float64 `json:"commands_per_s"`
+	// RetransmitsFrom is "probe" (rxe-retransmits attached) or "hw_counters".
+	RetransmitsFrom string            `json:"retransmits_from"`
+	SentPkts        uint64            `json:"sent_pkts"`
+	RecvPkts        uint64            `json:"recv_pkts"`
+	Timeouts        uint64            `json:"timeouts"`
+	RNRTimers       uint64            `json:"rnr_timers"`
+	QPErrors        uint64            `json:"qp_errors"`
+	SendCompletions uint64            `json:"send_completions"`
+	RecvCompletions uint64            `json:"recv_completions"`
+	HW              map[string]uint64 `json:"hw_counters,omitempty"` // growth of hw_counters over the interval
+}
+
+type topQP struct {
+	probe.QP
+	SentPerS float64 `json:"sent_per_s"`
+}
+
+type topCommand struct {
+	PID     int      `json:"pid"`
+	Comm    string   `json:"comm"`
+	FD      int      `json:"fd"`
+	Device  string   `json:"device"`
+	Name    string   `json:"name"`
+	Count   uint64   `json:"count"`
+	PerS    float64  `json:"per_s"`
+	Errors  uint64   `json:"errors"`
+	MeanUS  float64  `json:"mean_us"`
+	P50US   float64  `json:"p50_us"`
+	P99US   float64  `json:"p99_us"`
+	Hist    []uint64 `json:"hist_log2_ns"`
+	TotalNS uint64   `json:"-"`
+}
+
+type topMetric struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	PerS  float64 `json:"per_s,omitempty"`
+}
+
+// topSample waits d after prev (or takes a first reading now) and reports
+// the growth.
+func topSample(p *probe.Probes, o topOptions, prev *topState, d time.Duration) (*topReport, error) {
+	var err error
+	if prev == nil {
+		if prev, err = topRead(p, o); err != nil {
+			return nil, err
+		}
+		prev.metrics, _ = topScrape(o.metrics)
+	}
+	time.Sleep(d)
+	cur, err := topRead(p, o)
+	if err != nil {
+		return nil, err
+	}
+	r := topDiff(p, prev, cur)
+	if o.metrics != "" {
+		m, err := topScrape(o.metrics)
+		cur.metrics = m
+		if err != nil {
+			r.MetricsError = err.Error()
+		}
+		secs := cur.snap.Time.Sub(prev.snap.Time).Seconds()
+		for name, v := range m {
+			tm := topMetric{Name: name, Value: v}
+			if pv, ok := prev.metrics[name]; ok && (strings.HasSuffix(strings.SplitN(name, "{", 2)[0], "_total") || strings.Contains(name, "_count")) {
+				tm.PerS = (v - pv) / secs
+			}
+			r.Metrics = append(r.Metrics, tm)
+		}
+		sort.Slice(r.Metrics, func(i, j int) bool { return r.Metrics[i].Name < r.Metrics[j].Name })
+	}
+	lastState = cur
+	return r, nil
+}
+
+// lastState is the reading the live view diffs the next one against.
+var lastState *topState
+
+func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
+	secs := cur.snap.Time.Sub(prev.snap.Time).Seconds()
+	if secs <= 0 {
+		secs = 1e-9
+	}
+	r := &topReport{Time: cur.snap.Time, IntervalS: secs, Probes: p.Status(),
+		Devices: []topDevice{}, QPs: []topQP{}, Commands: []topCommand{}}
+	devs := map[string]*topDevice{}
+	dev := func(name string) *topDevice {
+		if name == "" {
+			name = "?"
+		}
+		d := devs[name]
+		if d == nil {
+			d = &topDevice{Name: name, RetransmitsFrom: "probe"}
+			devs[name] = d
+		}
+		return d
+	}
+	for name := range cur.hw {
+		dev(name)
+	}
+	type ck struct {
+		pid, fd int
+		name    string
+	}
+	old := map[ck]probe.Command{}
+	for _, c := range prev.snap.Commands {
+		old[ck{c.PID, c.FD, c.Name}] = c
+	}
+	comms := map[int]string{}
+	for _, c := range cur.snap.Commands {
+		o := old[ck{c.PID, c.FD, c.Name}]
+		n := c.Count - o.Count
+		if n == 0 {
+			continue
+		}
+		tc := topCommand{PID: c.PID, FD: c.FD, Device: c.Device, Name: c.Name, Count: n,
+			PerS: float64(n) / secs, Errors: c.Errors - o.Errors, TotalNS: c.TotalNS - o.TotalNS}
+		tc.Hist = make([]uint64, len(c.Hist))
+		for i := range c.Hist {
+			var ov uint64
+			if i < len(o.Hist) {
+				ov = o.Hist[i]
+			}
+			tc.Hist[i] = c.Hist[i] - ov
+		}
+		tc.MeanUS = float64(tc.TotalNS) / float64(n) / 1e3
+		tc.P50US = histQuantile(tc.Hist, 0.5) / 1e3
+		tc.P99US = histQuantile(tc.Hist, 0.99) / 1e3
+		if _, ok := comms[c.PID]; !ok {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.PID))
+			comms[c.PID] = strings.TrimSpace(string(b))
+		}
+		tc.Comm = comms[c.PID]
+		r.Commands = append(r.Commands, tc)
+		d := dev(c.Device)
+		d.Commands += n
+		if c.Doorbell() {
+			d.Doorbells += n
+		}
+	}
+	type qk struct {
+		dev string
+		qpn uint32
+	}
+	oldQ := map[qk]probe.QP{}
+	for _, q := range prev.snap.QPs {
+		oldQ[qk{q.Device, q.QPN}] = q
+	}
+	for _, q := range cur.snap.QPs {
+		o := oldQ[qk{q.Device, q.QPN}]
+		dq := probe.QP{Device: q.Device, QPN: q.QPN,
+			SentPkts: q.SentPkts - o.SentPkts, RecvPkts: q.RecvPkts - o.RecvPkts,
+			Retransmits: q.Retransmits - o.Retransmits, Timeouts: q.Timeouts - o.Timeouts,
+			RNRTimers: q.RNRTimers - o.RNRTimers, QPErrors: q.QPErrors - o.QPErrors,
+			SendCompletions: q.SendCompletions - o.SendCompletions, RecvCompletions: q.RecvCompletions - o.RecvCompletions,
+			ErrorCompletions: q.ErrorCompletions - o.ErrorCompletions}
+		if dq == (probe.QP{Device: q.Device, QPN: q.QPN}) {
+			continue
+		}
+		r.QPs = append(r.QPs, topQP{QP: dq, SentPerS: float64(dq.SentPkts) / secs})
+		d := dev(q.Device)
+		d.SentPkts += dq.SentPkts
+		d.RecvPkts += dq.RecvPkts
+		d.Retransmits += dq.Retransmits
+		d.Timeouts += dq.Timeouts
+		d.RNRTimers += dq.RNRTimers
+		d.QPErrors += dq.QPErrors
+		d.SendCompletions += dq.SendCompletions
+		d.RecvCompletions += dq.RecvCompletions
+	}
+	probeRetr := p.Attached("rxe-retransmits")
+	for name, d := range devs {
+		if hw := cur.hw[name]; hw != nil {
+			d.HW = map[string]uint64{}
+			for k, v := range hw {
+				d.HW[k] = v - prev.hw[name][k]
+			}
+			if !probeRetr {
+				d.Retransmits, d.RetransmitsFrom = d.HW["completer_retry_err"], "hw_counters"
+			}
+		} else if !probeRetr {
+			d.RetransmitsFrom = "none"
+		}
+		d.DoorbellsPerS = float64(d.Doorbells) / secs
+		d.CommandsPerS = float64(d.Commands) / secs
+		r.Devices = append(r.Devices, *d)
+	}
+	sort.Slice(r.Devices, func(i, j int) bool { return r.Devices[i].Name < r.Devices[j].Name })
+	return r
+}
+
+// histQuantile estimates a quantile from log2 buckets (bucket i holds
+// [2^i, 2^(i+1)) ns), interpolating inside the bucket.
+func histQuantile(h []uint64, q float64) float64 {
+	var total uint64
+	for _, v := range h {
+		total += v
+	}
+	if total == 0 {
+		return 0
+	}
+	want := q * float64(total)
+	var acc float64
+	for i, v := range h {
+		if v == 0 {
+			continue
+		}
+		if acc+float64(v) >= want {
+			lo := float64(uint64(1) << i)
+			if i == 0 {
+				lo = 0
+			}
+			hi := float64(uint64(1) << (i + 1))
+			return lo + (hi-lo)*(want-acc)/float64(v)
+		}
+		acc += float64(v)
+	}
+	return float64(uint64(1) << len(h))
+}
+
+// topScrape reads the goverbs_ samples of a Prometheus text endpoint.
+func topScrape(url string) (map[string]float64, error) {
+	if url == "" {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "goverbs_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		m[line[:i]] = v
+	}
+	return m, sc.Err()
+}
+
+func (r *topReport) sortBy(key string) {
+	switch key {
+	case "name":
+		sort.SliceStable(r.Commands, func(i, j int) bool {
+			a, b := r.Commands[i], r.Commands[j]
+			if a.Name != b.Name {
+				return a.Name < b.Name
+			}
+			return a.PID < b.PID
+		})
+		sort.SliceStable(r.QPs, func(i, j int) bool {
+			if r.QPs[i].Device != r.QPs[j].Device {
+				return r.QPs[i].Device < r.QPs[j].Device
+			}
+			return r.QPs[i].QPN < r.QPs[j].QPN
+		})
+	default: // rate and count order the same within one interval
+		sort.SliceStable(r.Commands, func(i, j int) bool { return r.Commands[i].Count > r.Commands[j].Count })
+		sort.SliceStable(r.QPs, func(i, j int) bool {
+			a, b := r.QPs[i], r.QPs[j]
+			return a.SentPkts+a.RecvPkts > b.SentPkts+b.RecvPkts
+		})
+	}
+}
+
+// render writes the text view.
+func (r *topReport) render(w io.Writer, o topOptions, live bool) {
+	r.sortBy(o.sort)
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	nl := "\n"
+	if live {
+		nl = "\x1b[K\r\n" // raw mode: clear to end of line, carriage return
+		fmt.Fprint(bw, "\x1b[H")
+	}
+	pf := func(format string, a ...any) { fmt.Fprintf(bw, format, a...); fmt.Fprint(bw, nl) }
+	pf("goverbs top - %s - interval %.2fs - sort %s%s", r.Time.Format("15:04:05"), r.IntervalS, o.sort, map[bool]string{true: " - keys: s sort, q quit"}[live])
+	var missing []string
+	for _, s := range r.Probes {
+		if !s.Attached {
+			missing = append(missing, s.Name)
+		}
+	}
+	if len(missing) > 0 {
+		pf("probes not attached: %s (see --once --json for reasons)", strings.Join(missing, ", "))
+	}
+	pf("")
+	pf("%-8s %10s %10s %10s %10s %10s %8s %8s %8s %8s", "DEVICE", "DOORBELL/s", "CMDS/s", "TX pkt/s", "RX pkt/s", "RETRANS", "TIMEOUT", "RNR", "SEQERR", "QPERR")
+	for _, d := range r.Devices {
+		pf("%-8s %10.0f %10.0f %10.0f %10.0f %10d %8d %8d %8d %8d", d.Name, d.DoorbellsPerS, d.CommandsPerS,
+			float64(d.SentPkts)/r.IntervalS, float64(d.RecvPkts)/r.IntervalS, d.Retransmits, d.Timeouts, d.HW["rcvd_rnr_err"], d.HW["rcvd_seq_err"]+d.HW["out_of_seq_request"], d.QPErrors)
+	}
+	pf("")
+	pf("%-8s %8s %10s %10s %8s %8s %8s %8s %8s", "DEVICE", "QPN", "TX pkt/s", "RX pkt/s", "RETRANS", "TIMEOUT", "SEND CQE", "RECV CQE", "ERR CQE")
+	for i, q := range r.QPs {
+		if i == o.rows {
+			break
+		}
+		pf("%-8s %#8x %10.0f %10.0f %8d %8d %8d %8d %8d", q.Device, q.QPN, q.SentPerS, float64(q.RecvPkts)/r.IntervalS, q.Retransmits, q.Timeouts, q.SendCompletions, q.RecvCompletions, q.ErrorCompletions)
+	}
+	pf("")
+	pf("%7s %-14s %-8s %-28s %10s %8s %9s %9s %9s  %s", "PID", "COMM", "DEVICE", "COMMAND", "RATE/s", "ERRORS", "MEAN us", "P50 us", "P99 us", "LATENCY (log2 ns)")
+	for i, c := range r.Commands {
+		if i == o.rows {
+			break
+		}
+		pf("%7d %-14.14s %-8s %-28.28s %10.0f %8d %9.1f %9.1f %9.1f  %s", c.PID, c.Comm, c.Device, c.Name, c.PerS, c.Errors, c.MeanUS, c.P50US, c.P99US, sparkline(c.Hist))
+	}
+	if len(r.Metrics) > 0 || r.MetricsError != "" {
+		pf("")
+		pf("METRICS %s", r.MetricsError)
+		for i, m := range r.Metrics {
+			if i == 3*o.rows {
+				break
+			}
+			if m.PerS != 0 {
+				pf("  %-70.70s %14g %12.1f/s", m.Name, m.Value, m.PerS)
+			} else {
+				pf("  %-70.70s %14g", m.Name, m.Value)
+			}
+		}
+	}
+	if live {
+		fmt.Fprint(bw, "\x1b[J")
+	}
+}
+
+// sparkline draws the non-empty range of a log2 histogram.
+func sparkline(h []uint64) string {
+	lo, hi := -1, -1
+	var max uint64
+	for i, v := range h {
+		if v > 0 {
+			if lo < 0 {
+				lo = i
+			}
+			hi = i
+			max = maxU(max, v)
+		}
+	}
+	if lo < 0 {
+		return ""
+	}
+	bars := []rune(" ▁▂▃▄▅▆▇█")
+	var b strings.Builder
+	fmt.Fprintf(&b, "2^%d ", lo)
+	for _, v := range h[lo : hi+1] {
+		b.WriteRune(bars[(v*uint64(len(bars)-1)+max-1)/max])
+	}
+	return b.String()
+}
+
+func maxU(a, b uint64) uint64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// topLive redraws every interval until q, ^C or SIGTERM. On a terminal
+// stdin goes to raw mode for the keys.
+func topLive(p *probe.Probes, o topOptions, stdout io.Writer) error {
+	keys := make(chan byte, 8)
+	if old, err := unix.IoctlGetTermios(0, unix.TCGETS); err == nil {
+		raw := *old
+		raw.Lflag &^= unix.ICANON | unix.ECHO
+		raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+		if unix.IoctlSetTermios(0, unix.TCSETS, &raw) == nil {
+			defer unix.IoctlSetTermios(0, unix.TCSETS, old)
+		}
+		go func() {
+			b := make([]byte, 1)
+			for {
+				if n, err := os.Stdin.Read(b); err != nil || n == 0 {
+					return
+				}
+				keys <- b[0]
+			}
+		}()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	fmt.Fprint(stdout, "\x1b[?25l\x1b[2J")
+	defer fmt.Fprint(stdout, "\x1b[?25h\n")
+	prev, err := topRead(p, o)
+	if err != nil {
+		return err
+	}
+	prev.metrics, _ = topScrape(o.metrics)
+	tick := time.NewTicker(o.interval)
+	defer tick.Stop()
+	var last *topReport
+	for {
+		select {
+		case <-sig:
+			return nil
+		case k := <-keys:
+			switch k {
+			case 'q', 'Q', 3:
+				return nil
+			case 's', 'S':
+				i := slices.Index(topSortKeys, o.sort)
+				o.sort = topSortKeys[(i+1)%len(topSortKeys)]
+				if last != nil {
+					last.render(stdout, o, true)
+				}
+			}
+		case <-tick.C:
+			r, err := topSample(p, o, prev, 0)
+			if err != nil {
+				return err
+			}
+			prev = lastState
+			last = r
+			r.render(stdout, o, true)
+		}
+	}
+}
