@@ -353,7 +353,7 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 		t.Cleanup(func() { exec.Command(tc, "qdisc", "del", "dev", nd, "root").Run() })
 	}
 	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
-	cli, srv := pingpong(t, 400, 18831)
+	cli, srv := pingpong(t, 150, 18831) // small: each lost packet costs a retransmit timeout
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
