@@ -147,7 +147,7 @@ func TestIncast(t *testing.T) {
 // returning credits; the sender blocks once they are spent and its context
 // ends the wait cleanly.
 func TestStalledReceiver(t *testing.T) {
-	_, cli, p, sp := pair(t, func(c *bx.Config) { c.Credits = 8 })
+	_, _, p, sp := pair(t, func(c *bx.Config) { c.Credits = 8 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sent := 0
@@ -182,7 +182,6 @@ func TestStalledReceiver(t *testing.T) {
 		t.Fatalf("got %v %v", m, err)
 	}
 	m.Release()
-	_ = cli
 }
 
 // TestForgedDescriptor: a peer that sends rendezvous descriptors it has no
