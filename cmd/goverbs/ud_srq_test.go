@@ -125,12 +125,23 @@ func checkPP(t *testing.T, who string, s ppSide, r result, iters, size, numQP in
 		}
 		t.Logf("%s: %.2f usec/iter, %s, %d allocations", who, us, e[0], allocs)
 	default:
-		if allocs != 0 {
-			t.Errorf("%s: the polling loop made %d heap allocations, want 0", who, allocs)
+		// The count is process-wide (runtime.MemStats), so it also sees
+		// the runtime's own one-time allocations: on a loaded machine a
+		// busy-polling loop can make the scheduler start a new M, which
+		// allocates (CI saw 1). A loop that allocated per iteration
+		// would show at least iters; allow the one-time slack only.
+		if allocs > pollAllocSlack {
+			t.Errorf("%s: the polling loop made %d heap allocations in %d iterations, want at most %d (runtime one-time)", who, allocs, iters, pollAllocSlack)
 		}
 		t.Logf("%s: %.2f usec/iter", who, us)
 	}
 }
+
+// pollAllocSlack is how many process-wide heap allocations a polling loop
+// may show without allocating itself: runtime one-time state (a new M
+// when the machine is loaded). The loops run 100-1000 iterations, so a
+// per-iteration allocation is far above it.
+const pollAllocSlack = 3
 
 var ppPairs = []struct{ server, client string }{{"goverbs", "ibv"}, {"ibv", "goverbs"}, {"goverbs", "goverbs"}}
 
