@@ -135,23 +135,32 @@ func (c *Credits) TryAcquireControl() bool {
 // them available, ctx is done (ctx.Err() is returned and nothing is
 // consumed) or c is closed (ErrClosed). It spawns no goroutine.
 func (c *Credits) Acquire(ctx context.Context, n uint64) error {
+	_, err := c.AcquireEpoch(ctx, n)
+	return err
+}
+
+// AcquireEpoch is Acquire that also returns the epoch the credits were
+// consumed in: after a Resync to a newer epoch they are forgotten, and a
+// message that has not gone out yet needs new ones.
+func (c *Credits) AcquireEpoch(ctx context.Context, n uint64) (uint32, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	if c.q.n == 0 && c.data() >= n {
 		c.consumed += n
 		c.st.Acquired += n
+		epoch := c.epoch
 		c.mu.Unlock()
-		return nil
+		return epoch, nil
 	}
 	if c.maxGrant > 0 && n > c.maxGrant-min(c.maxGrant, ControlReserve) {
 		c.mu.Unlock()
-		return fmt.Errorf("%w: %d credits, peer posts at most %d (%d reserved for control)",
+		return 0, fmt.Errorf("%w: %d credits, peer posts at most %d (%d reserved for control)",
 			ErrTooLarge, n, c.maxGrant, ControlReserve)
 	}
 	w := &waiter{n: n, ready: make(chan struct{})}
@@ -165,7 +174,7 @@ func (c *Credits) Acquire(ctx context.Context, n uint64) error {
 		c.mu.Lock()
 		c.st.WaitTime += time.Since(start)
 		c.mu.Unlock()
-		return w.err
+		return w.epoch, w.err
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
@@ -185,7 +194,7 @@ func (c *Credits) Acquire(ctx context.Context, n uint64) error {
 		c.q.remove(w)
 		c.dispatch() // a smaller waiter behind us may fit now
 	}
-	return ctx.Err()
+	return 0, ctx.Err()
 }
 
 // dispatch grants waiters in FIFO order while the head fits.

@@ -280,3 +280,40 @@ func TestCreditsConcurrent(t *testing.T) {
 	st := c.Stats()
 	t.Logf("max outstanding %d, timeouts %d, stats %+v", maxOut.Load(), timeouts.Load(), st)
 }
+
+// TestCreditsAcquireEpoch: AcquireEpoch names the epoch the credits were
+// consumed in, for an immediate grant and for a waiter granted after a
+// Resync moved to a new epoch.
+func TestCreditsAcquireEpoch(t *testing.T) {
+	c := NewCredits(CreditsConfig{Epoch: 3, Initial: 3})
+	ctx := context.Background()
+	if e, err := c.AcquireEpoch(ctx, 2); err != nil || e != 3 {
+		t.Fatalf("immediate: epoch %d, %v; want 3", e, err)
+	}
+	type res struct {
+		epoch uint32
+		err   error
+	}
+	done := make(chan res, 1)
+	go func() {
+		e, err := c.AcquireEpoch(ctx, 1)
+		done <- res{e, err}
+	}()
+	for c.Stats().Stalls == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := c.Resync(5, 10, 0); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.epoch != 5 {
+		t.Fatalf("after resync: epoch %d, %v; want 5", r.epoch, r.err)
+	}
+	if _, granted, consumed := c.State(); granted != 10 || consumed != 1 {
+		t.Errorf("state granted %d consumed %d, want 10 and 1", granted, consumed)
+	}
+	c.Close()
+	if _, err := c.AcquireEpoch(ctx, 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
+}
