@@ -52,6 +52,10 @@ type laneInfo struct {
 	QPN  uint32
 	PSN  uint32
 	Next uint64 // next sequence number the sender of this message expects on the lane
+	// Acked is the highest sequence it delivered: Next-1 but for messages
+	// it holds, received but waiting for an earlier rendezvous to finish.
+	// The peer resends from Next and frees up to Acked.
+	Acked uint64
 }
 
 // setup describes one side's end of a connection.
@@ -142,7 +146,7 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 }
 
 const setupFixed = 8 + 4 + 16 + 8 + 8 + 1
-const laneSize = 4 + 4 + 8
+const laneSize = 4 + 4 + 8 + 8
 
 func (s *setup) encode() []byte {
 	b := make([]byte, setupFixed+laneSize*len(s.Lanes))
@@ -157,6 +161,7 @@ func (s *setup) encode() []byte {
 		binary.LittleEndian.PutUint32(b[o:], l.QPN)
 		binary.LittleEndian.PutUint32(b[o+4:], l.PSN)
 		binary.LittleEndian.PutUint64(b[o+8:], l.Next)
+		binary.LittleEndian.PutUint64(b[o+16:], l.Acked)
 	}
 	return b
 }
@@ -185,9 +190,13 @@ func decodeSetup(b []byte) (setup, error) {
 	for i := range s.Lanes {
 		o := setupFixed + i*laneSize
 		s.Lanes[i] = laneInfo{
-			QPN:  binary.LittleEndian.Uint32(b[o:]) & 0xffffff,
-			PSN:  binary.LittleEndian.Uint32(b[o+4:]) & 0xffffff,
-			Next: binary.LittleEndian.Uint64(b[o+8:]),
+			QPN:   binary.LittleEndian.Uint32(b[o:]) & 0xffffff,
+			PSN:   binary.LittleEndian.Uint32(b[o+4:]) & 0xffffff,
+			Next:  binary.LittleEndian.Uint64(b[o+8:]),
+			Acked: binary.LittleEndian.Uint64(b[o+16:]),
+		}
+		if l := s.Lanes[i]; l.Next != 0 && l.Acked >= l.Next || l.Next == 0 && l.Acked != 0 {
+			return s, fmt.Errorf("bx: setup lane %d acknowledges %d but expects %d next", i, l.Acked, l.Next)
 		}
 	}
 	return s, nil

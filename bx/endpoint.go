@@ -18,6 +18,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/uverbs/provider"
 )
 
 // Config configures an Endpoint. Zero values take the defaults shown.
@@ -37,7 +38,8 @@ type Config struct {
 	// MaxPeers bounds connected peers (default 16).
 	MaxPeers int
 	// EagerSize is the largest payload sent in the message itself (default
-	// 8 KiB - header); larger ones go by rendezvous: the receiver READs them.
+	// 8 KiB - header); larger ones go by rendezvous: the sender WRITEs them
+	// into a buffer the receiver names.
 	EagerSize int
 	// MaxMessage is the largest payload (default 4 MiB).
 	MaxMessage int
@@ -122,13 +124,16 @@ type Endpoint struct {
 	pd    *uverbs.PD
 	gid   uverbs.GID
 	eager *mr.Allocator // LocalWrite: receive buffers, eager sends
-	large *mr.Allocator // LocalWrite: rendezvous targets
-	rndv  *mr.Allocator // LocalWrite|RemoteRead: rendezvous sources, the only remotely readable memory
-	srq   *qp.SRQ
-	cq    *cq.CQ
-	win   *flow.Window
+	large *mr.Allocator // LocalWrite|RemoteWrite: rendezvous targets, the only remotely accessible memory
+	rndv  *mr.Allocator // LocalWrite: rendezvous sources
 
-	srqMu sync.Mutex // the SRQ's receive side has one owner at a time
+	ctsHook func(*cts) // tests: forge the CTS we send
+	srq     *qp.SRQ
+	cq      *cq.CQ
+	win     *flow.Window
+
+	srqMu   sync.Mutex // the SRQ's receive side has one owner at a time
+	srqGone bool       // under srqMu: Close is destroying the SRQ
 
 	mu       sync.RWMutex
 	peers    map[*Peer]struct{}
@@ -197,18 +202,18 @@ func New(cfg Config) (*Endpoint, error) {
 		region *= 2
 	}
 	lc := mr.AllocatorConfig{Classes: classes(eagerCls, maxCls), RegionSize: int(region), Limit: cfg.MemoryLimit, Access: mr.LocalWrite}
-	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {
+	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
-	lc.Access = mr.LocalWrite | mr.RemoteRead
-	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
+	lc.Access = mr.LocalWrite | mr.RemoteWrite
+	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
 	posted := cfg.MaxPeers * cfg.Credits
 	if e.srq, err = qp.CreateSRQ(e.pd, qp.SRQConfig{MaxWR: uint32(posted)}); err != nil {
 		return fail(err)
 	}
-	sendWR := int(cfg.LaneMsgs) + cfg.Credits + 16
+	sendWR := laneSendWR(&cfg)
 	cqe := posted + cfg.MaxPeers*cfg.Lanes*sendWR
 	if cqe > int(e.ctx.Attr().MaxCQE) {
 		cqe = int(e.ctx.Attr().MaxCQE)
@@ -284,6 +289,11 @@ func (e *Endpoint) Close() error {
 	e.stop()
 	e.wg.Wait()
 	e.win.Close()
+	// A peer shutting down on its own, or a Msg released late, may still
+	// return a buffer: from now on it goes nowhere.
+	e.srqMu.Lock()
+	e.srqGone = true
+	e.srqMu.Unlock()
 	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
 	err := e.ctx.Close()
 	return err
@@ -294,9 +304,11 @@ func (e *Endpoint) repost(b mr.Buf) error {
 	sge := b.SGE(b.Cap())
 	wr := [1]qp.RecvWR{{ID: b.Handle(), SGEs: []qp.SGE{sge}}}
 	e.srqMu.Lock()
-	err := e.srq.PostRecv(wr[:])
-	e.srqMu.Unlock()
-	return err
+	defer e.srqMu.Unlock()
+	if e.srqGone {
+		return ErrClosed
+	}
+	return e.srq.PostRecv(wr[:])
 }
 
 func (e *Endpoint) ticker() {
@@ -323,8 +335,8 @@ func (e *Endpoint) ticker() {
 
 // WR ids: receives carry the buffer handle; these tag the rest.
 const (
-	tagRead = 1 << 63
-	tagSend = 1 << 62
+	tagWrite = 1 << 63
+	tagSend  = 1 << 62
 )
 
 func (e *Endpoint) progress() {
@@ -370,9 +382,20 @@ func (e *Endpoint) laneOf(qpn uint32) *lane {
 func (e *Endpoint) complete(w *cq.WC) {
 	l := e.laneOf(w.QPNum)
 	switch {
-	case w.ID&tagRead != 0:
-		if l != nil {
-			l.peer.readDone(l, w)
+	case w.ID&tagWrite != 0:
+		// Only errors complete: a WRITE the peer's QP refused (its CTS
+		// named memory it does not own) is the peer's protocol violation;
+		// any other error is a lane failure like a SEND's.
+		if l == nil || w.Status == 0 {
+			break
+		}
+		switch w.Status {
+		case provider.WCRemAccessErr, provider.WCRemInvReqErr, provider.WCRemOpErr:
+			l.peer.shutdown(fmt.Errorf("%w: rendezvous write refused (bad target from the peer?): %v", ErrProtocol, w.Err()), true)
+		default:
+			// Flushed, or retries ran out (a lossy link): recovery resends
+			// it.
+			l.peer.laneFailed(l, w.Err())
 		}
 	case w.ID&tagSend != 0:
 		if w.Status != 0 && l != nil {
@@ -396,6 +419,6 @@ func (e *Endpoint) complete(w *cq.WC) {
 			e.repost(b)
 			return
 		}
-		l.peer.received(l, b, int(w.ByteLen))
+		l.peer.received(l, b, int(w.ByteLen), w.QPNum)
 	}
 }

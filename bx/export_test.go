@@ -14,14 +14,34 @@ func (p *Peer) BreakLanesForTest() error {
 	return nil
 }
 
-// SendRndvForTest sends a hand-made rendezvous descriptor, as a faulty or
-// hostile peer could.
-func (p *Peer) SendRndvForTest(stream uint32, addr uint64, rkey, n uint32) error {
+// SendRndvForTest sends a hand-made rendezvous request (RTS) for n bytes,
+// as a faulty or hostile peer could.
+func (p *Peer) SendRndvForTest(stream uint32, n uint32) error {
 	b, err := p.e.eager.Alloc(HeaderSize + rndvSize)
 	if err != nil {
 		return err
 	}
-	d := rndv{Addr: addr, RKey: rkey, Len: n}
+	d := rndv{Len: n}
 	d.encode(b.Bytes()[HeaderSize:])
 	return p.send(p.e.stopCh, stream, header{Type: typRndv, Length: rndvSize}, b, nil)
 }
+
+// SendFinForTest sends a FIN for lane sequence ref, whether or not it names
+// a rendezvous.
+func (p *Peer) SendFinForTest(stream uint32, ref uint64) error {
+	b, err := p.e.eager.Alloc(HeaderSize + finSize)
+	if err != nil {
+		return err
+	}
+	(&fin{Ref: ref}).encode(b.Bytes()[HeaderSize:])
+	return p.sendOut(p.e.stopCh, p.lanes[int(stream)%len(p.lanes)], stream, header{Type: typFin, Length: finSize}, out{buf: b, ctl: true})
+}
+
+// ForgeCTSForTest makes the endpoint alter every clear-to-send it sends
+// (target address, key, length) before it goes out.
+func (e *Endpoint) ForgeCTSForTest(f func(addr *uint64, rkey, n *uint32)) {
+	e.ctsHook = func(c *cts) { f(&c.Addr, &c.RKey, &c.Len) }
+}
+
+// ActiveForTest reports whether the peer is connected and not recovering.
+func (p *Peer) ActiveForTest() bool { return p.state.Load() == stateActive }

@@ -2,8 +2,10 @@ package bx_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"os/exec"
 	"strconv"
@@ -184,32 +186,68 @@ func TestStalledReceiver(t *testing.T) {
 	m.Release()
 }
 
-// TestForgedDescriptor: a peer that sends rendezvous descriptors it has no
-// right to (a wrong key, a length above MaxMessage) gets the connection
-// closed with a protocol error; the receiver's memory is never exposed (it
-// only reads from the sender's).
+// TestForgedDescriptor: a peer that sends rendezvous messages it has no
+// right to (a request above MaxMessage, a FIN for no rendezvous, a
+// clear-to-send naming memory that is not its target or the wrong length)
+// gets the connection closed with a protocol error by the side it tried to
+// fool; memory is never exposed (a WRITE outside the peer's registered
+// targets is refused by its QP).
 func TestForgedDescriptor(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		rkey uint32
-		n    uint32
-	}{{"bad rkey", 0xdead00, 4096}, {"length above MaxMessage", 0, 5 << 20}} {
+		// forge sets up the forgery by the receiving side sp (before the
+		// send) or makes the sending side p send it.
+		forge func(p, sp *bx.Peer) error
+		// large: p then sends a large message (its WRITE meets the forged
+		// CTS).
+		large bool
+		// victimIsSender: p detects it, else sp does.
+		victimIsSender bool
+	}{
+		{name: "request above MaxMessage", forge: func(p, _ *bx.Peer) error { return p.SendRndvForTest(1, 5<<20) }},
+		{name: "FIN for no rendezvous", forge: func(p, _ *bx.Peer) error { return p.SendFinForTest(1, 12345) }},
+		{name: "CTS with a bad rkey", large: true, victimIsSender: true, forge: func(_, sp *bx.Peer) error {
+			sp.Endpoint().ForgeCTSForTest(func(_ *uint64, rkey, _ *uint32) { *rkey ^= 0xdead00 })
+			return nil
+		}},
+		{name: "CTS outside the target pool", large: true, victimIsSender: true, forge: func(_, sp *bx.Peer) error {
+			sp.Endpoint().ForgeCTSForTest(func(addr *uint64, _, _ *uint32) { *addr += 1 << 40 })
+			return nil
+		}},
+		{name: "CTS of another length", large: true, victimIsSender: true, forge: func(_, sp *bx.Peer) error {
+			sp.Endpoint().ForgeCTSForTest(func(_ *uint64, _, n *uint32) { *n-- })
+			return nil
+		}},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, p, sp := pair(t, nil)
-			if err := p.SendRndvForTest(1, 0x1000, tc.rkey, tc.n); err != nil {
+			if err := tc.forge(p, sp); err != nil {
 				t.Fatal(err)
 			}
+			if tc.large {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				// The send itself succeeds (bx owns the buffer); the
+				// failure shows when the WRITE or the CTS is checked.
+				if err := p.Stream(1).Send(ctx, make([]byte, 100_000)); err != nil {
+					t.Logf("send: %v", err)
+				}
+			}
+			victim, forger := sp, p
+			if tc.victimIsSender {
+				victim, forger = p, sp
+			}
 			select {
-			case <-sp.Done():
+			case <-victim.Done():
 			case <-time.After(20 * time.Second):
-				t.Fatal("the receiver kept a peer that forged a descriptor")
+				t.Fatal("the victim kept a peer that forged a rendezvous message")
 			}
-			if err := sp.Err(); !errors.Is(err, bx.ErrProtocol) {
-				t.Errorf("receiver: %v, want ErrProtocol", err)
+			if err := victim.Err(); !errors.Is(err, bx.ErrProtocol) {
+				t.Errorf("victim: %v, want ErrProtocol", err)
 			}
 			select {
-			case <-p.Done():
-				t.Logf("sender sees: %v", p.Err())
+			case <-forger.Done():
+				t.Logf("forger sees: %v", forger.Err())
 			case <-time.After(20 * time.Second):
 				t.Error("the forging peer was not disconnected")
 			}
@@ -234,7 +272,46 @@ func TestPacketLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const n = 300
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
+	// Large messages go by rendezvous (RDMA WRITE of ~100 packets each):
+	// losses inside a WRITE are retransmitted by RC; every payload must
+	// arrive intact, once, in order.
+	const large = 12
+	go func() {
+		for i := range large {
+			b := make([]byte, 100_000+i)
+			for k := 8; k < len(b); k++ {
+				b[k] = byte(k*7 + i)
+			}
+			binary.LittleEndian.PutUint32(b, uint32(i))
+			binary.LittleEndian.PutUint32(b[4:], crc32.ChecksumIEEE(b[8:]))
+			if err := p.Stream(6).Send(ctx, b); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	go func() {
+		for i := range large {
+			m, err := sp.Stream(6).Recv(ctx)
+			if err != nil {
+				errc <- fmt.Errorf("large message %d: %w", i, err)
+				return
+			}
+			d := m.Data()
+			switch {
+			case len(d) != 100_000+i:
+				errc <- fmt.Errorf("large message %d: %d bytes", i, len(d))
+			case binary.LittleEndian.Uint32(d) != uint32(i):
+				errc <- fmt.Errorf("large message %d carries index %d", i, binary.LittleEndian.Uint32(d))
+			case crc32.ChecksumIEEE(d[8:]) != binary.LittleEndian.Uint32(d[4:]):
+				errc <- fmt.Errorf("large message %d: payload corrupted", i)
+			}
+			m.Release()
+		}
+		errc <- nil
+	}()
 	go func() {
 		for i := range n {
 			if err := p.Stream(5).Send(ctx, fmt.Appendf(nil, "%d", i)); err != nil {
@@ -268,7 +345,7 @@ func TestPacketLoss(t *testing.T) {
 		}
 		m.Release()
 	}
-	for range 2 {
+	for range 4 {
 		if err := <-errc; err != nil {
 			t.Fatal(err)
 		}

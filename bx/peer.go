@@ -11,7 +11,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/flow"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -52,6 +51,7 @@ type Peer struct {
 	recCause  error
 	recAck    chan setup
 	recDone   chan struct{}
+	askCh     chan struct{} // dialer: the acceptor asked for another recovery round
 }
 
 const (
@@ -73,9 +73,12 @@ type lane struct {
 	outs    []out // unacknowledged, in sequence order
 	sends   int
 
+	live bool // under mu: the QP is connected and resends are done; else sends only queue
+
 	rmu       sync.Mutex // receive side, touched by the progress goroutine and Release
+	rqpn      uint32     // the QP whose receives count; older ones' are dropped
 	delivered uint64     // highest sequence delivered in order
-	pending   []*inbound // received but waiting for an earlier rendezvous
+	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
 	scratch   [HeaderSize]byte // credit updates, sent inline
@@ -86,11 +89,25 @@ type lane struct {
 type out struct {
 	seq   uint64
 	buf   mr.Buf
-	rndv  mr.Buf
+	rndv  mr.Buf // an RTS's payload, freed with it
 	hasRV bool
 	bytes int64
+	ctl   bool   // CTS or FIN: outside the send window
+	paid  uint32 // 1 + the credit epoch of the credit it consumed
+	// A FIN goes behind the RDMA WRITE of the payload, also when resent.
+	write *writeOp
 }
 
+// writeOp is the RDMA WRITE of a rendezvous payload.
+type writeOp struct {
+	sge  qp.SGE
+	addr uint64
+	rkey uint32
+}
+
+// inbound is a received message not yet delivered. A rendezvous (msg.large)
+// is done when its FIN arrives; CTS and FIN entries have no msg and only
+// hold their place in the sequence.
 type inbound struct {
 	h    header
 	msg  *Msg
@@ -182,7 +199,7 @@ func (e *Endpoint) newLanes(p *Peer) error {
 		if err != nil {
 			return err
 		}
-		p.lanes[i] = &lane{peer: p, idx: i, qp: q, nextSeq: 1,
+		p.lanes[i] = &lane{peer: p, idx: i, qp: q, nextSeq: 1, rqpn: q.QPN(),
 			win: e.win.NewChild(flow.Limits{Msgs: e.cfg.LaneMsgs, Bytes: e.cfg.LaneBytes})}
 	}
 	return nil
@@ -190,7 +207,14 @@ func (e *Endpoint) newLanes(p *Peer) error {
 
 func newLaneQP(e *Endpoint) (*qp.QP, error) {
 	return qp.Create(e.pd, qp.Config{SendCQ: e.cq, RecvCQ: e.cq, SRQ: e.srq,
-		MaxSendWR: uint32(int(e.cfg.LaneMsgs) + e.cfg.Credits + 16), MaxInline: HeaderSize})
+		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: HeaderSize})
+}
+
+// laneSendWR is a lane's send queue depth: its window of messages, a CTS
+// for each of the peer's, a FIN and its WRITE for each of ours, and credit
+// updates.
+func laneSendWR(c *Config) int {
+	return 4*int(c.LaneMsgs) + c.Credits + 16
 }
 
 func (p *Peer) localSetup(epoch uint32) setup {
@@ -198,9 +222,10 @@ func (p *Peer) localSetup(epoch uint32) setup {
 	copy(s.GID[:], p.e.gid.GID.To16())
 	for _, l := range p.lanes {
 		l.rmu.Lock()
-		next := l.delivered + 1
+		acked := l.delivered
+		next := acked + uint64(len(l.pending)) + 1
 		l.rmu.Unlock()
-		s.Lanes = append(s.Lanes, laneInfo{QPN: l.qp.QPN(), PSN: rand.Uint32() & 0xffffff, Next: next})
+		s.Lanes = append(s.Lanes, laneInfo{QPN: l.qp.QPN(), PSN: rand.Uint32() & 0xffffff, Next: next, Acked: acked})
 	}
 	return s
 }
@@ -212,10 +237,10 @@ func (p *Peer) connectLanes(local, remote setup) error {
 	for i, l := range p.lanes {
 		r := remote.Lanes[i]
 		err := l.qp.Connect(qp.Remote{QPN: r.QPN, PSN: r.PSN, GID: remote.GID[:]},
-			// Peers may READ our rendezvous sources and nothing else: the
-			// QP allows remote reads, only rendezvous memory is
+			// Peers may WRITE into our rendezvous targets and nothing
+			// else: the QP allows remote writes, only the target pool is
 			// registered for them.
-			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, MaxRdAtomic: 4, MaxDestRd: 4, Access: mr.RemoteRead,
+			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, Access: mr.RemoteWrite,
 				// 7 would retry forever on rxe: a lane whose peer QP went
 				// to ERR must end in an error completion, which starts
 				// recovery.
@@ -252,7 +277,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	}
 	e.mu.Unlock()
 	p := &Peer{e: e, ctl: c, dialer: dialer, streams: map[uint32]*Stream{}, calls: map[uint64]chan *Msg{},
-		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), recDone: make(chan struct{}, 1)}
+		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), recDone: make(chan struct{}, 1), askCh: make(chan struct{}, 1)}
 	if err := e.newLanes(p); err != nil {
 		p.destroyLanes()
 		return nil, err
@@ -279,20 +304,33 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		return nil, fmt.Errorf("%w: grant %d", ErrProtocol, remote.Grant)
 	}
 	p.id = remote.ID
+	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
+	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
+		p.destroyLanes()
+		return nil, err
+	}
+	// The lanes are routed before they connect: the peer may send as soon
+	// as both ends are in RTS, before this handshake returns, and a
+	// message on an unrouted QP would be lost.
+	e.mu.Lock()
+	for _, l := range p.lanes {
+		e.byQPN[l.qp.QPN()] = l
+	}
+	e.mu.Unlock()
 	if err := p.connectLanes(local, remote); err != nil {
 		p.destroyLanes()
 		return nil, err
+	}
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		l.live = true
+		l.mu.Unlock()
 	}
 	if !dialer {
 		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
 			p.destroyLanes()
 			return nil, err
 		}
-	}
-	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
-	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
-		p.destroyLanes()
-		return nil, err
 	}
 	// Both QPs are in RTS once each side has the other's setup; a last
 	// round trip makes sure the dialer's are before the acceptor sends.
@@ -309,9 +347,6 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	}
 	e.mu.Lock()
 	e.peers[p] = struct{}{}
-	for _, l := range p.lanes {
-		e.byQPN[l.qp.QPN()] = l
-	}
 	e.mu.Unlock()
 	close(p.ready)
 	go p.control()
@@ -361,6 +396,11 @@ func (p *Peer) control() {
 		case ctlRecover:
 			p.acceptRecovery(m.Setup)
 		case ctlRecAck:
+			// Keep the newest: an answer to an abandoned round is stale.
+			select {
+			case <-p.recAck:
+			default:
+			}
 			select {
 			case p.recAck <- m.Setup:
 			default:
@@ -420,6 +460,28 @@ func (p *Peer) shutdown(why error, bye bool) {
 		l.win.Close()
 	}
 	p.destroyLanes()
+	// With the QPs gone nothing writes into rendezvous targets any more.
+	for _, l := range p.lanes {
+		l.rmu.Lock()
+		pending := l.pending
+		l.pending = nil
+		l.rmu.Unlock()
+		for _, in := range pending {
+			p.dropInbound(in)
+		}
+	}
+}
+
+// dropInbound returns the buffer of a message that will not be delivered.
+func (p *Peer) dropInbound(in *inbound) {
+	switch {
+	case in.msg == nil:
+	case in.msg.large:
+		p.e.large.Free(in.msg.buf)
+	default:
+		p.e.repost(in.msg.buf)
+		p.ret.Released(1)
+	}
 }
 
 func (p *Peer) freeOut(l *lane, o out) {
@@ -427,7 +489,9 @@ func (p *Peer) freeOut(l *lane, o out) {
 	if o.hasRV {
 		p.e.rndv.Free(o.rndv)
 	}
-	l.win.Release(o.bytes)
+	if !o.ctl {
+		l.win.Release(o.bytes)
+	}
 }
 
 // waitUsable blocks while the peer recovers.
@@ -459,36 +523,54 @@ func (p *Peer) waitUsable(ctx context.Context) error {
 // piggybacked acknowledgement and credits, one doorbell. buf holds the
 // header room and (eager) the payload; rv, if set, is a rendezvous source.
 func (p *Peer) send(ctx context.Context, s uint32, h header, buf mr.Buf, rv *mr.Buf) error {
-	l := p.lanes[int(s)%len(p.lanes)]
-	bytes := int64(buf.Len())
+	o := out{buf: buf, bytes: int64(buf.Len())}
 	if rv != nil {
-		bytes += int64(rv.Len())
+		o.rndv, o.hasRV = *rv, true
+		o.bytes += int64(rv.Len())
 	}
+	return p.sendOut(ctx, p.lanes[int(s)%len(p.lanes)], s, h, o)
+}
+
+// sendOut sends o on lane l. CTS and FIN (o.ctl) bypass the send window:
+// they answer messages the window already admitted, and waiting for it
+// could deadlock against the RTSs it holds.
+func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) error {
 	if err := p.waitUsable(ctx); err != nil {
 		return err
 	}
-	if err := l.win.Acquire(ctx, bytes); err != nil {
+	if !o.ctl {
+		if err := l.win.Acquire(ctx, o.bytes); err != nil {
+			return p.sendErr(err)
+		}
+	}
+	release := func() {
+		if !o.ctl {
+			l.win.Release(o.bytes)
+		}
+	}
+	epoch, err := p.credits.AcquireEpoch(ctx, 1)
+	if err != nil {
+		release()
 		return p.sendErr(err)
 	}
-	if err := p.credits.Acquire(ctx, 1); err != nil {
-		l.win.Release(bytes)
-		return p.sendErr(err)
-	}
-	o := out{buf: buf, bytes: bytes}
-	if rv != nil {
-		o.rndv, o.hasRV = *rv, true
-	}
+	o.paid = epoch + 1
 	l.mu.Lock()
 	if p.state.Load() == stateDead {
 		l.mu.Unlock()
-		l.win.Release(bytes)
+		release()
 		return p.Err()
 	}
 	o.seq = l.nextSeq
 	l.nextSeq++
 	h.Stream, h.Seq = s, o.seq
 	l.outs = append(l.outs, o)
-	err := p.post(l, h, buf)
+	if l.live {
+		err = p.post(l, h, o.buf, o.write)
+	} else {
+		// Recovery is rebuilding the lane: finishResend posts it, in
+		// order, behind what it resends, from the header kept here.
+		h.encode(o.buf.Bytes()[:HeaderSize])
+	}
 	l.mu.Unlock()
 	if err != nil {
 		// The message is queued for resending after recovery.
@@ -509,8 +591,9 @@ func (p *Peer) sendErr(err error) error {
 }
 
 // post writes the header (with fresh acknowledgement and credits) into buf
-// and posts it. l.mu is held.
-func (p *Peer) post(l *lane, h header, buf mr.Buf) error {
+// and posts it, behind the RDMA WRITE w if there is one (one doorbell).
+// l.mu is held.
+func (p *Peer) post(l *lane, h header, buf mr.Buf, w *writeOp) error {
 	h.Ack = l.deliveredSeq()
 	h.Credit, _ = p.ret.Piggyback()
 	h.Epoch = p.ret.Epoch()
@@ -520,6 +603,14 @@ func (p *Peer) post(l *lane, h header, buf mr.Buf) error {
 	l.sends++
 	if l.sends%16 == 0 {
 		flags = qp.Signaled
+	}
+	if w != nil {
+		// Unsignaled like most sends; an error still completes (tagWrite).
+		wr := [2]qp.SendWR{
+			{ID: tagWrite, Opcode: qp.OpRDMAWrite, SGEs: []qp.SGE{w.sge}, RemoteAddr: w.addr, RKey: w.rkey},
+			{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{buf.SGE(buf.Len())}},
+		}
+		return l.qp.PostSend(wr[:])
 	}
 	wr := [1]qp.SendWR{{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{buf.SGE(buf.Len())}}}
 	return l.qp.PostSend(wr[:])
@@ -563,10 +654,11 @@ func (p *Peer) maybeUpdate(now time.Time) {
 }
 
 func (p *Peer) sendUpdate(l *lane) {
-	if !p.credits.TryAcquireControl() {
+	l.mu.Lock()
+	if !l.live || !p.credits.TryAcquireControl() {
+		l.mu.Unlock()
 		return
 	}
-	l.mu.Lock()
 	// Unsequenced and inline: the device copies the 48 bytes at post
 	// time, so the lane's scratch header is free again at once, and an
 	// update is never resent (the next one carries newer values).
@@ -586,77 +678,116 @@ func (p *Peer) sendUpdate(l *lane) {
 	}
 }
 
-// received handles one message that landed in an SRQ buffer.
-func (p *Peer) received(l *lane, b mr.Buf, n int) {
+// received handles one message that landed in an SRQ buffer through the
+// lane's QP qpn. The lane's receive lock is held from the staleness check
+// to the message's place in the sequence, so a message of a QP that
+// recovery already replaced is dropped whole (the peer resends it): the
+// next sequence recovery reports is exact.
+func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 	var h header
 	data := b.Bytes()[:n]
-	if err := h.decode(data); err != nil {
+	l.rmu.Lock()
+	if l.rqpn != qpn {
+		l.rmu.Unlock()
+		p.e.stats.Unrouted.Add(1)
 		p.e.repost(b)
+		return
+	}
+	fail := func(err error, consumed bool) {
+		l.rmu.Unlock()
+		p.e.repost(b)
+		if consumed {
+			p.ret.Released(1)
+		}
 		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+	}
+	if err := h.decode(data); err != nil {
+		fail(err, false)
 		return
 	}
 	if err := p.ret.Consumed(1); err != nil {
-		p.e.repost(b)
-		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+		fail(err, false)
 		return
 	}
 	if err := p.credits.Grant(h.Credit, h.Epoch); errors.Is(err, flow.ErrImpossibleGrant) {
-		p.e.repost(b)
-		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+		fail(err, true)
 		return
 	}
-	p.ack(l, h.Ack)
 	if h.Type == typCredit {
+		l.rmu.Unlock()
+		p.ack(l, h.Ack)
 		p.e.repost(b)
 		p.ret.ReleasedControl(1)
 		return
 	}
 	p.e.stats.Received.Add(1)
-	l.rmu.Lock()
-	if h.Seq <= l.delivered || h.Seq > l.delivered+uint64(len(l.pending))+1 {
-		dup := h.Seq <= l.delivered
+	// Everything up to held is here, delivered or pending: a resend of
+	// any of it is a duplicate.
+	held := l.delivered + uint64(len(l.pending))
+	if h.Seq <= held {
 		l.rmu.Unlock()
+		p.ack(l, h.Ack)
 		p.e.repost(b)
 		p.ret.Released(1)
-		if dup {
-			p.e.stats.Duplicates.Add(1)
-			return
-		}
-		p.shutdown(fmt.Errorf("%w: lane %d sequence %d, expected %d", ErrProtocol, l.idx, h.Seq, l.delivered+uint64(len(l.pending))+1), true)
+		p.e.stats.Duplicates.Add(1)
+		return
+	}
+	if h.Seq != held+1 {
+		fail(fmt.Errorf("lane %d sequence %d, expected %d", l.idx, h.Seq, held+1), true)
 		return
 	}
 	in := &inbound{h: h}
-	if h.Type == typRndv {
+	switch h.Type {
+	case typRndv:
 		var d rndv
 		if err := d.decode(data[HeaderSize:], p.e.cfg.MaxMessage); err != nil {
-			l.rmu.Unlock()
-			p.e.repost(b)
-			p.ret.Released(1)
-			p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
+			fail(err, true)
 			return
 		}
-		// The descriptor's buffer goes back at once; the payload lands in
-		// a buffer of our own, read from the peer's.
-		p.e.repost(b)
-		p.ret.Released(1)
 		t, err := p.e.large.Alloc(int(d.Len))
 		if err != nil {
 			l.rmu.Unlock()
+			p.e.repost(b)
+			p.ret.Released(1)
 			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
 			return
 		}
 		in.msg = &Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
 		l.pending = append(l.pending, in)
 		l.rmu.Unlock()
+		// The request's buffer goes back at once; the payload will land
+		// in a buffer of our own that the peer WRITEs.
+		p.ack(l, h.Ack)
+		p.e.repost(b)
+		p.ret.Released(1)
 		p.e.stats.Rendezvous.Add(1)
-		wr := [1]qp.SendWR{{ID: tagRead | uint64(l.idx)<<32 | (h.Seq & 0xffffffff), Opcode: qp.OpRDMARead, Flags: qp.Signaled,
-			SGEs: []qp.SGE{t.SGE(int(d.Len))}, RemoteAddr: d.Addr, RKey: d.RKey}}
-		l.mu.Lock()
-		err = l.qp.PostSend(wr[:])
-		l.mu.Unlock()
-		if err != nil {
-			p.laneFailed(l, err)
+		go p.sendCTS(l, h.Stream, cts{Ref: h.Seq, Addr: t.Addr(), RKey: t.RKey(), Len: d.Len})
+		return
+	case typCTS, typFin:
+		var c cts
+		var f fin
+		var err error
+		if h.Type == typCTS {
+			err = c.decode(data[HeaderSize:], p.e.cfg.MaxMessage)
+		} else if err = f.decode(data[HeaderSize:]); err == nil {
+			err = l.finished(f.Ref)
 		}
+		if err != nil {
+			fail(err, true)
+			return
+		}
+		// Neither is delivered; each holds its place in the sequence.
+		in.done = true
+		l.pending = append(l.pending, in)
+		ready := l.flush()
+		l.rmu.Unlock()
+		p.ack(l, h.Ack)
+		p.e.repost(b)
+		p.ret.Released(1)
+		if h.Type == typCTS {
+			go p.sendFin(l, h.Stream, c)
+		}
+		p.deliverAll(ready)
 		return
 	}
 	in.msg = &Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
@@ -664,7 +795,76 @@ func (p *Peer) received(l *lane, b mr.Buf, n int) {
 	l.pending = append(l.pending, in)
 	ready := l.flush()
 	l.rmu.Unlock()
+	p.ack(l, h.Ack)
 	p.deliverAll(ready)
+}
+
+// finished marks the rendezvous with sequence ref done: its FIN arrived.
+// l.rmu is held.
+func (l *lane) finished(ref uint64) error {
+	for _, in := range l.pending {
+		if in.h.Seq == ref {
+			if in.msg == nil || !in.msg.large || in.done {
+				break
+			}
+			in.done = true
+			return nil
+		}
+	}
+	return fmt.Errorf("lane %d: FIN for sequence %d, which is no rendezvous in progress", l.idx, ref)
+}
+
+// sendCTS tells the peer where to write the payload of its RTS. It runs on
+// its own goroutine: it may wait for a credit, and the progress goroutine
+// must not.
+func (p *Peer) sendCTS(l *lane, stream uint32, c cts) {
+	if p.e.ctsHook != nil {
+		p.e.ctsHook(&c)
+	}
+	b, err := p.e.eager.Alloc(HeaderSize + ctsSize)
+	if err != nil {
+		p.shutdown(fmt.Errorf("bx: rendezvous answer: %w", err), true)
+		return
+	}
+	c.encode(b.Bytes()[HeaderSize:])
+	if err := p.sendOut(p.e.stopCh, l, stream, header{Type: typCTS, Length: ctsSize}, out{buf: b, ctl: true}); err != nil {
+		p.e.eager.Free(b)
+	}
+}
+
+// sendFin writes the payload the peer's CTS asks for and posts the FIN
+// behind it.
+func (p *Peer) sendFin(l *lane, stream uint32, c cts) {
+	l.mu.Lock()
+	var src mr.Buf
+	found := false
+	for _, o := range l.outs {
+		if o.seq == c.Ref {
+			src, found = o.rndv, o.hasRV
+			break
+		}
+	}
+	l.mu.Unlock()
+	switch {
+	case !found:
+		if p.state.Load() != stateDead {
+			p.shutdown(fmt.Errorf("%w: lane %d: clear-to-send for sequence %d, which is no rendezvous of ours", ErrProtocol, l.idx, c.Ref), true)
+		}
+		return
+	case int(c.Len) != src.Len():
+		p.shutdown(fmt.Errorf("%w: lane %d: clear-to-send of %d bytes for a %d-byte rendezvous", ErrProtocol, l.idx, c.Len, src.Len()), true)
+		return
+	}
+	b, err := p.e.eager.Alloc(HeaderSize + finSize)
+	if err != nil {
+		p.shutdown(fmt.Errorf("bx: rendezvous FIN: %w", err), true)
+		return
+	}
+	(&fin{Ref: c.Ref}).encode(b.Bytes()[HeaderSize:])
+	o := out{buf: b, ctl: true, write: &writeOp{sge: src.SGE(src.Len()), addr: c.Addr, rkey: c.RKey}}
+	if err := p.sendOut(p.e.stopCh, l, stream, header{Type: typFin, Length: finSize}, o); err != nil {
+		p.e.eager.Free(b)
+	}
 }
 
 // flush takes the delivered prefix of the pending list. l.rmu is held.
@@ -682,27 +882,11 @@ func (l *lane) flush() []*inbound {
 	return ready
 }
 
-func (p *Peer) readDone(l *lane, w *cq.WC) {
-	if w.Status != 0 {
-		p.shutdown(fmt.Errorf("%w: rendezvous read failed (bad descriptor from the peer?): %v", ErrProtocol, w.Err()), true)
-		return
-	}
-	seq := w.ID & 0xffffffff
-	l.rmu.Lock()
-	for _, in := range l.pending {
-		if in.h.Seq&0xffffffff == seq && !in.done {
-			in.done = true
-			break
-		}
-	}
-	ready := l.flush()
-	l.rmu.Unlock()
-	p.deliverAll(ready)
-}
-
 func (p *Peer) deliverAll(ready []*inbound) {
 	for _, in := range ready {
-		p.deliver(in.msg)
+		if in.msg != nil {
+			p.deliver(in.msg)
+		}
 	}
 }
 

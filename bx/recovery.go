@@ -1,6 +1,7 @@
 package bx
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -32,52 +33,114 @@ func (p *Peer) startRecovery(cause error) {
 
 // recover runs on both sides: the dialer drives, the acceptor answers
 // (acceptRecovery); an acceptor that noticed the failure first asks the
-// dialer with an empty recovery request.
+// dialer with an empty recovery request. A round whose new QPs fail before
+// it is done (the link flapped again, a QP was forced to ERR) is followed
+// by another, in a new epoch, until Config.PeerTimeout.
 func (p *Peer) recover() {
 	deadline := time.Now().Add(p.e.cfg.PeerTimeout)
 	if !p.dialer {
 		// Ask the dialer to rebuild; it answers with its new lanes.
-		p.writeCtl(ctlRecover, (&setup{ID: p.e.id, Lanes: []laneInfo{{}}}).encode())
-		select {
-		case <-p.recDone:
-		case <-p.down:
-		case <-time.After(time.Until(deadline)):
-			p.shutdown(fmt.Errorf("%w: no recovery within %v (%v)", ErrPeerGone, p.e.cfg.PeerTimeout, p.recCause), true)
+		// The request names the credit epoch whose QPs failed: the
+		// dialer ignores it if it recovered past that epoch already (its
+		// own recovery crossed our request on the wire).
+		p.writeCtl(ctlRecover, (&setup{ID: p.e.id, Epoch: p.ret.Epoch(), Lanes: []laneInfo{{}}}).encode())
+		timeout := time.After(time.Until(deadline))
+		for {
+			select {
+			case <-p.recDone:
+				if p.state.Load() == stateRecovering {
+					continue // a signal of an earlier round
+				}
+			case <-p.down:
+			case <-timeout:
+				p.shutdown(fmt.Errorf("%w: no recovery within %v (%v)", ErrPeerGone, p.e.cfg.PeerTimeout, p.recCause), true)
+			}
+			return
 		}
-		return
+	}
+	for {
+		err := p.dialerRound(deadline)
+		if err == nil {
+			// An acceptor whose side of this round failed asked for
+			// another while we were busy.
+			select {
+			case <-p.askCh:
+				continue
+			default:
+			}
+			p.setActive()
+			return
+		}
+		var again *retryError
+		if !errors.As(err, &again) || time.Now().After(deadline) {
+			p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
+			return
+		}
+	}
+}
+
+// retryError is a recovery round that failed on its new QPs: another round
+// may succeed.
+type retryError struct{ err error }
+
+func (e *retryError) Error() string { return e.err.Error() + " (recovering again)" }
+func (e *retryError) Unwrap() error { return e.err }
+
+// dialerRound rebuilds every lane and connects it to the acceptor's new
+// ones, then resends.
+func (p *Peer) dialerRound(deadline time.Time) error {
+	select {
+	case <-p.askCh: // this round answers it
+	default:
 	}
 	if err := p.rebuild(); err != nil {
-		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
-		return
+		return err
 	}
 	local, err := p.resyncSetup(p.ret.Epoch() + 1)
-	if err == nil {
-		err = p.writeCtl(ctlRecover, local.encode())
-	}
 	if err != nil {
-		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), false)
-		return
+		return err
+	}
+	if err := p.writeCtl(ctlRecover, local.encode()); err != nil {
+		return err
 	}
 	var remote setup
-	select {
-	case remote = <-p.recAck:
-	case <-p.down:
-		return
-	case <-time.After(time.Until(deadline)):
-		p.shutdown(fmt.Errorf("%w: no recovery answer within %v (%v)", ErrPeerGone, p.e.cfg.PeerTimeout, p.recCause), true)
-		return
+	for {
+		select {
+		case remote = <-p.recAck:
+		case <-p.askCh:
+			// The acceptor failed to set up its side: start over.
+			return &retryError{fmt.Errorf("peer failed its side of recovery epoch %d", local.Epoch)}
+		case <-p.down:
+			return p.Err()
+		case <-time.After(time.Until(deadline)):
+			return fmt.Errorf("no recovery answer within %v (%v)", p.e.cfg.PeerTimeout, p.recCause)
+		}
+		if remote.Epoch == local.Epoch {
+			break
+		}
+		// An answer to an earlier round: not ours.
 	}
 	if err := p.finishConnect(local, remote); err != nil {
-		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
-		return
+		return &retryError{err}
 	}
 	if err := p.writeCtl(ctlPing, nil); err != nil {
-		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), false)
-		return
+		return err
 	}
 	if err := p.finishResend(remote); err != nil {
-		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
+		return &retryError{err}
 	}
+	return nil
+}
+
+// setActive ends a recovery: senders go on.
+func (p *Peer) setActive() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state.Load() != stateRecovering {
+		return // shut down meanwhile: stays dead
+	}
+	p.state.Store(stateActive)
+	close(p.recovered)
 }
 
 // resyncSetup moves our receive side to epoch and describes our new lanes.
@@ -92,10 +155,21 @@ func (p *Peer) resyncSetup(epoch uint32) (setup, error) {
 }
 
 // acceptRecovery is the acceptor's side: rebuild, connect to the dialer's
-// new lanes, answer with ours.
+// new lanes, answer with ours. It runs on the control goroutine.
 func (p *Peer) acceptRecovery(remote setup) {
 	if p.dialer {
-		// The acceptor asks us to recover.
+		// The acceptor asks us to recover, unless a recovery to a newer
+		// epoch than the one it saw fail happened since.
+		if remote.Epoch < p.ret.Epoch() {
+			return
+		}
+		if p.state.Load() == stateRecovering {
+			select {
+			case p.askCh <- struct{}{}:
+			default:
+			}
+			return
+		}
 		p.startRecovery(fmt.Errorf("peer reported a QP failure"))
 		return
 	}
@@ -106,38 +180,67 @@ func (p *Peer) acceptRecovery(remote setup) {
 		p.e.stats.Recoveries.Add(1)
 	}
 	p.mu.Unlock()
-	fail := func(err error) { p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true) }
-	if err := p.rebuild(); err != nil {
-		fail(err)
+	for {
+		next, err := p.acceptRound(remote)
+		switch {
+		case err == nil && next == nil:
+			p.setActive()
+			select {
+			case p.recDone <- struct{}{}:
+			default:
+			}
+			return
+		case next != nil:
+			// The dialer started over (its side failed): so do we.
+			remote = *next
+			continue
+		}
+		var again *retryError
+		if errors.As(err, &again) {
+			// Our new QPs failed: ask the dialer for another round and
+			// wait for it, bounded by PeerTimeout.
+			go p.recover()
+			return
+		}
+		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
 		return
+	}
+}
+
+// acceptRound is one round on the acceptor. It returns the dialer's next
+// recovery request if one came instead of the confirmation.
+func (p *Peer) acceptRound(remote setup) (*setup, error) {
+	if err := p.rebuild(); err != nil {
+		return nil, err
 	}
 	local, err := p.resyncSetup(remote.Epoch)
 	if err != nil {
-		fail(err)
-		return
+		return nil, err
 	}
 	if err := p.finishConnect(local, remote); err != nil {
-		fail(err)
-		return
+		if werr := p.writeCtl(ctlRecAck, local.encode()); werr != nil {
+			return nil, werr
+		}
+		return nil, &retryError{err}
 	}
 	if err := p.writeCtl(ctlRecAck, local.encode()); err != nil {
-		fail(err)
-		return
+		return nil, err
 	}
 	// The dialer connects its new lanes, then says so: only then can our
 	// resends reach a QP that takes them.
-	if m, err := readCtl(p.ctl, p.e.cfg.PeerTimeout); err != nil || m.Type != ctlPing {
-		fail(fmt.Errorf("dialer did not confirm its new lanes: %v", err))
-		return
+	m, err := readCtl(p.ctl, p.e.cfg.PeerTimeout)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("dialer did not confirm its new lanes: %v", err)
+	case m.Type == ctlRecover && len(m.Setup.Lanes) == len(p.lanes) && m.Setup.Epoch > remote.Epoch:
+		return &m.Setup, nil
+	case m.Type != ctlPing:
+		return nil, fmt.Errorf("%w: control message %d while waiting for the recovery confirmation", ErrProtocol, m.Type)
 	}
 	if err := p.finishResend(remote); err != nil {
-		fail(err)
-		return
+		return nil, &retryError{err}
 	}
-	select {
-	case p.recDone <- struct{}{}:
-	default:
-	}
+	return nil, nil
 }
 
 // rebuild replaces every lane's QP with a new one in RESET. Unacknowledged
@@ -157,19 +260,14 @@ func (p *Peer) rebuild() error {
 			return err
 		}
 		l.qp = q
+		l.live = false
 		l.rmu.Lock()
-		// Messages waiting behind a rendezvous read lost with the old QP
-		// are dropped: the peer resends them (they are unacknowledged).
-		for _, in := range l.pending {
-			if in.msg.large {
-				e.large.Free(in.msg.buf)
-			} else {
-				e.repost(in.msg.buf)
-				p.ret.Released(1)
-			}
-		}
-		l.pending = nil
+		l.rqpn = q.QPN()
 		l.rmu.Unlock()
+		// Messages received but not delivered (behind a rendezvous whose
+		// FIN has not come) stay: the peer resends only from the first
+		// one we lack, so a rendezvous target is written again only while
+		// it is still ours.
 		e.mu.Lock()
 		e.byQPN[q.QPN()] = l
 		e.mu.Unlock()
@@ -188,8 +286,8 @@ func (p *Peer) finishConnect(local, remote setup) error {
 		return err
 	}
 	for i, l := range p.lanes {
-		if next := remote.Lanes[i].Next; next > 0 {
-			p.ack(l, next-1)
+		if remote.Lanes[i].Next > 0 {
+			p.ack(l, remote.Lanes[i].Acked)
 		}
 	}
 	return nil
@@ -197,29 +295,38 @@ func (p *Peer) finishConnect(local, remote setup) error {
 
 // finishResend resends what the peer does not have, then lets senders in.
 func (p *Peer) finishResend(remote setup) error {
-	for _, l := range p.lanes {
+	epoch, _, _ := p.credits.State()
+	for i, l := range p.lanes {
+		next := remote.Lanes[i].Next
 		l.mu.Lock()
-		for _, o := range l.outs {
+		for k := range l.outs {
+			o := &l.outs[k]
+			if o.seq < next {
+				continue // the peer has it, waiting for an earlier rendezvous
+			}
 			var h header
 			if err := h.decode(o.buf.Bytes()[:o.buf.Len()]); err != nil {
-				continue
+				l.mu.Unlock()
+				return fmt.Errorf("lane %d sequence %d queued without a valid header: %v", l.idx, o.seq, err)
 			}
 			// A resend needs a credit like any message; the peer's
 			// buffers were just re-granted in full but for what it holds.
-			if !p.credits.TryAcquire(1) {
-				l.mu.Unlock()
-				return fmt.Errorf("no credit to resend lane %d sequence %d", l.idx, o.seq)
+			// A message queued during recovery may hold one of the new
+			// epoch already.
+			if o.paid != epoch+1 {
+				if !p.credits.TryAcquire(1) {
+					l.mu.Unlock()
+					return fmt.Errorf("no credit to resend lane %d sequence %d", l.idx, o.seq)
+				}
+				o.paid = epoch + 1
 			}
-			if err := p.post(l, h, o.buf); err != nil {
+			if err := p.post(l, h, o.buf, o.write); err != nil {
 				l.mu.Unlock()
 				return err
 			}
 		}
+		l.live = true
 		l.mu.Unlock()
 	}
-	p.mu.Lock()
-	p.state.Store(stateActive)
-	close(p.recovered)
-	p.mu.Unlock()
 	return nil
 }

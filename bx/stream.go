@@ -10,8 +10,8 @@ import (
 )
 
 // Msg is a received message. Its Data references the receive buffer the
-// message landed in (or, for a large message, the buffer it was read
-// into): no copy was made. Release it when done; until then its buffer is
+// message landed in (or, for a large message, the buffer the sender wrote
+// it into): no copy was made. Release it when done; until then its buffer is
 // not available to the peer.
 type Msg struct {
 	p      *Peer
@@ -53,7 +53,8 @@ type Buffer struct {
 }
 
 // Alloc returns a buffer for an n-byte message. Messages above EagerSize
-// use rendezvous memory the receiver reads directly.
+// use rendezvous memory, written from there straight into the receiver's
+// buffer.
 func (e *Endpoint) Alloc(n int) (*Buffer, error) {
 	if n < 0 || n > e.cfg.MaxMessage {
 		return nil, fmt.Errorf("%w: %d bytes, MaxMessage %d", ErrTooLarge, n, e.cfg.MaxMessage)
@@ -146,7 +147,7 @@ func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call ui
 	h := header{Type: typData, Flags: flags, CallID: call, Length: uint32(b.n)}
 	if b.big {
 		h.Type, h.Length = typRndv, rndvSize
-		d := rndv{Addr: b.rv.Addr(), RKey: b.rv.RKey(), Len: uint32(b.n)}
+		d := rndv{Len: uint32(b.n)}
 		d.encode(b.head.Bytes()[HeaderSize:])
 		// The descriptor is all the message carries.
 		head := b.head

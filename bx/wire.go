@@ -10,13 +10,17 @@ import (
 // message.
 const HeaderSize = 48
 
-const wireVersion = 1
+// wireVersion 2: rendezvous by RDMA WRITE (RTS, CTS, FIN) instead of READ.
+const wireVersion = 2
 
-// Message types.
+// Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
+// resent after a QP failure until acknowledged); credit updates are not.
 const (
 	typData   = 1 // payload follows the header
-	typRndv   = 2 // a rendezvous descriptor follows: the receiver READs the payload
+	typRndv   = 2 // RTS: a large message of rndv.Len bytes waits for a target
 	typCredit = 3 // explicit credit and acknowledgement update, no payload
+	typCTS    = 4 // clear to send: where to WRITE the payload of an RTS
+	typFin    = 5 // the payload of an RTS was written (the WRITE precedes it on the QP)
 )
 
 // Header flags.
@@ -84,9 +88,19 @@ func (h *header) decode(b []byte) error {
 		if int(h.Length) != len(b)-HeaderSize {
 			return fmt.Errorf("bx: data message says %d payload bytes, %d arrived", h.Length, len(b)-HeaderSize)
 		}
-	case typRndv:
-		if len(b)-HeaderSize != rndvSize || h.Length != rndvSize {
-			return fmt.Errorf("bx: rendezvous descriptor of %d bytes, want %d", len(b)-HeaderSize, rndvSize)
+	case typRndv, typCTS, typFin:
+		want := rndvSize
+		switch h.Type {
+		case typCTS:
+			want = ctsSize
+		case typFin:
+			want = finSize
+		}
+		if len(b)-HeaderSize != want || int(h.Length) != want {
+			return fmt.Errorf("bx: rendezvous message type %d of %d bytes, want %d", h.Type, len(b)-HeaderSize, want)
+		}
+		if h.Type != typRndv && h.Flags != 0 {
+			return fmt.Errorf("bx: rendezvous control message type %d with flags %#x", h.Type, h.Flags)
 		}
 	case typCredit:
 		if len(b) != HeaderSize || h.Length != 0 {
@@ -104,33 +118,97 @@ func (h *header) decode(b []byte) error {
 	return nil
 }
 
-// rndv is a rendezvous descriptor: where the receiver reads the payload.
+// Rendezvous. A payload above EagerSize is not sent in the message: the
+// sender posts an RTS (rndv) naming its size; the receiver takes a buffer
+// from its own pool and answers with a CTS naming it; the sender RDMA
+// WRITEs the payload there and posts a FIN behind the WRITE on the same QP,
+// so the payload is in place when the FIN arrives (RC order). The receiver
+// delivers the message at the FIN, in sequence order. Receivers expose
+// only their rendezvous targets, for remote write; no memory is remotely
+// readable. (An earlier version had the receiver READ the payload; rxe on
+// Linux 6.1 turns a READ response that lost a packet mid-message into a
+// false success completion and a QP error, so READ was dropped.)
+
+// rndv is an RTS: the payload size.
 type rndv struct {
+	Len uint32
+}
+
+const rndvSize = 8
+
+func (r *rndv) encode(b []byte) {
+	binary.LittleEndian.PutUint32(b[0:], r.Len)
+	binary.LittleEndian.PutUint32(b[4:], 0)
+}
+
+func (r *rndv) decode(b []byte, maxLen int) error {
+	if len(b) < rndvSize {
+		return fmt.Errorf("bx: rendezvous request of %d bytes", len(b))
+	}
+	r.Len = binary.LittleEndian.Uint32(b[0:])
+	if r.Len == 0 || int(r.Len) > maxLen {
+		return fmt.Errorf("bx: rendezvous of %d bytes outside 1..%d", r.Len, maxLen)
+	}
+	if binary.LittleEndian.Uint32(b[4:]) != 0 {
+		return errors.New("bx: rendezvous request with reserved bits set")
+	}
+	return nil
+}
+
+// cts answers the RTS with lane sequence Ref: write its Len bytes at Addr
+// with RKey.
+type cts struct {
+	Ref  uint64
 	Addr uint64
 	RKey uint32
 	Len  uint32
 }
 
-const rndvSize = 16
+const ctsSize = 24
 
-func (r *rndv) encode(b []byte) {
-	binary.LittleEndian.PutUint64(b[0:], r.Addr)
-	binary.LittleEndian.PutUint32(b[8:], r.RKey)
-	binary.LittleEndian.PutUint32(b[12:], r.Len)
+func (c *cts) encode(b []byte) {
+	binary.LittleEndian.PutUint64(b[0:], c.Ref)
+	binary.LittleEndian.PutUint64(b[8:], c.Addr)
+	binary.LittleEndian.PutUint32(b[16:], c.RKey)
+	binary.LittleEndian.PutUint32(b[20:], c.Len)
 }
 
-func (r *rndv) decode(b []byte, maxLen int) error {
-	if len(b) < rndvSize {
-		return fmt.Errorf("bx: rendezvous descriptor of %d bytes", len(b))
+func (c *cts) decode(b []byte, maxLen int) error {
+	if len(b) < ctsSize {
+		return fmt.Errorf("bx: clear-to-send of %d bytes", len(b))
 	}
-	r.Addr = binary.LittleEndian.Uint64(b[0:])
-	r.RKey = binary.LittleEndian.Uint32(b[8:])
-	r.Len = binary.LittleEndian.Uint32(b[12:])
-	if r.Len == 0 || int(r.Len) > maxLen {
-		return fmt.Errorf("bx: rendezvous of %d bytes outside 1..%d", r.Len, maxLen)
+	c.Ref = binary.LittleEndian.Uint64(b[0:])
+	c.Addr = binary.LittleEndian.Uint64(b[8:])
+	c.RKey = binary.LittleEndian.Uint32(b[16:])
+	c.Len = binary.LittleEndian.Uint32(b[20:])
+	if c.Ref == 0 {
+		return errors.New("bx: clear-to-send for sequence 0")
 	}
-	if r.Addr+uint64(r.Len) < r.Addr {
-		return fmt.Errorf("bx: rendezvous address %#x + %d wraps", r.Addr, r.Len)
+	if c.Len == 0 || int(c.Len) > maxLen {
+		return fmt.Errorf("bx: clear-to-send of %d bytes outside 1..%d", c.Len, maxLen)
+	}
+	if c.Addr+uint64(c.Len) < c.Addr {
+		return fmt.Errorf("bx: clear-to-send address %#x + %d wraps", c.Addr, c.Len)
+	}
+	return nil
+}
+
+// fin says the payload of the RTS with lane sequence Ref is in place.
+type fin struct {
+	Ref uint64
+}
+
+const finSize = 8
+
+func (f *fin) encode(b []byte) { binary.LittleEndian.PutUint64(b, f.Ref) }
+
+func (f *fin) decode(b []byte) error {
+	if len(b) < finSize {
+		return fmt.Errorf("bx: rendezvous FIN of %d bytes", len(b))
+	}
+	f.Ref = binary.LittleEndian.Uint64(b)
+	if f.Ref == 0 {
+		return errors.New("bx: rendezvous FIN for sequence 0")
 	}
 	return nil
 }
