@@ -111,16 +111,12 @@ type push struct {
 func TestTrainingMatchesReference(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
-			if tr == "rdma" && os.Getenv("GOVERBS_KNOWN_BUGS") != "1" {
-				// Open bug in bx: now and then a rendezvous RDMA READ
-				// completes successfully but leaves its target buffer
-				// unwritten (bx TestRendezvousLargeResponses reproduces
-				// it), so a dense push or pull carries stale bytes.
-				t.Skip("known bug: stale rendezvous READ in bx (GOVERBS_KNOWN_BUGS=1 runs it)")
-			}
 			e := envFor(t, tr)
 			_, addrs := e.servers(t, 2, nil)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			// A correctness test, not a timed one: the deadline only
+			// catches a hang (under -race on a loaded 2-core TCG guest a
+			// run has taken 75 s).
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			const workers, steps = 4, 12
 			var mu sync.Mutex

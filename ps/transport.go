@@ -64,43 +64,12 @@ func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
 			return p, nil
 		}
 	}
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		var p *bx.Peer
-		if p, err = t.ep.Dial(ctx, t.addrs[i]); err != nil {
-			return nil, err
-		}
-		if err = probe(ctx, p); err == nil {
-			t.peers[i] = p
-			return p, nil
-		}
-		p.Close()
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, fmt.Errorf("bx peer %s does not answer after connecting: %w", t.addrs[i], err)
-}
-
-// probe works around a race in bx's handshake (bx/peer.go, handshake): the
-// dialer's Dial returns once it sent its final ping, but the acceptor
-// registers the new lanes' QPNs (Endpoint.byQPN) only after reading that
-// ping; a message that lands before then completes on a QP the acceptor
-// does not know yet, and Endpoint.complete reposts its buffer, dropping it
-// silently, while RC already acknowledged it: the first call never gets an
-// answer. So: give the acceptor a moment, then make sure a call goes
-// through before using the peer; if it does not, drop the peer and dial
-// again.
-func probe(ctx context.Context, p *bx.Peer) error {
-	time.Sleep(5 * time.Millisecond)
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	m, err := p.Call(pctx, 0, EncodeStats())
+	p, err := t.ep.Dial(ctx, t.addrs[i])
 	if err != nil {
-		return err
+		return nil, err
 	}
-	m.Release()
-	return nil
+	t.peers[i] = p
+	return p, nil
 }
 
 func (t *rdmaClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]byte, func(), error) {

@@ -2,7 +2,6 @@ package rxe
 
 import (
 	"encoding/binary"
-	"os"
 	"testing"
 	"unsafe"
 
@@ -50,9 +49,6 @@ func FuzzCQPoll(f *testing.F) {
 		if len(data) > 1<<16 {
 			return
 		}
-		if bug := knownRingBug(len(data), mask); bug != "" && os.Getenv("GOVERBS_KNOWN_BUGS") != "1" {
-			t.Skip(bug)
-		}
 		mem := alignedBuf(ioctl.RxeQueueBufOffData + len(data))
 		binary.LittleEndian.PutUint32(mem[0:], log2)
 		binary.LittleEndian.PutUint32(mem[4:], mask)
@@ -79,21 +75,4 @@ func FuzzCQPoll(f *testing.F) {
 		c.Empty()
 		c.Close()
 	})
-}
-
-// knownRingBug names the inputs on which newRing (ring.go) is known to
-// misbehave; the corpus under testdata/fuzz/FuzzCQPoll keeps one of each.
-// GOVERBS_KNOWN_BUGS=1 runs them anyway. Remove a case with its fix.
-func knownRingBug(dataLen int, mask uint32) string {
-	switch {
-	case dataLen == 0:
-		// ring.go: len(mem) == RxeQueueBufOffData passes the size check,
-		// then &mem[RxeQueueBufOffData] panics (index out of range).
-		return "known bug: newRing panics on a mapping with no room for elements"
-	case mask == 0xffffffff:
-		// ring.go: uintptr(r.mask+1) wraps to 0 in uint32, so need is
-		// just the header and slot() reaches 4G elements past the mapping.
-		return "known bug: newRing accepts Index_mask 0xffffffff (mask+1 wraps)"
-	}
-	return ""
 }
