@@ -149,6 +149,7 @@ type Endpoint struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 	stats  Stats
+	met    metricsState // RPC latency per stream class (metrics.go)
 }
 
 // Stats counts what an endpoint did.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/goverbs/goverbs/mr"
 )
@@ -297,6 +298,13 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 
 // CallBuffer is Call with a zero-copy request.
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+	start := time.Now()
+	m, err := p.callBuffer(ctx, stream, b)
+	p.e.met.observeCall(stream, start, err)
+	return m, err
+}
+
+func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	id := p.callID.Add(1)
 	ch := make(chan *Msg, 1)
 	p.mu.Lock()

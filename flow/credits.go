@@ -41,6 +41,7 @@ type CreditStats struct {
 	Stalls      uint64        // Acquire calls that had to wait
 	Cancelled   uint64        // waits ended by their context
 	WaitTime    time.Duration // total time spent in waits that ended
+	Waiting     uint64        // Acquire calls waiting now (not cumulative)
 	Grants      uint64        // grants that raised the cumulative grant
 	StaleGrants uint64        // grants ignored as duplicate, reordered or of an older epoch
 }
@@ -102,7 +103,9 @@ func (c *Credits) State() (epoch uint32, granted, consumed uint64) {
 func (c *Credits) Stats() CreditStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.st
+	st := c.st
+	st.Waiting = uint64(c.q.n)
+	return st
 }
 
 // TryAcquire takes n data credits if they are available now and nobody is
@@ -166,20 +169,20 @@ func (c *Credits) AcquireEpoch(ctx context.Context, n uint64) (uint32, error) {
 	w := &waiter{n: n, ready: make(chan struct{})}
 	c.q.push(w)
 	c.st.Stalls++
+	start := now() // under the lock: a counted stall has its start time
 	c.mu.Unlock()
 
-	start := time.Now()
 	select {
 	case <-w.ready:
 		c.mu.Lock()
-		c.st.WaitTime += time.Since(start)
+		c.st.WaitTime += now().Sub(start)
 		c.mu.Unlock()
 		return w.epoch, w.err
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.st.WaitTime += time.Since(start)
+	c.st.WaitTime += now().Sub(start)
 	c.st.Cancelled++
 	switch {
 	case w.granted:

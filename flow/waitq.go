@@ -1,5 +1,21 @@
 package flow
 
+import (
+	"sync/atomic"
+	"time"
+)
+
+// clock, if set, replaces time.Now in stall accounting (tests).
+var clock atomic.Pointer[func() time.Time]
+
+// now is the clock of stall accounting (WaitTime).
+func now() time.Time {
+	if f := clock.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
+}
+
 // waiter is one blocked Acquire. It is allocated only on the slow path.
 type waiter struct {
 	n     uint64  // credits or bytes wanted

@@ -25,6 +25,7 @@ type WindowStats struct {
 	Stalls    uint64        // Acquire calls that had to wait (counted at the leaf)
 	Cancelled uint64        // waits ended by their context (leaf)
 	WaitTime  time.Duration // total time spent in waits that ended (leaf)
+	Waiting   uint64        // Acquire calls waiting now at this leaf (not cumulative)
 	Oversize  uint64        // messages larger than Limits.Bytes admitted alone
 }
 
@@ -97,7 +98,13 @@ func (w *Window) Outstanding() (msgs, bytes int64) {
 func (w *Window) Stats() WindowStats {
 	w.t.mu.Lock()
 	defer w.t.mu.Unlock()
-	return w.st
+	st := w.st
+	for wt := w.t.q.head; wt != nil; wt = wt.next {
+		if wt.win == w {
+			st.Waiting++
+		}
+	}
+	return st
 }
 
 func (w *Window) fits(b int64) bool {
@@ -177,20 +184,20 @@ func (w *Window) Acquire(ctx context.Context, b int64) error {
 	t.q.push(wt)
 	w.mark(wt)
 	w.st.Stalls++
+	start := now() // under the lock: a counted stall has its start time
 	t.mu.Unlock()
 
-	start := time.Now()
 	select {
 	case <-wt.ready:
 		t.mu.Lock()
-		w.st.WaitTime += time.Since(start)
+		w.st.WaitTime += now().Sub(start)
 		t.mu.Unlock()
 		return wt.err
 	case <-ctx.Done():
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w.st.WaitTime += time.Since(start)
+	w.st.WaitTime += now().Sub(start)
 	w.st.Cancelled++
 	switch {
 	case wt.granted:

@@ -37,6 +37,7 @@ type Client struct {
 	inc   []atomic.Uint64
 	mu    sync.Mutex
 	specs map[string]Spec
+	ops   opStats // per operation (metrics.go)
 }
 
 // transport carries one request to server i and returns its response,
@@ -124,7 +125,8 @@ func (c *Client) redefine(ctx context.Context, i int) {
 // Define creates parameters on the servers that hold them (a sparse table
 // on every server, a dense tensor on its owner). Defining again with the
 // same spec is harmless.
-func (c *Client) Define(ctx context.Context, specs ...Spec) error {
+func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
+	defer c.ops.done(OpDefine, time.Now(), &err)
 	for _, s := range specs {
 		if err := s.validate(); err != nil {
 			return fmt.Errorf("ps: define: %w", err)
@@ -208,7 +210,8 @@ func (c *Client) split(table string, keys []uint64) [][]int32 {
 // len(keys)*dim values: keys are batched per server, the servers asked
 // concurrently. Rows are decoded straight from the response buffer (on
 // rdma, the registered buffer the response landed in) into out.
-func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32) error {
+func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32) (err error) {
+	defer c.ops.done(OpPull, time.Now(), &err)
 	if len(keys) == 0 {
 		return nil
 	}
@@ -264,8 +267,8 @@ type PushResult struct {
 
 // Push sends gradients (len(keys)*dim values, row i for keys[i]) for the
 // servers' optimizers to apply, batched per server.
-func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) (PushResult, error) {
-	var res PushResult
+func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) (res PushResult, err error) {
+	defer c.ops.done(OpPush, time.Now(), &err)
 	if len(keys) == 0 {
 		return res, nil
 	}
@@ -298,7 +301,6 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 		}
 		return c.call(ctx, i, pushSize(table, nk, dim), fill, func(body []byte) error { return readPush(body, &res, &mu) })
 	}
-	var err error
 	if by == nil {
 		err = one(0, nil)
 	} else {
@@ -319,7 +321,8 @@ func readPush(body []byte, res *PushResult, mu *sync.Mutex) error {
 }
 
 // PullDense reads a dense tensor (len(out) values) from its server.
-func (c *Client) PullDense(ctx context.Context, name string, out []float32) error {
+func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err error) {
+	defer c.ops.done(OpPullDense, time.Now(), &err)
 	fill := func(b []byte) {
 		o := encodeHead(b, OpPullDense, name)
 		binary.LittleEndian.PutUint32(b[o:], uint32(len(out)))
@@ -335,15 +338,15 @@ func (c *Client) PullDense(ctx context.Context, name string, out []float32) erro
 }
 
 // PushDense sends a dense tensor's gradient to its server.
-func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (PushResult, error) {
-	var res PushResult
+func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (res PushResult, err error) {
+	defer c.ops.done(OpPushDense, time.Now(), &err)
 	var mu sync.Mutex
 	fill := func(b []byte) {
 		o := encodeHead(b, OpPushDense, name)
 		binary.LittleEndian.PutUint32(b[o:], uint32(len(grads)))
 		putFloats(b[o+4:], grads)
 	}
-	err := c.call(ctx, c.ring.Tensor(name), pushDenseSize(name, len(grads)), fill, func(body []byte) error { return readPush(body, &res, &mu) })
+	err = c.call(ctx, c.ring.Tensor(name), pushDenseSize(name, len(grads)), fill, func(body []byte) error { return readPush(body, &res, &mu) })
 	return res, err
 }
 
@@ -355,10 +358,11 @@ type ServerStats struct {
 }
 
 // Stats asks every server for its counters.
-func (c *Client) Stats(ctx context.Context) ([]ServerStats, error) {
+func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
+	defer c.ops.done(OpStats, time.Now(), &err)
 	out := make([]ServerStats, c.n)
 	req := EncodeStats()
-	err := c.each(func(i int) error {
+	err = c.each(func(i int) error {
 		return c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, func(body []byte) error {
 			if len(body) != 32 {
 				return fmt.Errorf("%w: stats response of %d bytes", ErrMalformed, len(body))
@@ -374,9 +378,14 @@ func (c *Client) Stats(ctx context.Context) ([]ServerStats, error) {
 // Raw sends an encoded request to server i and returns the response body,
 // or the server's error: for tests and tools that need to send what Client
 // would not.
-func (c *Client) Raw(ctx context.Context, i int, req []byte) ([]byte, error) {
+func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err error) {
+	op := Op(0) // malformed, unless the request names an op
+	if len(req) > 1 {
+		op = Op(req[1])
+	}
+	defer c.ops.done(op, time.Now(), &err)
 	var out []byte
-	err := c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, func(body []byte) error {
+	err = c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, func(body []byte) error {
 		out = append([]byte(nil), body...)
 		return nil
 	})

@@ -53,6 +53,7 @@ type Server struct {
 	ln net.Listener
 
 	requests, errs atomic.Uint64
+	ops            opStats // per operation (metrics.go)
 	mu             sync.Mutex
 	conns          map[net.Conn]struct{}
 	wg             sync.WaitGroup
@@ -171,18 +172,25 @@ func (s *Server) bxHandle(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, e
 func (s *Server) Handle(req, b []byte) (out []byte) {
 	base := len(b)
 	s.requests.Add(1)
+	start := time.Now()
+	var op Op // 0 until the request decodes
+	failed := false
 	defer func() {
 		if r := recover(); r != nil {
 			s.errs.Add(1)
+			failed = true
 			out = appendErrResp(b[:base], s.inc, fmt.Errorf("internal error: %v", r))
 		}
+		s.ops.observe(op, time.Since(start), failed)
 	}()
 	r, err := DecodeRequest(req)
 	if err == nil {
+		op = r.Op
 		b, err = s.serve(&r, appendRespHead(b, s.inc))
 	}
 	if err != nil {
 		s.errs.Add(1)
+		failed = true
 		return appendErrResp(b[:base], s.inc, err)
 	}
 	return b

@@ -26,15 +26,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/metrics"
 	"github.com/goverbs/goverbs/ps"
 )
 
 // goverbs ps: the parameter server (package ps) as real processes.
 //
-//	goverbs ps serve  --transport rdma|tcp --listen IP:PORT [--device DEV]
+//	goverbs ps serve  --transport rdma|tcp --listen IP:PORT [--device DEV] [--metrics ADDR]
 //	goverbs ps bench  --transport rdma|tcp --workload inference|training|incast
-//	                  [--workers N] [--servers M] [--duration D] [--json]
+//	                  [--workers N] [--servers M] [--duration D] [--json] [--metrics ADDR]
 //	goverbs ps report [--plots DIR] FILE.json...
 //	goverbs ps worker ...   (started by bench)
 //
@@ -90,11 +93,16 @@ func runPS(args []string, stdout, stderr io.Writer) error {
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
+          [--metrics ADDR]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
   bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
-          [--duration D] [--json] [--addrs A,B,...]
+          [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR]
           run workers against servers (its own children unless --addrs) and report latency,
           throughput and CPU per 1000 ops
+
+  --metrics ADDR serves Prometheus metrics (goverbs_bx_*, goverbs_ps_*) on http://ADDR/metrics
+  while the command runs (off by default; port 0 picks one, serve prints it as "metrics");
+  bench serves its servers' and workers' metrics there, labelled process="server0", "worker0", ...
   report  [--plots DIR] FILE.json...
           side-by-side table of bench --json results; PNG plots into DIR
 
@@ -109,11 +117,15 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	nan := fs.String("nan", "reject", "NaN/Inf gradients: reject the push, or skip the rows")
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
 	}
 	if *listen == "" {
 		return usageError("--listen is required")
+	}
+	if err := checkMetricsAddr(*metricsAddr); err != nil {
+		return err
 	}
 	pol, err := ps.ParseNaNPolicy(*nan)
 	if err != nil {
@@ -126,10 +138,26 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	}
 	defer s.Close()
 	dev := ""
+	mc := metrics.NewCollector()
 	if ep := s.Endpoint(); ep != nil {
 		dev = ep.Device()
+		if err := mc.AddBX(ep); err != nil {
+			return err
+		}
 	}
-	json.NewEncoder(stdout).Encode(map[string]any{"addr": s.Addr().String(), "transport": *transport, "device": dev, "pid": os.Getpid()})
+	if err := mc.AddPSServer(s); err != nil {
+		return err
+	}
+	hello := map[string]any{"addr": s.Addr().String(), "transport": *transport, "device": dev, "pid": os.Getpid()}
+	if *metricsAddr != "" {
+		url, stop, err := startMetrics(*metricsAddr, mc, nil)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		hello["metrics"] = url
+	}
+	json.NewEncoder(stdout).Encode(hello)
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGTERM, os.Interrupt)
 	<-ch
@@ -281,7 +309,11 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "", "RDMA device")
 	seed := fs.Uint64("seed", 1, "random seed")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT")
 	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	if err := checkMetricsAddr(*metricsAddr); err != nil {
 		return err
 	}
 	servers := strings.Split(*addrs, ",")
@@ -294,6 +326,24 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer c.Close()
+	ready := map[string]any{"ready": true}
+	if *metricsAddr != "" {
+		mc := metrics.NewCollector()
+		if ep := c.Endpoint(); ep != nil {
+			if err := mc.AddBX(ep); err != nil {
+				return err
+			}
+		}
+		if err := mc.AddPSClient(c); err != nil {
+			return err
+		}
+		url, stop, err := startMetrics(*metricsAddr, mc, nil)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		ready["metrics"] = url
+	}
 	out := json.NewEncoder(stdout)
 	ctx := context.Background()
 	res := workerResult{Pull: newHist(), Push: newHist()}
@@ -310,7 +360,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	out.Encode(map[string]any{"ready": true})
+	out.Encode(ready)
 	// Wait for the parent's go (a line on stdin).
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return fmt.Errorf("waiting for go: %w", err)
@@ -408,11 +458,38 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "", "workers' RDMA device (default: the first ACTIVE one)")
 	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (CPU for latency; default 0)")
+	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
 	}
 	if *transport != "rdma" && *transport != "tcp" {
 		return usageError("--transport %q: want rdma or tcp", *transport)
+	}
+	if err := checkMetricsAddr(*metricsAddr); err != nil {
+		return err
+	}
+	// With --metrics every child serves its own on a loopback port and
+	// this process serves them all, each labelled with its process.
+	var childMetrics []prometheus.Gatherer
+	childArgs := func(args ...string) []string {
+		if *metricsAddr != "" {
+			args = append(args, "--metrics", "127.0.0.1:0")
+		}
+		return args
+	}
+	addChild := func(name, url string) error {
+		if *metricsAddr == "" {
+			return nil
+		}
+		if url == "" {
+			return fmt.Errorf("%s did not report its metrics endpoint", name)
+		}
+		g, err := metrics.Scraped(url, map[string]string{"process": name})
+		if err != nil {
+			return err
+		}
+		childMetrics = append(childMetrics, g)
+		return nil
 	}
 	w, err := psWorkloadOf(*workload, max(*servers, 1))
 	if err != nil {
@@ -481,15 +558,15 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	if *addrs != "" {
 		list = strings.Split(*addrs, ",")
 	} else {
-		for range *servers {
-			cmd := exec.Command(self, "ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String())
+		for i := range *servers {
+			cmd := exec.Command(self, childArgs("ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String())...)
 			cmd.Stderr = stderr
 			out, _ := cmd.StdoutPipe()
 			if err := cmd.Start(); err != nil {
 				return err
 			}
 			children = append(children, cmd)
-			var hello struct{ Addr string }
+			var hello struct{ Addr, Metrics string }
 			line, err := bufio.NewReader(out).ReadBytes('\n')
 			if err == nil {
 				err = json.Unmarshal(line, &hello)
@@ -498,6 +575,9 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 				return fmt.Errorf("server child did not start: %q %v", line, err)
 			}
 			list = append(list, hello.Addr)
+			if err := addChild(fmt.Sprintf("server%d", i), hello.Metrics); err != nil {
+				return err
+			}
 		}
 	}
 	w, _ = psWorkloadOf(*workload, len(list))
@@ -524,8 +604,8 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		if i < *workers%*procs {
 			n++
 		}
-		cmd := exec.Command(self, "ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
-			"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String())
+		cmd := exec.Command(self, childArgs("ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
+			"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String())...)
 		cmd.Stderr = stderr
 		in, _ := cmd.StdinPipe()
 		out, _ := cmd.StdoutPipe()
@@ -538,9 +618,34 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
 	}
 	for i, p := range wps {
-		if !p.lines.Scan() || !strings.Contains(p.lines.Text(), "ready") {
+		var ready struct {
+			Ready   bool
+			Metrics string
+		}
+		if !p.lines.Scan() || json.Unmarshal(p.lines.Bytes(), &ready) != nil || !ready.Ready {
 			return fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
 		}
+		if err := addChild(fmt.Sprintf("worker%d", i), ready.Metrics); err != nil {
+			return err
+		}
+	}
+	if *metricsAddr != "" {
+		// The parent's own client (Define, server CPU) is process="bench".
+		mc := metrics.NewCollector()
+		if ep := ctl.Endpoint(); ep != nil {
+			if err := mc.AddBX(ep); err != nil {
+				return err
+			}
+		}
+		if err := mc.AddPSClient(ctl); err != nil {
+			return err
+		}
+		url, stop, err := startMetrics(*metricsAddr, mc, prometheus.Labels{"process": "bench"}, childMetrics...)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		fmt.Fprintf(stderr, "ps bench: metrics of %d processes on %s\n", len(childMetrics)+1, url)
 	}
 	before, err := ctl.Stats(ctx)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -228,15 +229,7 @@ func topSample(p *probe.Probes, o topOptions, prev *topState, d time.Duration) (
 		if err != nil {
 			r.MetricsError = err.Error()
 		}
-		secs := cur.snap.Time.Sub(prev.snap.Time).Seconds()
-		for name, v := range m {
-			tm := topMetric{Name: name, Value: v}
-			if pv, ok := prev.metrics[name]; ok && (strings.HasSuffix(strings.SplitN(name, "{", 2)[0], "_total") || strings.Contains(name, "_count")) {
-				tm.PerS = (v - pv) / secs
-			}
-			r.Metrics = append(r.Metrics, tm)
-		}
-		sort.Slice(r.Metrics, func(i, j int) bool { return r.Metrics[i].Name < r.Metrics[j].Name })
+		r.Metrics = topMetrics(prev.metrics, m, cur.snap.Time.Sub(prev.snap.Time).Seconds())
 	}
 	lastState = cur
 	return r, nil
@@ -385,6 +378,115 @@ func histQuantile(h []uint64, q float64) float64 {
 		acc += float64(v)
 	}
 	return float64(uint64(1) << len(h))
+}
+
+// topMetrics lists the scraped samples: counters (_total) and histogram
+// counts (_count) with their rate over the interval; histograms' _bucket
+// samples become NAME_p50 and NAME_p99 estimates (seconds) of the
+// observations made during the interval, if there were any.
+func topMetrics(prev, cur map[string]float64, secs float64) []topMetric {
+	if secs <= 0 {
+		secs = 1e-9
+	}
+	var out []topMetric
+	for name, v := range cur {
+		if strings.Contains(name, "_bucket{") {
+			continue
+		}
+		tm := topMetric{Name: name, Value: v}
+		if pv, ok := prev[name]; ok && (strings.HasSuffix(strings.SplitN(name, "{", 2)[0], "_total") || strings.Contains(name, "_count")) {
+			tm.PerS = (v - pv) / secs
+		}
+		out = append(out, tm)
+	}
+	for name, q := range topHistQuantiles(prev, cur) {
+		out = append(out, topMetric{Name: name, Value: q})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// topHistQuantiles estimates p50 and p99 of every histogram in cur from the
+// growth of its cumulative buckets since prev (all of it if prev lacks
+// them), interpolating inside a bucket as Prometheus' histogram_quantile
+// does. Histograms without observations in the interval are left out.
+func topHistQuantiles(prev, cur map[string]float64) map[string]float64 {
+	type bucket struct{ le, n float64 }
+	hs := map[string][]bucket{} // NAME{labels without le} -> buckets
+	for name, v := range cur {
+		i := strings.Index(name, "_bucket{")
+		if i < 0 || !strings.HasSuffix(name, "}") {
+			continue
+		}
+		var le string
+		var rest []string
+		for _, l := range splitLabels(name[i+len("_bucket{") : len(name)-1]) {
+			if strings.HasPrefix(l, "le=") {
+				le = strings.Trim(strings.TrimPrefix(l, "le="), `"`)
+			} else {
+				rest = append(rest, l)
+			}
+		}
+		bound, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			continue
+		}
+		key := name[:i] + "{" + strings.Join(rest, ",") + "}"
+		hs[key] = append(hs[key], bucket{bound, v - prev[name]})
+	}
+	out := map[string]float64{}
+	for key, bs := range hs {
+		sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+		total := bs[len(bs)-1].n
+		if total <= 0 {
+			continue
+		}
+		i := strings.IndexByte(key, '{')
+		for _, q := range []struct {
+			name string
+			q    float64
+		}{{"_p50", 0.5}, {"_p99", 0.99}} {
+			rank := q.q * total
+			lo, below := 0.0, 0.0
+			v := 0.0
+			for _, b := range bs {
+				if b.n >= rank {
+					if math.IsInf(b.le, 1) {
+						v = lo // above the highest finite bound
+					} else {
+						v = lo + (b.le-lo)*(rank-below)/math.Max(b.n-below, 1e-300)
+					}
+					break
+				}
+				lo, below = b.le, b.n
+			}
+			out[key[:i]+q.name+key[i:]] = v
+		}
+	}
+	return out
+}
+
+// splitLabels splits `a="x",b="y,z"` at the commas between labels.
+func splitLabels(s string) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			quoted = !quoted
+		case ',':
+			if !quoted {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
 }
 
 // topScrape reads the goverbs_ samples of a Prometheus text endpoint.

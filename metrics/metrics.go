@@ -1,0 +1,407 @@
+// Package metrics exposes ByteExpress (package bx) and parameter-server
+// (package ps) metrics to Prometheus, and serves them on an optional HTTP
+// endpoint.
+//
+// It uses github.com/prometheus/client_golang, the Prometheus project's
+// own Go client, for what every Prometheus user expects and nothing here
+// should reinvent: the standard text exposition format (and content
+// negotiation for the protobuf one), a registry that checks names, labels
+// and duplicates, the promhttp handler, and the Go runtime and process
+// collectors next to ours. goverbs' data path does not depend on it: only
+// this package and the commands import it.
+//
+// Collector is a custom prometheus.Collector: at scrape time it takes a
+// bx.Endpoint.Snapshot (and ps Server or Client Metrics) of every source
+// added to it and turns the plain values into constant metrics. Nothing is
+// counted twice and nothing is updated on the data path for Prometheus'
+// sake.
+//
+// Names (all prefixed goverbs_) and labels:
+//
+//	bx endpoint, {device}:
+//	  goverbs_bx_messages_sent_total, goverbs_bx_messages_received_total,
+//	  goverbs_bx_duplicates_total, goverbs_bx_rendezvous_total,
+//	  goverbs_bx_credit_updates_total, goverbs_bx_recoveries_total,
+//	  goverbs_bx_unrouted_completions_total, goverbs_bx_peers,
+//	  goverbs_bx_window_in_flight_messages, goverbs_bx_window_in_flight_bytes,
+//	  goverbs_bx_window_limit_messages, goverbs_bx_window_limit_bytes
+//	bx peer, {device, peer}:
+//	  goverbs_bx_peer_info{addr, role} (1), goverbs_bx_peer_recovering,
+//	  goverbs_bx_peer_credits_available, goverbs_bx_peer_credit_stalls_total,
+//	  goverbs_bx_peer_credit_wait_seconds_total, goverbs_bx_peer_credit_waiting,
+//	  goverbs_bx_peer_window_stalls_total, goverbs_bx_peer_window_wait_seconds_total,
+//	  goverbs_bx_peer_window_waiting, goverbs_bx_peer_messages_sent_total,
+//	  goverbs_bx_peer_in_flight_messages, goverbs_bx_peer_in_flight_bytes,
+//	  goverbs_bx_peer_recoveries_total
+//	bx RPC, {device, stream_class}:
+//	  goverbs_bx_rpc_latency_seconds (histogram), goverbs_bx_rpc_remote_errors_total,
+//	  goverbs_bx_rpc_failures_total
+//	bx buffer pools, {device, pool} (pool: eager, large, rndv):
+//	  goverbs_bx_allocator_in_use_bytes, goverbs_bx_allocator_in_use_buffers,
+//	  goverbs_bx_allocator_registered_bytes, goverbs_bx_allocator_limit_bytes,
+//	  goverbs_bx_allocator_regions, goverbs_bx_allocator_allocs_total,
+//	  goverbs_bx_allocator_failures_total
+//	ps server, {transport, op}:
+//	  goverbs_ps_server_requests_total, goverbs_ps_server_errors_total,
+//	  goverbs_ps_server_latency_seconds (histogram)
+//	ps client, {transport, op}:
+//	  goverbs_ps_client_calls_total, goverbs_ps_client_errors_total,
+//	  goverbs_ps_client_latency_seconds (histogram)
+//
+// peer is the remote endpoint's incarnation in hex (bx.Peer.ID; a
+// restarted peer is a new series); stream_class is bx's (the stream number
+// unless bx.Endpoint.SetStreamClass says otherwise); op is a ps operation
+// (pull, push, pull-dense, push-dense, define, stats, malformed). Series of
+// several sources with the same labels (two endpoints on one device in one
+// process) are summed. Histogram buckets are bx's log2 buckets, 1.024 µs to
+// 34.4 s.
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/ps"
+)
+
+// BXSource is what Collector reads a bx endpoint through: *bx.Endpoint.
+type BXSource interface{ Snapshot() bx.Snapshot }
+
+// PSServerSource is a parameter server: *ps.Server.
+type PSServerSource interface{ Metrics() ps.ServerMetrics }
+
+// PSClientSource is a parameter-server client: *ps.Client.
+type PSClientSource interface{ Metrics() ps.ClientMetrics }
+
+// Collector is a prometheus.Collector of bx endpoints and ps servers and
+// clients. It is safe for concurrent use; sources may be added and removed
+// while it is registered.
+type Collector struct {
+	mu   sync.Mutex
+	bx   []BXSource
+	srvs []PSServerSource
+	clis []PSClientSource
+}
+
+// NewCollector returns a Collector without sources.
+func NewCollector() *Collector { return &Collector{} }
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	r := reflect.ValueOf(v)
+	switch r.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return r.IsNil()
+	}
+	return false
+}
+
+// AddBX adds a bx endpoint.
+func (c *Collector) AddBX(s BXSource) error {
+	if c == nil {
+		return errors.New("metrics: nil Collector")
+	}
+	if isNil(s) {
+		return errors.New("metrics: AddBX of a nil source")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bx = append(c.bx, s)
+	return nil
+}
+
+// AddPSServer adds a parameter server.
+func (c *Collector) AddPSServer(s PSServerSource) error {
+	if c == nil {
+		return errors.New("metrics: nil Collector")
+	}
+	if isNil(s) {
+		return errors.New("metrics: AddPSServer of a nil source")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.srvs = append(c.srvs, s)
+	return nil
+}
+
+// AddPSClient adds a parameter-server client.
+func (c *Collector) AddPSClient(s PSClientSource) error {
+	if c == nil {
+		return errors.New("metrics: nil Collector")
+	}
+	if isNil(s) {
+		return errors.New("metrics: AddPSClient of a nil source")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clis = append(c.clis, s)
+	return nil
+}
+
+// Remove removes a source added before (any kind); it reports whether it
+// was there.
+func (c *Collector) Remove(s any) bool {
+	if c == nil || isNil(s) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	found := false
+	c.bx = removeEq(c.bx, s, &found)
+	c.srvs = removeEq(c.srvs, s, &found)
+	c.clis = removeEq(c.clis, s, &found)
+	return found
+}
+
+func removeEq[T any](l []T, s any, found *bool) []T {
+	out := l[:0]
+	for _, x := range l {
+		if any(x) == s {
+			*found = true
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// metric is one metric family's description.
+type metric struct {
+	desc *prometheus.Desc
+	typ  prometheus.ValueType // unused for histograms
+	hist bool
+}
+
+func newMetric(name, help string, typ prometheus.ValueType, labels ...string) *metric {
+	return &metric{desc: prometheus.NewDesc(name, help, labels, nil), typ: typ}
+}
+
+func newHist(name, help string, labels ...string) *metric {
+	return &metric{desc: prometheus.NewDesc(name, help, labels, nil), hist: true}
+}
+
+const (
+	counter = prometheus.CounterValue
+	gauge   = prometheus.GaugeValue
+)
+
+var (
+	dev     = []string{"device"}
+	devPeer = []string{"device", "peer"}
+	devCls  = []string{"device", "stream_class"}
+	devPool = []string{"device", "pool"}
+	trOp    = []string{"transport", "op"}
+
+	bxSent      = newMetric("goverbs_bx_messages_sent_total", "Messages sent by the bx endpoint (stream messages, RPC requests and responses).", counter, dev...)
+	bxRecv      = newMetric("goverbs_bx_messages_received_total", "Messages received by the bx endpoint, duplicates included.", counter, dev...)
+	bxDups      = newMetric("goverbs_bx_duplicates_total", "Resent messages the receiver already had (dropped).", counter, dev...)
+	bxRndv      = newMetric("goverbs_bx_rendezvous_total", "Messages received by rendezvous (RDMA READ of the sender's buffer).", counter, dev...)
+	bxCredUpd   = newMetric("goverbs_bx_credit_updates_total", "Explicit credit and acknowledgement updates sent.", counter, dev...)
+	bxRecov     = newMetric("goverbs_bx_recoveries_total", "Connection recoveries started (a peer's QPs failed and were rebuilt).", counter, dev...)
+	bxUnrouted  = newMetric("goverbs_bx_unrouted_completions_total", "Completions of QPs no peer owns (already destroyed).", counter, dev...)
+	bxPeers     = newMetric("goverbs_bx_peers", "Connected peers.", gauge, dev...)
+	bxWinMsgs   = newMetric("goverbs_bx_window_in_flight_messages", "Messages posted and not yet acknowledged, endpoint-wide.", gauge, dev...)
+	bxWinBytes  = newMetric("goverbs_bx_window_in_flight_bytes", "Bytes posted and not yet acknowledged, endpoint-wide.", gauge, dev...)
+	bxWinLimM   = newMetric("goverbs_bx_window_limit_messages", "The endpoint send window's message limit (Config.EndpointMsgs).", gauge, dev...)
+	bxWinLimB   = newMetric("goverbs_bx_window_limit_bytes", "The endpoint send window's byte limit (Config.EndpointBytes).", gauge, dev...)
+	peerInfo    = newMetric("goverbs_bx_peer_info", "A connected peer: its control-plane address and whether we dialled it (role dialer) or accepted it.", gauge, "device", "peer", "addr", "role")
+	peerRecov   = newMetric("goverbs_bx_peer_recovering", "1 while the peer's connection is being recovered.", gauge, devPeer...)
+	peerCredAv  = newMetric("goverbs_bx_peer_credits_available", "Receive credits the peer granted that data messages may use now.", gauge, devPeer...)
+	peerCredSt  = newMetric("goverbs_bx_peer_credit_stalls_total", "Sends that had to wait for a receive credit.", counter, devPeer...)
+	peerCredWt  = newMetric("goverbs_bx_peer_credit_wait_seconds_total", "Time sends spent waiting for receive credits (waits that ended).", counter, devPeer...)
+	peerCredWg  = newMetric("goverbs_bx_peer_credit_waiting", "Sends waiting for a receive credit now.", gauge, devPeer...)
+	peerWinSt   = newMetric("goverbs_bx_peer_window_stalls_total", "Sends that had to wait for room in the send window (a lane's or the endpoint's).", counter, devPeer...)
+	peerWinWt   = newMetric("goverbs_bx_peer_window_wait_seconds_total", "Time sends spent waiting for send-window room (waits that ended).", counter, devPeer...)
+	peerWinWg   = newMetric("goverbs_bx_peer_window_waiting", "Sends waiting for send-window room now.", gauge, devPeer...)
+	peerSent    = newMetric("goverbs_bx_peer_messages_sent_total", "Messages admitted to the peer's send window.", counter, devPeer...)
+	peerFlMsgs  = newMetric("goverbs_bx_peer_in_flight_messages", "Messages to the peer posted and not yet acknowledged.", gauge, devPeer...)
+	peerFlBytes = newMetric("goverbs_bx_peer_in_flight_bytes", "Bytes to the peer posted and not yet acknowledged.", gauge, devPeer...)
+	peerRecovs  = newMetric("goverbs_bx_peer_recoveries_total", "The peer's connection recoveries (credit epochs).", counter, devPeer...)
+	rpcLat      = newHist("goverbs_bx_rpc_latency_seconds", "bx RPC latency (Peer.Call to the response), per stream class; calls that got a response.", devCls...)
+	rpcRemote   = newMetric("goverbs_bx_rpc_remote_errors_total", "bx RPC responses that were a handler's error.", counter, devCls...)
+	rpcFail     = newMetric("goverbs_bx_rpc_failures_total", "bx RPC calls without a response (context done, peer gone, closed).", counter, devCls...)
+	poolInUseB  = newMetric("goverbs_bx_allocator_in_use_bytes", "Bytes of the pool's buffers in use (class sizes).", gauge, devPool...)
+	poolInUse   = newMetric("goverbs_bx_allocator_in_use_buffers", "The pool's buffers in use.", gauge, devPool...)
+	poolReg     = newMetric("goverbs_bx_allocator_registered_bytes", "Bytes of the pool's registered memory regions.", gauge, devPool...)
+	poolLimit   = newMetric("goverbs_bx_allocator_limit_bytes", "The most memory the pool may register (Config.MemoryLimit).", gauge, devPool...)
+	poolRegions = newMetric("goverbs_bx_allocator_regions", "The pool's registered memory regions (MRs).", gauge, devPool...)
+	poolAllocs  = newMetric("goverbs_bx_allocator_allocs_total", "Buffers allocated from the pool.", counter, devPool...)
+	poolFails   = newMetric("goverbs_bx_allocator_failures_total", "Allocations that failed (memory limit or registration).", counter, devPool...)
+	srvReqs     = newMetric("goverbs_ps_server_requests_total", "Requests the parameter server handled.", counter, trOp...)
+	srvErrs     = newMetric("goverbs_ps_server_errors_total", "Requests the parameter server answered with an error.", counter, trOp...)
+	srvLat      = newHist("goverbs_ps_server_latency_seconds", "Time the parameter server took to handle a request.", trOp...)
+	cliCalls    = newMetric("goverbs_ps_client_calls_total", "Parameter-server client calls (a Pull over several servers is one).", counter, trOp...)
+	cliErrs     = newMetric("goverbs_ps_client_errors_total", "Parameter-server client calls that failed.", counter, trOp...)
+	cliLat      = newHist("goverbs_ps_client_latency_seconds", "Parameter-server client call latency.", trOp...)
+
+	all = []*metric{bxSent, bxRecv, bxDups, bxRndv, bxCredUpd, bxRecov, bxUnrouted, bxPeers, bxWinMsgs, bxWinBytes, bxWinLimM, bxWinLimB,
+		peerInfo, peerRecov, peerCredAv, peerCredSt, peerCredWt, peerCredWg, peerWinSt, peerWinWt, peerWinWg, peerSent, peerFlMsgs, peerFlBytes, peerRecovs,
+		rpcLat, rpcRemote, rpcFail, poolInUseB, poolInUse, poolReg, poolLimit, poolRegions, poolAllocs, poolFails,
+		srvReqs, srvErrs, srvLat, cliCalls, cliErrs, cliLat}
+)
+
+// Describe sends every metric's description.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range all {
+		ch <- m.desc
+	}
+}
+
+// Collect takes a snapshot of every source and sends its metrics.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	bxs := append([]BXSource(nil), c.bx...)
+	srvs := append([]PSServerSource(nil), c.srvs...)
+	clis := append([]PSClientSource(nil), c.clis...)
+	c.mu.Unlock()
+	a := newAcc()
+	for _, s := range bxs {
+		a.bx(s.Snapshot())
+	}
+	for _, s := range srvs {
+		m := s.Metrics()
+		for _, o := range m.Ops {
+			l := []string{m.Transport, o.Op}
+			a.add(srvReqs, float64(o.Requests), l...)
+			a.add(srvErrs, float64(o.Errors), l...)
+			a.addHist(srvLat, o.Latency, l...)
+		}
+	}
+	for _, s := range clis {
+		m := s.Metrics()
+		for _, o := range m.Ops {
+			l := []string{m.Transport, o.Op}
+			a.add(cliCalls, float64(o.Requests), l...)
+			a.add(cliErrs, float64(o.Errors), l...)
+			a.addHist(cliLat, o.Latency, l...)
+		}
+	}
+	a.emit(ch)
+}
+
+func (a *acc) bx(s bx.Snapshot) {
+	d := s.Device
+	ct := s.Counters
+	for _, x := range []struct {
+		m *metric
+		v float64
+	}{{bxSent, float64(ct.Sent)}, {bxRecv, float64(ct.Received)}, {bxDups, float64(ct.Duplicates)},
+		{bxRndv, float64(ct.Rendezvous)}, {bxCredUpd, float64(ct.CreditUpdates)}, {bxRecov, float64(ct.Recoveries)},
+		{bxUnrouted, float64(ct.Unrouted)}, {bxPeers, float64(len(s.Peers))},
+		{bxWinMsgs, float64(s.Window.InFlightMsgs)}, {bxWinBytes, float64(s.Window.InFlightBytes)},
+		{bxWinLimM, float64(s.Window.Limits.Msgs)}, {bxWinLimB, float64(s.Window.Limits.Bytes)}} {
+		a.add(x.m, x.v, d)
+	}
+	for _, p := range s.Peers {
+		id := fmt.Sprintf("%016x", p.ID)
+		role := "acceptor"
+		if p.Dialer {
+			role = "dialer"
+		}
+		a.add(peerInfo, 1, d, id, p.Addr, role)
+		recovering := 0.0
+		if p.State == "recovering" {
+			recovering = 1
+		}
+		for _, x := range []struct {
+			m *metric
+			v float64
+		}{{peerRecov, recovering}, {peerCredAv, float64(p.CreditsAvailable)},
+			{peerCredSt, float64(p.Credits.Stalls)}, {peerCredWt, p.Credits.WaitTime.Seconds()}, {peerCredWg, float64(p.Credits.Waiting)},
+			{peerWinSt, float64(p.Window.Stalls)}, {peerWinWt, p.Window.WaitTime.Seconds()}, {peerWinWg, float64(p.Window.Waiting)},
+			{peerSent, float64(p.Window.Acquired)}, {peerFlMsgs, float64(p.Window.InFlightMsgs)}, {peerFlBytes, float64(p.Window.InFlightBytes)},
+			{peerRecovs, float64(p.Recoveries)}} {
+			a.add(x.m, x.v, d, id)
+		}
+	}
+	for _, c := range s.Classes {
+		a.addHist(rpcLat, c.Latency, d, c.Class)
+		a.add(rpcRemote, float64(c.RemoteErrors), d, c.Class)
+		a.add(rpcFail, float64(c.Failures), d, c.Class)
+	}
+	for _, p := range s.Pools {
+		for _, x := range []struct {
+			m *metric
+			v float64
+		}{{poolInUseB, float64(p.InUseBytes)}, {poolInUse, float64(p.InUse)}, {poolReg, float64(p.Registered)},
+			{poolLimit, float64(p.Limit)}, {poolRegions, float64(p.Regions)}, {poolAllocs, float64(p.Allocs)},
+			{poolFails, float64(p.Failures)}} {
+			a.add(x.m, x.v, d, p.Pool)
+		}
+	}
+}
+
+// acc sums the series of one scrape by metric and label values.
+type acc struct {
+	order []accKey
+	vals  map[accKey]*accVal
+}
+
+type accKey struct {
+	m      *metric
+	labels string
+}
+
+type accVal struct {
+	labels []string
+	v      float64
+	h      bx.Histogram
+}
+
+func newAcc() *acc { return &acc{vals: map[accKey]*accVal{}} }
+
+func (a *acc) get(m *metric, labels []string) *accVal {
+	k := accKey{m, strings.Join(labels, "\xff")}
+	v := a.vals[k]
+	if v == nil {
+		v = &accVal{labels: labels}
+		a.vals[k] = v
+		a.order = append(a.order, k)
+	}
+	return v
+}
+
+func (a *acc) add(m *metric, v float64, labels ...string) { a.get(m, labels).v += v }
+
+func (a *acc) addHist(m *metric, h bx.Histogram, labels ...string) { a.get(m, labels).h.Add(h) }
+
+func (a *acc) emit(ch chan<- prometheus.Metric) {
+	for _, k := range a.order {
+		v := a.vals[k]
+		var pm prometheus.Metric
+		var err error
+		if k.m.hist {
+			pm, err = constHistogram(k.m.desc, v.h, v.labels)
+		} else {
+			pm, err = prometheus.NewConstMetric(k.m.desc, k.m.typ, v.v, v.labels...)
+		}
+		if err != nil {
+			pm = prometheus.NewInvalidMetric(k.m.desc, err)
+		}
+		ch <- pm
+	}
+}
+
+// constHistogram converts a bx histogram (per-bucket counts, the last one
+// unbounded) into a Prometheus one (cumulative counts per finite upper
+// bound, in seconds; +Inf is the count).
+func constHistogram(d *prometheus.Desc, h bx.Histogram, labels []string) (prometheus.Metric, error) {
+	b := make(map[float64]uint64, bx.HistogramBuckets-1)
+	var cum uint64
+	for i := range bx.HistogramBuckets - 1 {
+		cum += h.Buckets[i]
+		b[bx.HistogramBound(i).Seconds()] = cum
+	}
+	return prometheus.NewConstHistogram(d, h.Count, h.Sum.Seconds(), b, labels...)
+}
