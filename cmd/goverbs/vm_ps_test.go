@@ -265,17 +265,13 @@ func checkPSCluster(r *psClusterRun, nodes int) (summary string, problems []stri
 			bad("node%d (server %d) received %d B and sent %d B, less than its payload %.0f / %.0f B", i+1, i, r.rx[i+1], r.tx[i+1], to[i], from[i])
 		}
 	}
-	// Only node0 talks to the servers: what it sent, they received, and
-	// the other way round (broadcasts, headers aside).
-	near := func(a, b int64) bool {
-		d := a - b
-		if d < 0 {
-			d = -d
-		}
-		return d <= max(a, b)/20+64<<10
-	}
-	if !near(r.tx[0], srvRx) || !near(r.rx[0], srvTx) {
-		bad("node0 sent %d B and received %d B, the servers' nodes received %d B and sent %d B: traffic went elsewhere", r.tx[0], r.rx[0], srvRx, srvTx)
+	// Only node0 talks to the servers: what their NICs received, node0's
+	// sent, and the other way round (broadcasts and a little slack aside).
+	// Not equal: the switch may drop frames (tail drop; the senders
+	// retransmit), so more can be sent than arrives.
+	within := func(got, sent int64) bool { return got <= sent+sent/20+64<<10 }
+	if !within(srvRx, r.tx[0]) || !within(r.rx[0], srvTx) {
+		bad("the servers' nodes received %d B, node0 sent %d B; node0 received %d B, the servers' nodes sent %d B: traffic from elsewhere", srvRx, r.tx[0], r.rx[0], srvTx)
 	}
 	return b.String(), problems
 }
@@ -306,7 +302,8 @@ func TestPSClusterCheck(t *testing.T) {
 		{"real run", real, realTx, 0, ""},
 		{"loopback (no NIC traffic)", []int64{1200, 300, 300}, []int64{900, 600, 600}, 0, "node0 (workers) received"},
 		{"node2 idle", []int64{2000000, 403448, 300}, []int64{413000, 2001654, 400}, 0, "node2 (server 1)"},
-		{"traffic elsewhere", real, []int64{1813984, 2001654, 2074444}, 0, "traffic went elsewhere"},
+		{"servers talk to each other", []int64{4076028, 403448, 2410550}, []int64{813984, 4001654, 2074444}, 0, "traffic from elsewhere"},
+		{"frames dropped on the way", []int64{4076028, 303448, 310550}, realTx, 0, ""},
 		{"failed operations", real, realTx, 3, "3 failed operations"},
 	} {
 		runs, err := parsePSCluster(mk(tc.rx, tc.tx, tc.errors), 3)
