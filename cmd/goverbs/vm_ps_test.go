@@ -94,12 +94,14 @@ type psClusterRun struct {
 	rc, secs            int
 	res                 benchResult
 	rx, tx              []int64 // per node, bytes during the bench
+	dropped             int64   // frames the switch dropped during the bench
 	dev                 []string
 }
 
 var (
 	psClusterCounters = regexp.MustCompile(`^ps-cluster: (\S+) (\S+) node(\d+) (\S+) \S+ rx \+(\d+) tx \+(\d+)$`)
 	psClusterBench    = regexp.MustCompile(`^ps-cluster: (\S+) (\S+) bench rc=(\d+) (\d+)s (.*)$`)
+	psClusterDropped  = regexp.MustCompile(`^ps-cluster: (\S+) (\S+) switch dropped \+(\d+) frames$`)
 )
 
 // parsePSCluster reads scripts/ps-cluster's output: runs by
@@ -126,6 +128,8 @@ func parsePSCluster(out string, nodes int) (map[string]*psClusterRun, error) {
 			r.dev[i] = m[4]
 			r.rx[i], _ = strconv.ParseInt(m[5], 10, 64)
 			r.tx[i], _ = strconv.ParseInt(m[6], 10, 64)
+		} else if m := psClusterDropped.FindStringSubmatch(l); m != nil {
+			get(m[1], m[2]).dropped, _ = strconv.ParseInt(m[3], 10, 64)
 		} else if m := psClusterBench.FindStringSubmatch(l); m != nil {
 			r := get(m[1], m[2])
 			r.rc, _ = strconv.Atoi(m[3])
@@ -245,7 +249,7 @@ func checkPSCluster(r *psClusterRun, nodes int) (summary string, problems []stri
 		srvRx += r.rx[i+1]
 		srvTx += r.tx[i+1]
 	}
-	fmt.Fprintf(&b, "\n  payload at least %.0f B to the servers, %.0f B back", sumTo, sumFrom)
+	fmt.Fprintf(&b, "\n  payload at least %.0f B to the servers, %.0f B back; the switch dropped %d frames", sumTo, sumFrom, r.dropped)
 	for i := range nodes {
 		role, want := "workers", fmt.Sprintf("(payload: rx >= %.0f, tx >= %.0f)", sumFrom, sumTo)
 		if i > 0 {
