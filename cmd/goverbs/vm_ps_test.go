@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	mrand "math/rand/v2"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -22,11 +21,9 @@ import (
 // nodes 1 and 2 received node0 must have sent (and back): the traffic
 // crossed the virtual network, not a loopback path.
 //
-// The workload is inference (small sparse pulls, eager messages only).
-// training moves 16 and 256 KiB dense tensors through bx's rendezvous path,
-// which has a known bug (see bx TestRendezvousLargeResponses); across nodes
-// 2 of 6 rdma training runs had failed calls ("bx: peer gone") while the
-// switch dropped frames (docs/vm.md). GOVERBS_KNOWN_BUGS=1 adds it.
+// Workloads: inference (small sparse pulls, eager messages only) and
+// training (16 and 256 KiB dense tensors through bx's rendezvous path: RTS,
+// CTS, RDMA WRITE, FIN).
 func TestVMClusterPS(t *testing.T) {
 	needGuests(t)
 	t.Parallel()
@@ -34,10 +31,7 @@ func TestVMClusterPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workloads := []string{"inference"}
-	if os.Getenv("GOVERBS_KNOWN_BUGS") == "1" {
-		workloads = append(workloads, "training")
-	}
+	workloads := []string{"inference", "training"}
 	transports := []string{"rdma", "tcp"}
 	const nodes = 3
 	t0 := time.Now()
