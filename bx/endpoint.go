@@ -300,6 +300,17 @@ func (e *Endpoint) Close() error {
 	return err
 }
 
+// peerList returns the connected peers.
+func (e *Endpoint) peerList() []*Peer {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	peers := make([]*Peer, 0, len(e.peers))
+	for p := range e.peers {
+		peers = append(peers, p)
+	}
+	return peers
+}
+
 // repost returns a receive buffer to the shared receive queue.
 func (e *Endpoint) repost(b mr.Buf) error {
 	sge := b.SGE(b.Cap())
@@ -321,13 +332,7 @@ func (e *Endpoint) ticker() {
 		case <-e.stopCh.Done():
 			return
 		case now := <-t.C:
-			e.mu.RLock()
-			peers := make([]*Peer, 0, len(e.peers))
-			for p := range e.peers {
-				peers = append(peers, p)
-			}
-			e.mu.RUnlock()
-			for _, p := range peers {
+			for _, p := range e.peerList() {
 				p.maybeUpdate(now)
 			}
 		}

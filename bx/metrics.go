@@ -293,13 +293,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load()}
 	s.Window = windowOf(e.win)
-	e.mu.RLock()
-	peers := make([]*Peer, 0, len(e.peers))
-	for p := range e.peers {
-		peers = append(peers, p)
-	}
-	e.mu.RUnlock()
-	for _, p := range peers {
+	for _, p := range e.peerList() {
 		s.Peers = append(s.Peers, p.snapshot())
 	}
 	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].ID < s.Peers[j].ID })

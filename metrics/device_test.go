@@ -89,7 +89,8 @@ func TestDeviceScrape(t *testing.T) {
 	c := NewCollector()
 	must(t, c.AddBX(cli))
 	must(t, c.AddBX(srv))
-	got := parseText(t, get(t, serveTest(t, c)))
+	url, _ := serveTest(t, c)
+	got := parseText(t, get(t, url))
 	total := 0
 	for st, n := range calls {
 		total += n

@@ -269,7 +269,7 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func serveTest(t *testing.T, c *Collector) string {
+func serveTest(t *testing.T, c *Collector) (url string, stop func()) {
 	t.Helper()
 	reg, err := NewRegistry(c)
 	if err != nil {
@@ -279,12 +279,12 @@ func serveTest(t *testing.T, c *Collector) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := ServeListener(ln, reg)
+	stop, err = ServeListener(ln, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	return "http://" + ln.Addr().String() + "/metrics"
+	return "http://" + ln.Addr().String() + "/metrics", stop
 }
 
 func get(t *testing.T, url string) string {
@@ -306,19 +306,7 @@ func get(t *testing.T, url string) string {
 func TestServe(t *testing.T) {
 	c := NewCollector()
 	must(t, c.AddBX(&fakeBX{snapshot("rxe0", 1, 42)}))
-	reg, err := NewRegistry(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop, err := ServeListener(ln, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + ln.Addr().String() + "/metrics"
+	url, stop := serveTest(t, c)
 	body := get(t, url)
 	for _, want := range []string{
 		"\ngoverbs_bx_messages_sent_total{device=\"rxe0\"} 42\n",
@@ -342,7 +330,7 @@ func TestServe(t *testing.T) {
 func TestScraped(t *testing.T) {
 	child := NewCollector()
 	must(t, child.AddBX(&fakeBX{snapshot("rxe0", 1, 42)}))
-	url := serveTest(t, child)
+	url, _ := serveTest(t, child)
 	g, err := Scraped(url, map[string]string{"process": "worker1"})
 	if err != nil {
 		t.Fatal(err)
