@@ -152,7 +152,9 @@ type Endpoint struct {
 	met    metricsState // RPC latency per stream class (metrics.go)
 }
 
-// Stats counts what an endpoint did.
+// Stats counts what an endpoint did. Sent and Received count messages
+// (eager ones and rendezvous requests, duplicates included in Received),
+// not the rendezvous CTS and FIN or the credit updates.
 type Stats struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries atomic.Uint64
 	// Unrouted counts completions of QPs no peer owns (a QP already

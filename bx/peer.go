@@ -576,7 +576,9 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 		// The message is queued for resending after recovery.
 		p.laneFailed(l, err)
 	}
-	p.e.stats.Sent.Add(1)
+	if !o.ctl {
+		p.e.stats.Sent.Add(1)
+	}
 	return nil
 }
 
@@ -720,7 +722,9 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.ret.ReleasedControl(1)
 		return
 	}
-	p.e.stats.Received.Add(1)
+	if h.Type == typData || h.Type == typRndv {
+		p.e.stats.Received.Add(1)
+	}
 	// Everything up to held is here, delivered or pending: a resend of
 	// any of it is a duplicate.
 	held := l.delivered + uint64(len(l.pending))

@@ -93,13 +93,12 @@ func TestMetrics(t *testing.T) {
 					t.Errorf("servers %s: %v requests, errors; want %v", op, sum[op], w)
 				}
 			}
-			// rdma: each dial's probe (at least one per server) is a stats
-			// request outside Client's operations.
-			probes := sum["stats"][0]
-			if tr == "tcp" && probes != 0 || tr == "rdma" && probes < 2 {
-				t.Errorf("%d stats requests on the servers", probes)
+			// No request outside Client's operations (the rdma client no
+			// longer probes a peer after dialing it).
+			if n := sum["stats"][0]; n != 0 {
+				t.Errorf("%d stats requests on the servers", n)
 			}
-			if errs != 1 || reqs != 3+pulls+1+pushes+dense+probes {
+			if errs != 1 || reqs != 3+pulls+1+pushes+dense {
 				t.Errorf("servers: %d requests, %d errors", reqs, errs)
 			}
 			ep := c.Endpoint()
