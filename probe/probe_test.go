@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
@@ -501,5 +504,67 @@ func TestFetchAddEncoding(t *testing.T) {
 	raw := b.Bytes()
 	if raw[0] != 0xdb || raw[1] != 0x10 || binary.LittleEndian.Uint32(raw[4:]) != 0x01 {
 		t.Fatalf("fetch-add marshals as % x, want db 10 00 00 01 00 00 00", raw)
+	}
+}
+
+// TestProbeCost (opt-in: GOVERBS_PROBE_COST=1, in the guest) measures what
+// the probes cost: with BPF run-time statistics on, it runs N busy-polling
+// and N event-driven (-e) rc-pingpong iterations and logs, per program,
+// how often it ran per iteration and its mean run time (docs/perf.md,
+// "Probe overhead"). It checks that the rxe probes ran for every packet
+// (4 per iteration: each side's send and ACK) and the cq-events handler
+// only with -e.
+func TestProbeCost(t *testing.T) {
+	if os.Getenv("GOVERBS_PROBE_COST") != "1" {
+		t.Skip("set GOVERBS_PROBE_COST=1")
+	}
+	rxetest.Pair(t)
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		t.Fatalf("BPF_STATS_RUN_TIME: %v", err)
+	}
+	defer stats.Close()
+	p := attach(t, Options{})
+	const iters = 2000
+	for i, mode := range [][]string{nil, {"-e"}} {
+		type run struct {
+			n  uint64
+			rt time.Duration
+		}
+		read := func() map[string]run {
+			m := map[string]run{}
+			for _, pr := range p.progs {
+				info, err := pr.Info()
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := pr.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m[info.Name] = run{s.RunCount, s.Runtime}
+			}
+			return m
+		}
+		before := read()
+		t0 := time.Now()
+		pingpongWith(t, iters, 18840+i, mode, nil)
+		t.Logf("rc-pingpong %v -n %d: %v", mode, iters, time.Since(t0).Round(time.Millisecond))
+		after := read()
+		names := slices.Sorted(maps.Keys(after))
+		for _, name := range names {
+			n, rt := after[name].n-before[name].n, after[name].rt-before[name].rt
+			per := time.Duration(0)
+			if n > 0 {
+				per = rt / time.Duration(n)
+			}
+			t.Logf("  %-16s %7d runs, %6.2f per iteration, %v per run", name, n, float64(n)/iters, per)
+		}
+		if n := after["gv_rxe_xmit"].n - before["gv_rxe_xmit"].n; p.Attached("rxe-packets") && n < 4*iters {
+			t.Errorf("%v: rxe_xmit_packet probe ran %d times for %d iterations, want >= %d", mode, n, iters, 4*iters)
+		}
+		if n := after["gv_comp_event"].n - before["gv_comp_event"].n; p.Attached("cq-events") && (n == 0) != (mode == nil) {
+			t.Errorf("%v: the completion event handler probe ran %d times", mode, n)
+		}
 	}
 }
