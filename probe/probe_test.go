@@ -379,7 +379,10 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 		t.Cleanup(func() { exec.Command(tc, "qdisc", "del", "dev", nd, "root").Run() })
 	}
 	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
-	cli, srv := pingpong(t, 150, 18831) // small: each lost packet costs a retransmit timeout
+	// small: each lost packet costs a retransmit timeout. --linger: the
+	// last send whose ACK is lost is still answered (else, at retry count
+	// 7, infinite on rxe, its sender would wait forever).
+	cli, srv := pingpongWith(t, 150, 18831, []string{"--linger", "2s"}, nil)
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)

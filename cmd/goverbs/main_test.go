@@ -126,6 +126,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"rc-pingpong", "-m", "300"}, "-m 300"},
 		{[]string{"rc-pingpong", "-s", "0"}, "-s 0"},
 		{[]string{"rc-pingpong", "-r", "0"}, "-r 0"},
+		{[]string{"rc-pingpong", "--linger", "-1s"}, "--linger -1s"},
 		{[]string{"rc-pingpong", "-p", "70000"}, "-p 70000"},
 		{[]string{"rc-pingpong", "-e", "-n", "0"}, "-n 0"}, // -e is supported: the bad -n is what fails
 		{[]string{"rc-pingpong", "-o"}, "not supported"},

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"time"
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
@@ -39,6 +40,7 @@ type ppOptions struct {
 	chk      bool
 	json     bool
 	cpuprof  string
+	linger   time.Duration
 	server   string // the host to connect to; "" for the server
 	unsuppor map[string]*bool
 }
@@ -69,6 +71,7 @@ func pingpongFlags(stderr io.Writer) (*flag.FlagSet, *ppOptions) {
 	boolFlag(&o.chk, "c", "chk", "validate received buffer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object {bytes, seconds, mbit_per_s, iters, usec_per_iter} instead of the summary lines (addresses go to stderr)")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the ping-pong loop to `file` (debugging)")
+	fs.DurationVar(&o.linger, "linger", 0, "keep the QP up for `duration` after the last exchange, so the peer's retransmission of a send whose ACK was lost is still answered (lossy links; rdma-core has no such option)")
 	for _, u := range []struct{ short, long, what string }{
 		{"o", "odp", "on-demand paging"},
 		{"O", "iodp", "implicit on-demand paging"},
@@ -122,6 +125,8 @@ func (o *ppOptions) validate() error {
 		return usageError("-i %d: IB port must be 1..255", o.ibPort)
 	case o.size < 1:
 		return usageError("-s %d: message size must be at least 1 (ibv_rc_pingpong fails to register an empty MR too)", o.size)
+	case o.linger < 0:
+		return usageError("--linger %v: must not be negative", o.linger)
 	case o.rxDepth < 1:
 		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
 	case o.iters < 1 || o.iters > 1<<31-1:
@@ -265,6 +270,13 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 	} else {
 		fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
 		fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", o.iters, usec/1e6, usec/float64(o.iters))
+	}
+	if o.linger > 0 {
+		// RC retries of the peer's last send reach a live QP, whose
+		// responder acknowledges the duplicate; with the QP destroyed
+		// they would go unanswered and, at retry count 7 (infinite on
+		// rxe), the peer would wait forever.
+		time.Sleep(o.linger)
 	}
 	if o.server == "" && o.chk {
 		if bad := pp.check(); bad > 0 {
