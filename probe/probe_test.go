@@ -177,7 +177,7 @@ type side struct {
 var qpnRE = regexp.MustCompile(`local address:.*QPN 0x([0-9a-f]+)`)
 
 // pingpong runs `goverbs rc-pingpong -n iters` between two devices.
-func pingpong(t *testing.T, iters int, port int) (cli, srv *side) {
+func pingpong(t *testing.T, iters int, port int, extra ...string) (cli, srv *side) {
 	t.Helper()
 	a, b := rxetest.Pair(t)
 	bin := goverbsBin(t)
@@ -201,12 +201,12 @@ func pingpong(t *testing.T, iters int, port int) (cli, srv *side) {
 	n := strconv.Itoa(iters)
 	p := strconv.Itoa(port)
 	srv, cli = &side{dev: b}, &side{dev: a}
-	sc := run(srv, "rc-pingpong", "-d", b, "-p", p, "-n", n, "-s", "64")
+	sc := run(srv, append([]string{"rc-pingpong", "-d", b, "-p", p, "-n", n, "-s", "64"}, extra...)...)
 	if !waitListen(port, 30*time.Second) {
 		sc.Wait()
 		t.Fatalf("server never listened: %s", srv.stderr.String())
 	}
-	cc := run(cli, "rc-pingpong", "-d", a, "-p", p, "-n", n, "-s", "64", host)
+	cc := run(cli, append(append([]string{"rc-pingpong", "-d", a, "-p", p, "-n", n, "-s", "64"}, extra...), host)...)
 	cli.err, srv.err = cc.Wait(), sc.Wait()
 	for _, s := range []*side{cli, srv} {
 		if s.err != nil {
@@ -356,7 +356,7 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 	// small: each lost packet costs a retransmit timeout. --linger: the
 	// last send whose ACK is lost is still answered (else, at retry count
 	// 7, infinite on rxe, its sender would wait forever).
-	cli, srv := pingpongWith(t, 150, 18831, []string{"--linger", "2s"}, nil)
+	cli, srv := pingpong(t, 150, 18831, "--linger", "2s")
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)

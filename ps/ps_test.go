@@ -257,7 +257,7 @@ func TestBadInput(t *testing.T) {
 			mod := func(c *ps.ServerConfig) { c.Store.MaxBatch = 1000 }
 			_, addrs := e.servers(t, 1, mod)
 			_, skipAddrs := e.servers(t, 1, func(c *ps.ServerConfig) { c.Store.NaN = ps.NaNSkip })
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
 			defer cancel()
 			c := e.client(t, addrs)
 			must(t, c.Define(ctx, specs...))
@@ -333,7 +333,7 @@ func TestKilledWorker(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			e := envFor(t, tr)
 			servers, addrs := e.servers(t, 2, nil)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
 			defer cancel()
 			c := e.client(t, addrs)
 			must(t, c.Define(ctx, specs...))
@@ -378,7 +378,7 @@ func TestRestartedServer(t *testing.T) {
 			e := envFor(t, tr)
 			s0 := e.server(t, "", nil)
 			addr := s0.Addr().String()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
 			defer cancel()
 			c := e.client(t, []string{addr})
 			must(t, c.Define(ctx, specs...))
