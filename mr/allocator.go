@@ -372,14 +372,22 @@ func (a *Allocator) Alloc(n int) (Buf, error) {
 	id, ok := a.pop(cl, s)
 	if !ok {
 		if id, err = a.grow(c); err != nil {
-			return Buf{}, err
+			// At the limit, a free buffer of a larger class serves
+			// rather than failing while registered memory sits idle
+			// (regions are carved for one class and never re-carved).
+			if !errors.Is(err, ErrAllocatorFull) {
+				return Buf{}, err
+			}
+			if id, ok = a.popLarger(c, s); !ok {
+				return Buf{}, err
+			}
 		}
 	}
 	b, err := a.take(id, n)
 	if err != nil {
 		return Buf{}, err
 	}
-	cl.shards[s].allocs.Add(1)
+	a.classes[b.class].shards[s].allocs.Add(1) // the class it came from
 	return b, nil
 }
 
@@ -438,6 +446,16 @@ func (a *Allocator) Free(b Buf) error {
 }
 
 // pop takes a free slot, trying shard s first and then the others.
+// popLarger takes a free buffer of the smallest class above c that has one.
+func (a *Allocator) popLarger(c int, s uint32) (uint32, bool) {
+	for k := c + 1; k < len(a.classes); k++ {
+		if id, ok := a.pop(&a.classes[k], s); ok {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
 func (a *Allocator) pop(cl *class, s uint32) (uint32, bool) {
 	for i := range uint32(len(cl.shards)) {
 		sh := &cl.shards[(s+i)&a.shardMask]

@@ -475,6 +475,21 @@ func TestAllocatorLimit(t *testing.T) {
 	if st := checkStats(t, a); st.InUse != 0 || st.Classes[1].Free != 16 {
 		t.Errorf("after freeing: %+v", st)
 	}
+	// At the limit with every region carved for 64 KiB, a small request
+	// is served by a free 64 KiB buffer instead of failing.
+	b, err := a.Alloc(100)
+	if err != nil {
+		t.Fatalf("small buffer at the limit with 16 large ones free: %v", err)
+	}
+	if b.Len() != 100 || b.Cap() != 64<<10 {
+		t.Errorf("fallback buffer len %d cap %d, want 100 and 64 KiB", b.Len(), b.Cap())
+	}
+	if err := a.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	if st := checkStats(t, a); st.InUse != 0 || st.Classes[1].Free != 16 {
+		t.Errorf("after freeing the fallback buffer: %+v", st)
+	}
 }
 
 // mrCount returns the number of MRs `rdma resource show` reports, or -1.
