@@ -359,9 +359,10 @@ func (a *Allocator) slot(id uint32) (*chunk, *slot) {
 }
 
 // Alloc returns a buffer of at least n bytes (len n, cap the class size).
-// Its contents are whatever the last user left. It fails with
-// ErrAllocatorFull when growing would pass the limit, and ErrTooLarge above
-// the largest class.
+// Its contents are whatever the last user left. When its class has no free
+// buffer and growing would pass the limit, a free buffer of a larger class
+// serves (Cap tells); with none either it fails with ErrAllocatorFull. It
+// fails with ErrTooLarge above the largest class.
 func (a *Allocator) Alloc(n int) (Buf, error) {
 	c, err := a.classOf(n)
 	if err != nil {
