@@ -7,19 +7,22 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 )
 
 // Options select what Attach counts.
 type Options struct {
-	// PIDs restricts the uverbs command probes to these processes; empty
-	// means every process. The rxe probes always see the whole kernel.
+	// PIDs restricts the uverbs command probes and the completion channel
+	// reads of cq-events to these processes; empty means every process.
+	// The rxe probes and the events raised always see the whole kernel.
 	PIDs []int
 	// Skip names probes (see Status.Name) not to attach.
 	Skip []string
@@ -49,13 +52,15 @@ type Probes struct {
 type probeDef struct {
 	name, what string
 	rxe        bool // needs kprobes and rdma_rxe's BTF
-	progs      func(o *rxeOffsets) []progDef
+	uverbs     bool // needs kprobes and ib_uverbs' BTF
+	progs      func(o *rxeOffsets, u *uverbsOffsets) []progDef
 }
 
 type progDef struct {
 	name   string
 	typ    ebpf.ProgramType
 	raw    bool   // a raw tracepoint; else a kprobe
+	ret    bool   // a kretprobe
 	target string // tracepoint name or kernel symbol
 	insns  asm.Instructions
 }
@@ -68,34 +73,48 @@ func kp(name, sym string, insns asm.Instructions) progDef {
 	return progDef{name: name, typ: ebpf.Kprobe, target: sym, insns: insns}
 }
 
+func kretp(name, sym string, insns asm.Instructions) progDef {
+	return progDef{name: name, typ: ebpf.Kprobe, ret: true, target: sym, insns: insns}
+}
+
 var probeDefs = []probeDef{
-	{name: "uverbs-commands", what: "uverbs commands per process and fd: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; raw tracepoints sys_enter/sys_exit", progs: func(*rxeOffsets) []progDef {
+	{name: "uverbs-commands", what: "uverbs commands per process and fd: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; raw tracepoints sys_enter/sys_exit", progs: func(*rxeOffsets, *uverbsOffsets) []progDef {
 		return []progDef{
 			rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
 			rawTP("gv_sys_exit", "sys_exit", sysExit()),
 		}
 	}},
-	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{
 			kp("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
 			kp("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
 			kp("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
 		}
 	}},
-	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{kp("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
 	}},
-	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{kp("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
 	}},
-	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{kp("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
 	}},
-	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{kp("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
 	}},
-	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{kp("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
+	}},
+	{name: "cq-events", what: "completion events raised per device (ib_uverbs_comp_handler) and read from completion channels per process (ib_uverbs_comp_event_read), with the latency from raise to read as a log2 histogram", uverbs: true, progs: func(_ *rxeOffsets, u *uverbsOffsets) []progDef {
+		return []progDef{
+			// The kretprobe first: a handler running while they attach
+			// may then only be seen leaving (see compReadExit).
+			kretp("gv_comp_event_ret", "ib_uverbs_comp_handler", compHandlerExit()),
+			kp("gv_comp_event", "ib_uverbs_comp_handler", compHandler(u)),
+			kp("gv_comp_read", "ib_uverbs_comp_event_read", compReadEnter(u)),
+			kretp("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadExit(u)),
+		}
 	}},
 }
 
@@ -105,7 +124,7 @@ func Names() []string {
 	for _, d := range probeDefs {
 		n = append(n, d.name)
 	}
-	return append(n, "cq-events")
+	return n
 }
 
 // ErrNoBPF is returned by Attach when no probe at all could be attached.
@@ -146,9 +165,13 @@ func Attach(opts Options) (*Probes, error) {
 	}
 
 	var offs *rxeOffsets
+	var uoffs *uverbsOffsets
 	rxeErr := kprobesSupported()
+	uverbsErr := rxeErr
 	if rxeErr == nil {
-		offs, rxeErr = loadRxeOffsets()
+		cache := btf.NewCache()
+		offs, rxeErr = loadRxeOffsets(cache)
+		uoffs, uverbsErr = loadUverbsOffsets(cache)
 	}
 	var reasons []error
 	for _, d := range probeDefs {
@@ -158,8 +181,10 @@ func Attach(opts Options) (*Probes, error) {
 			st.Reason = "skipped (Options.Skip)"
 		case d.rxe && rxeErr != nil:
 			st.Reason = rxeErr.Error()
+		case d.uverbs && uverbsErr != nil:
+			st.Reason = uverbsErr.Error()
 		default:
-			if err := p.attach(d.progs(offs)); err != nil {
+			if err := p.attach(d.progs(offs, uoffs)); err != nil {
 				st.Reason = err.Error()
 			} else {
 				st.Attached = true
@@ -170,8 +195,6 @@ func Attach(opts Options) (*Probes, error) {
 		}
 		p.status = append(p.status, st)
 	}
-	p.status = append(p.status, Status{Name: "cq-events", What: "completion channel wakeup latency",
-		Reason: "not implemented yet: CQ completions are counted by rxe-completions"})
 	for _, st := range p.status {
 		if st.Attached {
 			return p, nil
@@ -218,9 +241,12 @@ func (p *Probes) attach(defs []progDef) error {
 		}
 		progs = append(progs, prog)
 		var l link.Link
-		if d.raw {
+		switch {
+		case d.raw:
 			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: d.target, Program: prog})
-		} else {
+		case d.ret:
+			l, err = link.Kretprobe(d.target, prog, nil)
+		default:
 			l, err = link.Kprobe(d.target, prog, nil)
 		}
 		if err != nil {
@@ -323,11 +349,31 @@ type QP struct {
 	ErrorCompletions uint64 `json:"error_completions"` // CQEs with a non-zero status
 }
 
+// CQEvents is what the cq-events probe saw of one process's completion
+// channel reads on one device since Attach: the events it read and, for
+// each, the time from the kernel raising it (ib_uverbs_comp_handler, run
+// when an armed CQ got a completion) to the read() that returned it.
+type CQEvents struct {
+	PID    int    `json:"pid"`
+	Device string `json:"device"` // "" for unmatched reads: the event was raised before Attach
+	// Count is the events read that were paired with the event raised.
+	Count uint64 `json:"count"`
+	// Unmatched is the events read that could not be paired (raised
+	// before Attach, or the record was evicted); they have no latency.
+	Unmatched uint64   `json:"unmatched"`
+	TotalNS   uint64   `json:"total_ns"`       // sum of latencies
+	Hist      []uint64 `json:"hist,omitempty"` // Hist[i]: events read [2^i, 2^(i+1)) ns after they were raised
+}
+
 // Snapshot is the probes' cumulative counters at one time.
 type Snapshot struct {
-	Time     time.Time `json:"time"`
-	Commands []Command `json:"commands"`
-	QPs      []QP      `json:"qps"`
+	Time     time.Time  `json:"time"`
+	Commands []Command  `json:"commands"`
+	QPs      []QP       `json:"qps"`
+	CQEvents []CQEvents `json:"cq_events"`
+	// EventsRaised is the completion events ib_uverbs raised per device
+	// (cq-events); events of closed channels are not counted.
+	EventsRaised map[string]uint64 `json:"events_raised"`
 }
 
 // Snapshot reads the maps.
@@ -356,6 +402,25 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("probe: read %s: %w", mapQPs, err)
 	}
+	var ek [evKeySize]byte
+	ev := make([]byte, 8*evValWords)
+	it = p.maps[mapEvents].Iterate()
+	for it.Next(ek[:], ev) {
+		s.CQEvents = append(s.CQEvents, decodeEvents(ek[:], ev))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapEvents, err)
+	}
+	s.EventsRaised = map[string]uint64{}
+	var rk [qpNameLen]byte
+	var rv uint64
+	it = p.maps[mapRaised].Iterate()
+	for it.Next(rk[:], &rv) {
+		s.EventsRaised[cString(rk[:])] += rv
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapRaised, err)
+	}
 	slices.SortFunc(s.Commands, func(a, b Command) int {
 		if a.PID != b.PID {
 			return a.PID - b.PID
@@ -364,6 +429,12 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 			return a.FD - b.FD
 		}
 		return int(int64(a.Object)<<32|int64(a.Method)<<16|int64(a.Cmd&0xffff)) - int(int64(b.Object)<<32|int64(b.Method)<<16|int64(b.Cmd&0xffff))
+	})
+	slices.SortFunc(s.CQEvents, func(a, b CQEvents) int {
+		if a.PID != b.PID {
+			return a.PID - b.PID
+		}
+		return strings.Compare(a.Device, b.Device)
 	})
 	slices.SortFunc(s.QPs, func(a, b QP) int {
 		if a.Device != b.Device {
@@ -414,15 +485,35 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 	return c
 }
 
+// cString is b up to its first NUL.
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+func decodeEvents(k, v []byte) CQEvents {
+	le := binary.LittleEndian
+	e := CQEvents{
+		Device:    cString(k[:qpNameLen]),
+		PID:       int(le.Uint32(k[qpNameLen:])),
+		Count:     le.Uint64(v[0:]),
+		Unmatched: le.Uint64(v[8:]),
+		TotalNS:   le.Uint64(v[16:]),
+		Hist:      make([]uint64, numBuckets),
+	}
+	for i := range e.Hist {
+		e.Hist[i] = le.Uint64(v[24+8*i:])
+	}
+	return e
+}
+
 func decodeQP(k, v []byte) QP {
 	le := binary.LittleEndian
-	name := k[:qpNameLen]
-	if i := bytes.IndexByte(name, 0); i >= 0 {
-		name = name[:i]
-	}
 	w := func(i int) uint64 { return le.Uint64(v[8*i:]) }
 	return QP{
-		Device:           string(name),
+		Device:           cString(k[:qpNameLen]),
 		QPN:              le.Uint32(k[qpNameLen:]),
 		SentPkts:         w(qpSent),
 		RecvPkts:         w(qpRecv),

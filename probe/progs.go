@@ -1,6 +1,8 @@
 package probe
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -15,13 +17,20 @@ import (
 
 // Map names. They are also the names the kernel shows (bpftool map).
 const (
-	mapConfig   = "gv_config"  // array[1] u32: 1 = count only the pids in gv_pids
-	mapPids     = "gv_pids"    // hash tgid -> u8
-	mapFDs      = "gv_fds"     // hash {tgid, fd} -> u32 uverbs minor index (the N in uverbsN)
-	mapPending  = "gv_pending" // hash pid_tgid -> u32: openat of uverbsN in flight
-	mapStart    = "gv_start"   // hash pid_tgid -> startVal: a uverbs syscall in flight
-	mapCmds     = "gv_cmds"    // hash cmdKey -> cmdVal
-	mapQPs      = "gv_qps"     // hash qpKey -> qpVal
+	mapConfig  = "gv_config"  // array[1] u32: 1 = count only the pids in gv_pids
+	mapPids    = "gv_pids"    // hash tgid -> u8
+	mapFDs     = "gv_fds"     // hash {tgid, fd} -> u32 uverbs minor index (the N in uverbsN)
+	mapPending = "gv_pending" // hash pid_tgid -> u32: openat of uverbsN in flight
+	mapStart   = "gv_start"   // hash pid_tgid -> startVal: a uverbs syscall in flight
+	mapCmds    = "gv_cmds"    // hash cmdKey -> cmdVal
+	mapQPs     = "gv_qps"     // hash qpKey -> qpVal
+	// cq-events: see compHandler, compReadEnter, compReadExit.
+	mapEvQueues = "gv_evq"    // LRU hash ev_queue pointer -> {raised, consumed} sequence numbers
+	mapEvPend   = "gv_evpend" // LRU hash {ev_queue, seq} -> {ktime at raise, device name[16]}
+	mapEvRead   = "gv_evread" // hash pid_tgid -> ev_queue: a completion channel read in flight
+	mapEvents   = "gv_events" // hash evKey {name[16], tgid, pad} -> evVal
+	mapRaised   = "gv_raised" // hash device name[16] -> u64 events raised
+	mapEvInfl   = "gv_evinfl" // array[1] s64: ib_uverbs_comp_handler calls in flight
 	maxEntries  = 16384
 	cmdKeySize  = 16
 	startSize   = 24
@@ -30,6 +39,8 @@ const (
 	numBuckets  = 40 // log2(ns) buckets: bucket i counts [2^i, 2^(i+1)) ns
 	cmdValWords = 3 + numBuckets
 	qpValWords  = numQPCounters
+	evKeySize   = 24
+	evValWords  = 3 + numBuckets // matched reads, unmatched reads, total ns, histogram
 )
 
 // ioctl commands and write() command headers.
@@ -68,13 +79,19 @@ const (
 
 func mapSpecs() map[string]*ebpf.MapSpec {
 	return map[string]*ebpf.MapSpec{
-		mapConfig:  {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
-		mapPids:    {Name: mapPids, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: 1024},
-		mapFDs:     {Name: mapFDs, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxEntries},
-		mapPending: {Name: mapPending, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 1024},
-		mapStart:   {Name: mapStart, Type: ebpf.Hash, KeySize: 8, ValueSize: startSize, MaxEntries: maxEntries},
-		mapCmds:    {Name: mapCmds, Type: ebpf.Hash, KeySize: cmdKeySize, ValueSize: 8 * cmdValWords, MaxEntries: maxEntries},
-		mapQPs:     {Name: mapQPs, Type: ebpf.Hash, KeySize: qpKeySize, ValueSize: 8 * qpValWords, MaxEntries: maxEntries},
+		mapConfig:   {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
+		mapPids:     {Name: mapPids, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: 1024},
+		mapFDs:      {Name: mapFDs, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxEntries},
+		mapPending:  {Name: mapPending, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 1024},
+		mapStart:    {Name: mapStart, Type: ebpf.Hash, KeySize: 8, ValueSize: startSize, MaxEntries: maxEntries},
+		mapCmds:     {Name: mapCmds, Type: ebpf.Hash, KeySize: cmdKeySize, ValueSize: 8 * cmdValWords, MaxEntries: maxEntries},
+		mapQPs:      {Name: mapQPs, Type: ebpf.Hash, KeySize: qpKeySize, ValueSize: 8 * qpValWords, MaxEntries: maxEntries},
+		mapEvQueues: {Name: mapEvQueues, Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: 4096},
+		mapEvPend:   {Name: mapEvPend, Type: ebpf.LRUHash, KeySize: 16, ValueSize: 24, MaxEntries: maxEntries},
+		mapEvRead:   {Name: mapEvRead, Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 1024},
+		mapEvents:   {Name: mapEvents, Type: ebpf.Hash, KeySize: evKeySize, ValueSize: 8 * evValWords, MaxEntries: maxEntries},
+		mapRaised:   {Name: mapRaised, Type: ebpf.Hash, KeySize: qpNameLen, ValueSize: 8, MaxEntries: 1024},
+		mapEvInfl:   {Name: mapEvInfl, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
 	}
 }
 
@@ -566,6 +583,292 @@ func relabel(in asm.Instructions, prefix string) asm.Instructions {
 	return out
 }
 
+// uverbsOffsets are byte offsets into ib_uverbs' and the kernel's
+// structures for the cq-events probe, read from the kernel's BTF.
+type uverbsOffsets struct {
+	cqDevice    int32 // ib_cq.device (struct ib_device *)
+	devName     int32 // ib_device.name (char[64])
+	qClosed     int32 // ib_uverbs_event_queue.is_closed (int)
+	qEventList  int32 // ib_uverbs_event_queue.event_list (struct list_head)
+	fileQueue   int32 // ib_uverbs_completion_event_file.ev_queue
+	filePrivate int32 // file.private_data
+	regArg0     int16
+	regArg1     int16
+	regRet      int16
+}
+
+// The cq-events probe pairs each completion event the kernel raises with
+// the read() that hands it to the process. ib_uverbs_comp_handler(cq,
+// ev_queue) appends an event to the channel's queue (a FIFO, one event per
+// armed CQ's next completion) and wakes the readers;
+// ib_uverbs_comp_event_read(filp, ...) takes the oldest event off. So the
+// handler numbers the events of each queue 1, 2, 3, ... and stamps them
+// (gv_evpend), and each successful read takes the next number. Events
+// raised before Attach, or records the LRU map dropped, are counted as
+// unmatched reads, with no latency. Whenever a read leaves the kernel's
+// queue empty while no handler is running (gv_evinfl: the handler's kprobe
+// counts up, its kretprobe down; the handler is stamped on entry, before it
+// queues the event), every event raised before the read looked has been
+// read, and the numbering is resynchronised (consumed = raised): a miscount
+// (an event dropped by the kernel, a backlog from before Attach) does not
+// outlive one burst of events.
+
+// compHandler: kprobe on ib_uverbs_comp_handler(struct ib_cq *cq, void
+// *cq_context); cq_context is the channel's struct ib_uverbs_event_queue
+// (NULL for a CQ without a channel).
+//
+// Stack: fp-16 pend key {q, seq}, fp-40 pend value {ts, name[16]}, fp-48
+// q (gv_evq key), fp-64 zero gv_evq value, fp-72 scratch, fp-80 zero u64.
+func compHandler(u *uverbsOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R7, asm.R1, u.regArg1, asm.DWord), // ev_queue
+		asm.LoadMem(asm.R6, asm.R1, u.regArg0, asm.DWord), // cq
+	}
+	in = append(in, inflightAdd(1)...)
+	in = append(in,
+		asm.JNE.Imm(asm.R7, 0, "have_q"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		stZero64(-72).WithSymbol("have_q"),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -72),
+		asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Add.Imm(asm.R3, u.qClosed),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -72, asm.Word),
+		asm.JEq.Imm(asm.R1, 0, "open"),
+		asm.Mov.Imm(asm.R0, 0), // the handler drops the event
+		asm.Return(),
+		// name = cq->device->name
+		stZero64(-72).WithSymbol("open"),
+		stZero64(-32),
+		stZero64(-24),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -72),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Mov.Reg(asm.R3, asm.R6),
+		asm.Add.Imm(asm.R3, u.cqDevice),
+		asm.FnProbeReadKernel.Call(),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -32),
+		asm.Mov.Imm(asm.R2, qpNameLen),
+		asm.LoadMem(asm.R3, asm.RFP, -72, asm.DWord),
+		asm.Add.Imm(asm.R3, u.devName),
+		asm.FnProbeReadKernel.Call(),
+		asm.StoreMem(asm.RFP, -48, asm.R7, asm.DWord),
+	)
+	in = append(in, relabel(lookupOrInit(mapEvQueues, -48, -64, 16), "q_")...)
+	in = append(in,
+		asm.Mov.Imm(asm.R1, 1),
+		fetchAdd64(asm.R0, asm.R1, 0), // R1 = events raised before this one
+		asm.Add.Imm(asm.R1, 1),
+		asm.StoreMem(asm.RFP, -16, asm.R7, asm.DWord),
+		asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, -40, asm.R0, asm.DWord),
+		mapPtr(asm.R1, mapEvPend),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -40),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnMapUpdateElem.Call(),
+	)
+	in = append(in, relabel(lookupOrInit(mapRaised, -32, -80, 8), "r_")...)
+	return append(in,
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
+}
+
+// inflightAdd adds d to gv_evinfl[0]. Stack: fp-4; clobbers R0-R5.
+func inflightAdd(d int32) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		mapPtr(asm.R1, mapEvInfl),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "infl_done"),
+		asm.Mov.Imm(asm.R1, d),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("infl_done"),
+	}
+}
+
+// compHandlerExit: kretprobe on ib_uverbs_comp_handler: the event is
+// queued (or dropped).
+func compHandlerExit() asm.Instructions {
+	return append(inflightAdd(-1), asm.Return())
+}
+
+// compReadEnter: kprobe on ib_uverbs_comp_event_read(struct file *filp,
+// ...): remember the channel's event queue (filp->private_data is the
+// struct ib_uverbs_completion_event_file) under pid_tgid, for processes
+// that pass the pid filter.
+//
+// Stack: fp-8 pid_tgid, fp-16 ev_queue.
+func compReadEnter(u *uverbsOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.RSh.Imm(asm.R8, 32),
+	}
+	in = append(in, pidFilter(asm.R8)...)
+	return append(in,
+		asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord),
+		stZero64(-16),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -16),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Add.Imm(asm.R3, u.filePrivate),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -16, asm.DWord),
+		asm.JNE.Imm(asm.R1, 0, "have_file"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.Add.Imm(asm.R1, u.fileQueue).WithSymbol("have_file"),
+		asm.StoreMem(asm.RFP, -16, asm.R1, asm.DWord),
+		mapPtr(asm.R1, mapEvRead),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -16),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnMapUpdateElem.Call(),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
+}
+
+// compReadExit: kretprobe on ib_uverbs_comp_event_read. A read that
+// returned an event (> 0 bytes) takes the queue's next event number; its
+// latency (now - the handler's stamp) goes into gv_events under {device,
+// tgid}.
+//
+// Registers: R6 ctx, R7 ev_queue, R8 gv_evq value, R9 now. Stack: fp-8
+// pid_tgid, then the pend key's seq; fp-16 pend key q; fp-24 scratch; fp-32
+// the raised count when the read looked; fp-48
+// latency (-1: unmatched); fp-72 gv_events key {name[16], tgid, pad}; below
+// it the zero gv_events value.
+func compReadExit(u *uverbsOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		stZero64(-72),
+		stZero64(-64),
+		stZero64(-56),
+		asm.RSh.Imm(asm.R0, 32),
+		asm.StoreMem(asm.RFP, -56, asm.R0, asm.Word),
+		mapPtr(asm.R1, mapEvRead),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "reading"),
+		asm.Return(), // R0 == 0
+		asm.LoadMem(asm.R7, asm.R0, 0, asm.DWord).WithSymbol("reading"),
+		mapPtr(asm.R1, mapEvRead),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapDeleteElem.Call(),
+		asm.LoadMem(asm.R1, asm.R6, u.regRet, asm.DWord),
+		asm.JSGT.Imm(asm.R1, 0, "got_event"),
+		asm.Mov.Imm(asm.R0, 0), // EAGAIN (the fd is non-blocking), EINTR, ...
+		asm.Return(),
+		asm.FnKtimeGetNs.Call().WithSymbol("got_event"),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.Mov.Imm(asm.R1, -1),
+		asm.StoreMem(asm.RFP, -48, asm.R1, asm.DWord),
+		asm.StoreMem(asm.RFP, -16, asm.R7, asm.DWord),
+		mapPtr(asm.R1, mapEvQueues),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "stats"), // no event of this queue was seen raised
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.LoadMem(asm.R1, asm.R8, 0, asm.DWord), // raised
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R8, 8, asm.DWord), // consumed
+		asm.JGE.Reg(asm.R2, asm.R1, "sync"),
+		asm.Add.Imm(asm.R2, 1),
+		asm.StoreMem(asm.RFP, -8, asm.R2, asm.DWord),
+		mapPtr(asm.R1, mapEvPend),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "consume"), // record dropped: skip its number
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.JGT.Reg(asm.R1, asm.R9, "sync"), // raised after this read began: an older event was read
+		asm.Mov.Reg(asm.R2, asm.R9),
+		asm.Sub.Reg(asm.R2, asm.R1),
+		asm.StoreMem(asm.RFP, -48, asm.R2, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
+		asm.StoreMem(asm.RFP, -72, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R0, 16, asm.DWord),
+		asm.StoreMem(asm.RFP, -64, asm.R1, asm.DWord),
+		mapPtr(asm.R1, mapEvPend),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.FnMapDeleteElem.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -8, asm.DWord).WithSymbol("consume"),
+		asm.StoreMem(asm.R8, 8, asm.R1, asm.DWord),
+		// The kernel queue empty, then no handler running: every event
+		// raised before the count was read (fp-32) has been read.
+		stZero64(-24).WithSymbol("sync"),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -24),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Mov.Reg(asm.R3, asm.R7),
+		asm.Add.Imm(asm.R3, u.qEventList),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R1, asm.RFP, -24, asm.DWord),
+		asm.Mov.Reg(asm.R2, asm.R7),
+		asm.Add.Imm(asm.R2, u.qEventList),
+		asm.JNE.Reg(asm.R1, asm.R2, "stats"),
+		asm.StoreImm(asm.RFP, -24, 0, asm.Word),
+		mapPtr(asm.R1, mapEvInfl),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -24),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "stats"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.JSGT.Imm(asm.R1, 0, "stats"),
+		asm.LoadMem(asm.R1, asm.RFP, -32, asm.DWord),
+		asm.StoreMem(asm.R8, 8, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("stats"),
+	}
+	in = append(in, lookupOrInit(mapEvents, -72, int16(-72-8*evValWords), 8*evValWords)...)
+	in = append(in,
+		asm.Mov.Reg(asm.R7, asm.R0),
+		asm.LoadMem(asm.R8, asm.RFP, -48, asm.DWord),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.JNE.Imm(asm.R8, -1, "matched"),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 8),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 0).WithSymbol("matched"),
+		asm.AddAtomic.Mem(asm.R7, asm.R8, asm.DWord, 16),
+	)
+	in = append(in, log2(asm.R8, asm.R2, asm.R3)...)
+	return append(in,
+		asm.JLE.Imm(asm.R2, numBuckets-1, "inrange"),
+		asm.Mov.Imm(asm.R2, numBuckets-1),
+		asm.LSh.Imm(asm.R2, 3).WithSymbol("inrange"),
+		asm.Add.Reg(asm.R7, asm.R2),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, 24),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
+}
+
 // Syscall numbers (amd64).
 const (
 	nrWrite  = 1
@@ -657,6 +960,35 @@ func sysExit() asm.Instructions {
 	open[0] = open[0].WithSymbol("open_")
 	in = append(in, cmd...)
 	return append(in, open...)
+}
+
+// fetchAdd64 is `src = atomic_fetch_add((u64 *)(dst + off), src)`.
+//
+// cilium/ebpf v0.22's Instruction.Marshal takes the immediate before it
+// derives it from the atomic opcode, so asm.FetchAdd marshals with imm 0:
+// a plain atomic add that leaves src unchanged. An AddAtomic instruction
+// whose Constant is BPF_ADD|BPF_FETCH (1) marshals right there. Whichever
+// of the two encodes the fetch (TestFetchAddEncoding checks) is used, so a
+// fixed library keeps working.
+func fetchAdd64(dst, src asm.Register, off int16) asm.Instruction {
+	ins := asm.FetchAdd.Mem(dst, src, asm.DWord, off)
+	if atomicImm(ins) == bpfAddFetch {
+		return ins
+	}
+	ins = asm.AddAtomic.Mem(dst, src, asm.DWord, off)
+	ins.Constant = bpfAddFetch
+	return ins
+}
+
+const bpfAddFetch = 0x01 // BPF_ADD | BPF_FETCH
+
+// atomicImm is the immediate ins marshals with, or -1.
+func atomicImm(ins asm.Instruction) int64 {
+	var b bytes.Buffer
+	if _, err := ins.Marshal(&b, binary.LittleEndian); err != nil || b.Len() < 8 {
+		return -1
+	}
+	return int64(int32(binary.LittleEndian.Uint32(b.Bytes()[4:8])))
 }
 
 // stZero64 stores a zero u64 on the stack (asm.StoreImm refuses DWord,
