@@ -22,6 +22,38 @@ func kprobeRegs() (arg0, arg1, ret int16, err error) {
 	return 0, 0, 0, fmt.Errorf("kprobe argument registers unknown on %s", runtime.GOARCH)
 }
 
+// kprobeArg2 is the offset in struct pt_regs of the third argument.
+func kprobeArg2() int16 {
+	if runtime.GOARCH == "arm64" {
+		return 16 // regs[2]
+	}
+	return 96 // dx
+}
+
+// tracing returns a copy of o for fentry/fexit programs, whose context is
+// the function's arguments as an array of u64 (the return value follows
+// them in fexit).
+func (o rxeOffsets) tracing() *rxeOffsets {
+	o.regArg0, o.regArg1 = 0, 8
+	return &o
+}
+
+// tracing returns a copy of u for fentry/fexit programs (see
+// rxeOffsets.tracing).
+func (u uverbsOffsets) tracing() *uverbsOffsets {
+	u.regArg0, u.regArg1, u.regArg2, u.fexit = 0, 8, 16, true
+	return &u
+}
+
+// ret is the offset of the return value of a function of nargs arguments
+// in an exit program's context.
+func (u *uverbsOffsets) ret(nargs int) int16 {
+	if u.fexit {
+		return int16(8 * nargs)
+	}
+	return u.regRet
+}
+
 // btfSpecs loads a module's split BTF (its own types) and, behind it, the
 // kernel's and ib_core's, where the types modules share are found.
 func btfSpecs(cache *btf.Cache, module string) ([]*btf.Spec, error) {
@@ -98,16 +130,20 @@ func loadRxeOffsets(cache *btf.Cache) (*rxeOffsets, error) {
 }
 
 // loadUverbsOffsets reads the layout of ib_uverbs' completion event queue
-// (struct ib_uverbs_completion_event_file, ib_uverbs_event_queue) from
-// /sys/kernel/btf/ib_uverbs, and of struct file, ib_cq and ib_device from
-// vmlinux (or ib_core), for the cq-events probe. It does not need rxe: any
-// driver's completion events go through ib_uverbs_comp_handler.
+// (struct ib_uverbs_completion_event_file, ib_uverbs_event_queue) and of
+// its per-file and per-device structs (ib_uverbs_file, ib_uverbs_device)
+// from /sys/kernel/btf/ib_uverbs, and of struct file, ib_cq and ib_device
+// from vmlinux (or ib_core), for the cq-events and uverbs-commands
+// probes. It does not need rxe: every driver's commands go through
+// ib_uverbs_write and ib_uverbs_ioctl, its completion events through
+// ib_uverbs_comp_handler.
 func loadUverbsOffsets(cache *btf.Cache) (*uverbsOffsets, error) {
 	o := &uverbsOffsets{}
 	var err error
 	if o.regArg0, o.regArg1, o.regRet, err = kprobeRegs(); err != nil {
 		return nil, err
 	}
+	o.regArg2 = kprobeArg2()
 	specs, err := btfSpecs(cache, "ib_uverbs")
 	if err != nil {
 		return nil, err
@@ -119,6 +155,8 @@ func loadUverbsOffsets(cache *btf.Cache) (*uverbsOffsets, error) {
 	o.qEventList = r.off("ib_uverbs_event_queue", "event_list")
 	o.fileQueue = r.off("ib_uverbs_completion_event_file", "ev_queue")
 	o.filePrivate = r.off("file", "private_data")
+	o.ufileDevice = r.off("ib_uverbs_file", "device")
+	o.udevDevnum = r.off("ib_uverbs_device", "devnum")
 	if err := errors.Join(r.errs...); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,13 @@ type Options struct {
 	PIDs []int
 	// Skip names probes (see Status.Name) not to attach.
 	Skip []string
+	// PerPacket also attaches the probes that run for every packet and
+	// every completion rxe handles (rxe-packets, rxe-retransmits,
+	// rxe-completions: per-QP packet, retry and CQE counts). They cost
+	// latency on the data path (docs/perf.md), so they are off unless
+	// asked for; without them rxe's own per-device hw_counters still give
+	// packet and retry counts.
+	PerPacket bool
 }
 
 // Status says whether one probe is attached and, if not, why.
@@ -33,7 +40,12 @@ type Status struct {
 	Name     string `json:"name"`
 	What     string `json:"what"`
 	Attached bool   `json:"attached"`
-	Reason   string `json:"reason,omitempty"`
+	// Via is how it is attached: "fentry/fexit" (BPF trampolines, the
+	// cheapest), "kprobes" or "raw tracepoints".
+	Via string `json:"via,omitempty"`
+	// Reason says why it is not attached or, when it is, why a cheaper
+	// way failed.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Probes owns the maps, programs and links of one Attach.
@@ -51,70 +63,92 @@ type Probes struct {
 // probeDef is one probe: programs that attach together.
 type probeDef struct {
 	name, what string
-	rxe        bool // needs kprobes and rdma_rxe's BTF
-	uverbs     bool // needs kprobes and ib_uverbs' BTF
-	progs      func(o *rxeOffsets, u *uverbsOffsets) []progDef
+	rxe        bool // needs rdma_rxe's BTF
+	uverbs     bool // needs ib_uverbs' BTF (or, with raw, not)
+	perPacket  bool // runs per packet or CQE: only with Options.PerPacket
+	// progs builds the programs for offsets meant for fentry/fexit or for
+	// kprobes (see rxeOffsets.tracing); it is called with nil offsets when
+	// the BTF is missing or kprobes are not supported, and returns nil if
+	// it cannot do without them.
+	progs func(o *rxeOffsets, u *uverbsOffsets) []progDef
 }
 
+// progDef is one program. An entry program attaches as fentry or kprobe,
+// an exit program as fexit or kretprobe, whichever way Attach is trying.
 type progDef struct {
 	name   string
-	typ    ebpf.ProgramType
-	raw    bool   // a raw tracepoint; else a kprobe
-	ret    bool   // a kretprobe
-	target string // tracepoint name or kernel symbol
+	raw    bool   // a raw tracepoint program
+	exit   bool   // runs when target returns
+	target string // tracepoint name or kernel function
 	insns  asm.Instructions
 }
 
 func rawTP(name, event string, insns asm.Instructions) progDef {
-	return progDef{name: name, typ: ebpf.RawTracepoint, raw: true, target: event, insns: insns}
+	return progDef{name: name, raw: true, target: event, insns: insns}
 }
 
-func kp(name, sym string, insns asm.Instructions) progDef {
-	return progDef{name: name, typ: ebpf.Kprobe, target: sym, insns: insns}
+func entry(name, fn string, insns asm.Instructions) progDef {
+	return progDef{name: name, target: fn, insns: insns}
 }
 
-func kretp(name, sym string, insns asm.Instructions) progDef {
-	return progDef{name: name, typ: ebpf.Kprobe, ret: true, target: sym, insns: insns}
+func exit(name, fn string, insns asm.Instructions) progDef {
+	return progDef{name: name, exit: true, target: fn, insns: insns}
 }
 
 var probeDefs = []probeDef{
-	{name: "uverbs-commands", what: "uverbs commands per process and fd: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; raw tracepoints sys_enter/sys_exit", progs: func(*rxeOffsets, *uverbsOffsets) []progDef {
+	{name: "uverbs-commands", what: "uverbs commands per process: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; on ib_uverbs_write and ib_uverbs_ioctl, or, without kprobes or ib_uverbs BTF, on every system call (raw tracepoints sys_enter/sys_exit, per fd)", uverbs: true, progs: func(_ *rxeOffsets, u *uverbsOffsets) []progDef {
+		if u == nil {
+			return []progDef{
+				rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
+				rawTP("gv_sys_exit", "sys_exit", sysExit()),
+			}
+		}
 		return []progDef{
-			rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
-			rawTP("gv_sys_exit", "sys_exit", sysExit()),
+			entry("gv_uv_write", "ib_uverbs_write", uverbsCmdEnter(u, false)),
+			exit("gv_uv_write_ret", "ib_uverbs_write", uverbsCmdExit(u, 4)),
+			entry("gv_uv_ioctl", "ib_uverbs_ioctl", uverbsCmdEnter(u, true)),
+			exit("gv_uv_ioctl_ret", "ib_uverbs_ioctl", uverbsCmdExit(u, 3)),
 		}
 	}},
-	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{
-			kp("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
-			kp("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
-			kp("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			entry("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
+			entry("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			entry("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
 		}
 	}},
-	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
-		return []progDef{kp("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
+	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
 	}},
 	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
-		return []progDef{kp("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
+		return []progDef{entry("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
 	}},
 	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
-		return []progDef{kp("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
+		return []progDef{entry("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
 	}},
 	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
-		return []progDef{kp("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
+		return []progDef{entry("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
 	}},
-	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
-		return []progDef{kp("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
+	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
 	}},
 	{name: "cq-events", what: "completion events raised per device (ib_uverbs_comp_handler) and read from completion channels per process (ib_uverbs_comp_event_read), with the latency from raise to read as a log2 histogram", uverbs: true, progs: func(_ *rxeOffsets, u *uverbsOffsets) []progDef {
-		return []progDef{
-			// The kretprobe first: a handler running while they attach
-			// may then only be seen leaving (see compReadExit).
-			kretp("gv_comp_event_ret", "ib_uverbs_comp_handler", compHandlerExit()),
-			kp("gv_comp_event", "ib_uverbs_comp_handler", compHandler(u)),
-			kp("gv_comp_read", "ib_uverbs_comp_event_read", compReadEnter(u)),
-			kretp("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadExit(u)),
+		if u == nil {
+			return nil
 		}
+		// The handler's exit program first: a handler running while
+		// they attach may then only be seen leaving (see compReadExit).
+		defs := []progDef{
+			exit("gv_comp_event_ret", "ib_uverbs_comp_handler", compHandlerExit()),
+			entry("gv_comp_event", "ib_uverbs_comp_handler", compHandler(u)),
+		}
+		if u.fexit {
+			return append(defs, exit("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadFexit(u)))
+		}
+		return append(defs,
+			entry("gv_comp_read", "ib_uverbs_comp_event_read", compReadEnter(u)),
+			exit("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadExit(u)),
+		)
 	}},
 }
 
@@ -173,23 +207,53 @@ func Attach(opts Options) (*Probes, error) {
 		offs, rxeErr = loadRxeOffsets(cache)
 		uoffs, uverbsErr = loadUverbsOffsets(cache)
 	}
+	// The ways to attach, cheapest first: BPF trampolines, kprobes, and
+	// for probes that can do without BTF, tracepoints.
+	type way struct {
+		via     string
+		tracing bool
+		o       *rxeOffsets
+		u       *uverbsOffsets
+	}
+	ways := []way{{via: "fentry/fexit", tracing: true}, {via: "kprobes"}, {via: "raw tracepoints"}}
+	if offs != nil {
+		ways[0].o, ways[1].o = offs.tracing(), offs
+	}
+	if uoffs != nil {
+		ways[0].u, ways[1].u = uoffs.tracing(), uoffs
+	}
 	var reasons []error
 	for _, d := range probeDefs {
 		st := Status{Name: d.name, What: d.what}
+		var tried []string
 		switch {
 		case slices.Contains(opts.Skip, d.name):
-			st.Reason = "skipped (Options.Skip)"
+			tried = append(tried, "skipped (Options.Skip)")
+		case d.perPacket && !opts.PerPacket:
+			tried = append(tried, "runs for every packet or completion: not asked for (Options.PerPacket, goverbs top --per-packet)")
 		case d.rxe && rxeErr != nil:
-			st.Reason = rxeErr.Error()
-		case d.uverbs && uverbsErr != nil:
-			st.Reason = uverbsErr.Error()
+			tried = append(tried, rxeErr.Error())
 		default:
-			if err := p.attach(d.progs(offs, uoffs)); err != nil {
-				st.Reason = err.Error()
-			} else {
-				st.Attached = true
+			for i, w := range ways {
+				if (d.rxe && w.o == nil) || (d.uverbs && w.u == nil && i < 2) {
+					continue
+				}
+				defs := d.progs(w.o, w.u)
+				if defs == nil {
+					continue
+				}
+				if err := p.attach(defs, w.tracing); err != nil {
+					tried = append(tried, w.via+": "+err.Error())
+					continue
+				}
+				st.Attached, st.Via = true, w.via
+				break
+			}
+			if !st.Attached && d.uverbs && uverbsErr != nil {
+				tried = append(tried, uverbsErr.Error())
 			}
 		}
+		st.Reason = strings.Join(tried, "; ")
 		if !st.Attached {
 			reasons = append(reasons, fmt.Errorf("%s: %s", st.Name, st.Reason))
 		}
@@ -204,8 +268,10 @@ func Attach(opts Options) (*Probes, error) {
 	return nil, fmt.Errorf("%w: %w", ErrNoBPF, errors.Join(reasons...))
 }
 
-// attach loads and attaches one probe's programs, all or nothing.
-func (p *Probes) attach(defs []progDef) error {
+// attach loads and attaches one probe's programs, all or nothing; entry
+// and exit programs as fentry and fexit with tracing, else as kprobes and
+// kretprobes.
+func (p *Probes) attach(defs []progDef, tracing bool) error {
 	var progs []*ebpf.Program
 	var links []link.Link
 	fail := func(err error) error {
@@ -230,12 +296,22 @@ func (p *Probes) attach(defs []progDef) error {
 				}
 			}
 		}
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		spec := &ebpf.ProgramSpec{
 			Name:         d.name,
-			Type:         d.typ,
+			Type:         ebpf.Kprobe,
 			Instructions: insns,
 			License:      "Dual MIT/GPL",
-		})
+		}
+		switch {
+		case d.raw:
+			spec.Type = ebpf.RawTracepoint
+		case tracing:
+			spec.Type, spec.AttachType, spec.AttachTo = ebpf.Tracing, ebpf.AttachTraceFEntry, d.target
+			if d.exit {
+				spec.AttachType = ebpf.AttachTraceFExit
+			}
+		}
+		prog, err := ebpf.NewProgram(spec)
 		if err != nil {
 			return fail(fmt.Errorf("load %s: %w", d.name, err))
 		}
@@ -244,7 +320,9 @@ func (p *Probes) attach(defs []progDef) error {
 		switch {
 		case d.raw:
 			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: d.target, Program: prog})
-		case d.ret:
+		case tracing:
+			l, err = link.AttachTracing(link.TracingOptions{Program: prog})
+		case d.exit:
 			l, err = link.Kretprobe(d.target, prog, nil)
 		default:
 			l, err = link.Kprobe(d.target, prog, nil)
@@ -314,7 +392,7 @@ var ErrClosed = errors.New("probe: closed")
 // errors and latency since Attach.
 type Command struct {
 	PID     int      `json:"pid"`
-	FD      int      `json:"fd"`
+	FD      int      `json:"fd"`             // -1 when counted on ib_uverbs_write/ioctl, which see the file, not the fd
 	Device  string   `json:"device"`         // "" when the fd was not seen opening a uverbs device
 	Kind    string   `json:"kind"`           // "ioctl" or "write"
 	Object  uint16   `json:"object"`         // ioctl: UVERBS_OBJECT_*
@@ -453,7 +531,7 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 	devKind := le.Uint32(k[8:])
 	c := Command{
 		PID: int(le.Uint32(k[0:])),
-		FD:  int(le.Uint32(k[4:])),
+		FD:  int(int32(le.Uint32(k[4:]))),
 	}
 	cmd := le.Uint32(k[12:])
 	if minor := devKind & 0xffff; minor != unknownDev {

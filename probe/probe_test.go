@@ -46,16 +46,18 @@ func attach(t *testing.T, opts Options) *Probes {
 		}
 	})
 	for _, s := range p.Status() {
-		t.Logf("%-16s attached=%v %s", s.Name, s.Attached, s.Reason)
+		t.Logf("%-16s attached=%v via=%q %s", s.Name, s.Attached, s.Via, s.Reason)
 	}
 	return p
 }
 
 // TestAttachDegrades runs anywhere: on a kernel without kprobes or without
 // rdma_rxe (the development host) the rxe probes and cq-events are
-// reported with a reason and the syscall tracepoint probes still attach.
+// reported with a reason and the syscall tracepoint probes still attach;
+// with ib_uverbs' BTF the command probes hang off ib_uverbs_write and
+// ib_uverbs_ioctl, not every system call.
 func TestAttachDegrades(t *testing.T) {
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	for _, name := range []string{"uverbs-commands"} {
 		if !p.Attached(name) {
 			t.Errorf("%s not attached", name)
@@ -81,6 +83,12 @@ func TestAttachDegrades(t *testing.T) {
 		if s.Name == "cq-events" && s.Attached != uv {
 			t.Errorf("%s: attached=%v, but kprobes+ib_uverbs BTF present=%v (%s)", s.Name, s.Attached, uv, s.Reason)
 		}
+		if s.Name == "uverbs-commands" && (s.Via == "raw tracepoints") == uv {
+			t.Errorf("%s: via %s, but kprobes+ib_uverbs BTF present=%v (%s)", s.Name, s.Via, uv, s.Reason)
+		}
+		if s.Attached && s.Via == "" {
+			t.Errorf("%s: attached, but via nothing", s.Name)
+		}
 	}
 	if got, want := len(p.Status()), len(Names()); got != want {
 		t.Errorf("%d probes reported, Names has %d", got, want)
@@ -94,12 +102,17 @@ func TestAttachDegrades(t *testing.T) {
 	}
 }
 
-// TestSkip: a skipped probe is reported as such.
+// TestSkip: a skipped probe is reported as such, and so are the
+// per-packet probes when Options.PerPacket is not set.
 func TestSkip(t *testing.T) {
 	p := attach(t, Options{Skip: []string{"rxe-rnr"}})
+	perPacket := map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
 	for _, s := range p.Status() {
 		if s.Name == "rxe-rnr" && (s.Attached || !strings.Contains(s.Reason, "skipped")) {
 			t.Errorf("%+v", s)
+		}
+		if perPacket[s.Name] && (s.Attached || !strings.Contains(s.Reason, "PerPacket")) {
+			t.Errorf("per-packet probe without Options.PerPacket: %+v", s)
 		}
 	}
 }
@@ -288,7 +301,7 @@ func hwDelta(before, after map[string]uint64) map[string]uint64 {
 // QP, and as many packets as rxe's own hw_counters.
 func TestPingpongCounts(t *testing.T) {
 	a, b := rxetest.Pair(t)
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	for _, name := range []string{"uverbs-commands", "rxe-packets", "rxe-completions"} {
 		if !p.Attached(name) {
 			t.Fatalf("%s not attached", name)
@@ -350,7 +363,7 @@ func TestPingpongCounts(t *testing.T) {
 // retransmit counter rises and matches rxe's completer_retry_err.
 func TestRetransmitsUnderLoss(t *testing.T) {
 	a, b := rxetest.Pair(t)
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	if !p.Attached("rxe-retransmits") {
 		t.Fatal("rxe-retransmits not attached")
 	}
@@ -527,7 +540,7 @@ func TestProbeCost(t *testing.T) {
 		t.Fatalf("BPF_STATS_RUN_TIME: %v", err)
 	}
 	defer stats.Close()
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	const iters = 2000
 	for i, mode := range [][]string{nil, {"-e"}} {
 		type run struct {

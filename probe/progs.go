@@ -264,12 +264,13 @@ func storeStart() asm.Instructions {
 	}
 }
 
-// syscallExit: the exit of an ioctl or write that syscallEnter recorded
-// (R0: its start value, fp-8: pid_tgid). Adds one call, its error, its latency and its log2 bucket to
-// gv_cmds.
+// syscallExit: the exit of an ioctl or write that an entry program
+// recorded (R0: its start value, fp-8: pid_tgid, R6: the context, whose
+// word at retOff is the return value). Adds one call, its error, its
+// latency and its log2 bucket to gv_cmds.
 //
 // Stack: fp-8 pid_tgid, fp-32 key (16), fp-32-8*cmdValWords zero value.
-func syscallExit() asm.Instructions {
+func syscallExit(retOff int16) asm.Instructions {
 	in := asm.Instructions{
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
 		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
@@ -279,7 +280,7 @@ func syscallExit() asm.Instructions {
 		asm.FnKtimeGetNs.Call(),
 		asm.Sub.Reg(asm.R0, asm.R8),
 		asm.Mov.Reg(asm.R8, asm.R0),
-		asm.LoadMem(asm.R9, asm.R6, 8, asm.DWord),
+		asm.LoadMem(asm.R9, asm.R6, retOff, asm.DWord),
 		mapPtr(asm.R1, mapStart),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -8),
@@ -306,6 +307,118 @@ func syscallExit() asm.Instructions {
 		asm.Return(),
 	)
 	return in
+}
+
+// uverbsCmdEnter is the entry program (fentry or kprobe) of
+// ib_uverbs_write(struct file *filp, const char __user *buf, ...) or, with
+// ioctl, ib_uverbs_ioctl(struct file *filp, unsigned int cmd, unsigned long
+// arg): only uverbs commands run it, not every system call. It records the
+// start value {tgid, fd = unknown, dev|kind<<16, command} under pid_tgid,
+// the device being filp->private_data (struct ib_uverbs_file)->device->
+// devnum, the N of uverbsN.
+//
+// Stack: fp-8 pid_tgid, fp-40 start value, fp-48 scratch.
+func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
+	kind := int32(kindWrite)
+	in := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	if ioctl {
+		kind = kindIoctl
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.R6, u.regArg1, asm.DWord),
+			asm.LoadImm(asm.R2, rdmaVerbsIoctl, asm.DWord),
+			asm.JEq.Reg32(asm.R1, asm.R2, "is_verbs"),
+			asm.Mov.Imm(asm.R0, 0),
+			asm.Return(),
+			asm.Mov.Imm(asm.R0, 0).WithSymbol("is_verbs"),
+		)
+	}
+	in = append(in,
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.RSh.Imm(asm.R8, 32),
+	)
+	in = append(in, pidFilter(asm.R8)...)
+	in = append(in,
+		asm.StoreMem(asm.RFP, -40, asm.R8, asm.Word),
+		asm.StoreImm(asm.RFP, -36, -1, asm.Word), // the fd is not known here
+		asm.StoreImm(asm.RFP, -32, int64(kind<<16|unknownDev), asm.Word),
+		asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord), // filp
+	)
+	// ufile = filp->private_data; udev = ufile->device; minor = udev->devnum
+	for i, step := range []struct {
+		off  int32
+		size int32
+	}{{u.filePrivate, 8}, {u.ufileDevice, 8}, {u.udevDevnum, 4}} {
+		if i == 0 {
+			in = append(in, asm.Mov.Reg(asm.R3, asm.R7))
+		} else {
+			in = append(in, asm.LoadMem(asm.R3, asm.RFP, -48, asm.DWord))
+		}
+		in = append(in,
+			stZero64(-48),
+			asm.JEq.Imm(asm.R3, 0, "nodev"),
+			asm.Add.Imm(asm.R3, step.off),
+			asm.Mov.Reg(asm.R1, asm.RFP),
+			asm.Add.Imm(asm.R1, -48),
+			asm.Mov.Imm(asm.R2, step.size),
+			asm.FnProbeReadKernel.Call(),
+			asm.JNE.Imm(asm.R0, 0, "nodev"),
+		)
+	}
+	in = append(in,
+		asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
+		asm.And.Imm(asm.R1, 0xffff),
+		asm.Or.Imm(asm.R1, kind<<16),
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
+		stZero64(-48).WithSymbol("nodev"),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -48),
+	)
+	if ioctl {
+		// struct ib_uverbs_ioctl_hdr { u16 length; u16 object_id; u32 method_id; ... }
+		in = append(in,
+			asm.Mov.Imm(asm.R2, 8),
+			asm.LoadMem(asm.R3, asm.R6, u.regArg2, asm.DWord),
+			asm.FnProbeReadUser.Call(),
+			asm.LoadMem(asm.R1, asm.RFP, -46, asm.Half),
+			asm.LSh.Imm(asm.R1, 16),
+			asm.LoadMem(asm.R2, asm.RFP, -44, asm.Word),
+			asm.And.Imm(asm.R2, 0xffff),
+			asm.Or.Reg(asm.R1, asm.R2),
+		)
+	} else {
+		// struct ib_uverbs_cmd_hdr { u32 command; ... }
+		in = append(in,
+			asm.Mov.Imm(asm.R2, 4),
+			asm.LoadMem(asm.R3, asm.R6, u.regArg1, asm.DWord),
+			asm.FnProbeReadUser.Call(),
+			asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
+			asm.LoadImm(asm.R2, writeCmdMask, asm.DWord),
+			asm.And.Reg(asm.R1, asm.R2),
+		)
+	}
+	in = append(in, asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word))
+	return append(in, storeStart()...)
+}
+
+// uverbsCmdExit is the exit program (fexit or kretprobe) of the function
+// uverbsCmdEnter entered, which has nargs arguments.
+func uverbsCmdExit(u *uverbsOffsets, nargs int) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		mapPtr(asm.R1, mapStart),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "cmd_"),
+		asm.Return(),
+	}
+	cmd := relabel(syscallExit(u.ret(nargs)), "cmd_")
+	cmd[0] = cmd[0].WithSymbol("cmd_")
+	return append(in, cmd...)
 }
 
 // log2 sets out = floor(log2(v)) (0 for v <= 1), clobbering v and tmp.
@@ -592,9 +705,13 @@ type uverbsOffsets struct {
 	qEventList  int32 // ib_uverbs_event_queue.event_list (struct list_head)
 	fileQueue   int32 // ib_uverbs_completion_event_file.ev_queue
 	filePrivate int32 // file.private_data
+	ufileDevice int32 // ib_uverbs_file.device (struct ib_uverbs_device *)
+	udevDevnum  int32 // ib_uverbs_device.devnum (u32: the N of uverbsN)
 	regArg0     int16
 	regArg1     int16
-	regRet      int16
+	regArg2     int16
+	regRet      int16 // a kretprobe's return value; see ret
+	fexit       bool  // offsets for fentry/fexit programs (tracing)
 }
 
 // The cq-events probe pairs each completion event the kernel raises with
@@ -782,6 +899,56 @@ func compReadExit(u *uverbsOffsets) asm.Instructions {
 		asm.JSGT.Imm(asm.R1, 0, "got_event"),
 		asm.Mov.Imm(asm.R0, 0), // EAGAIN (the fd is non-blocking), EINTR, ...
 		asm.Return(),
+	}
+	return append(in, compReadEvent(u)...)
+}
+
+// compReadFexit: fexit of ib_uverbs_comp_event_read(struct file *filp,
+// char __user *buf, size_t count, loff_t *pos), which sees the arguments
+// and the return value in one program: compReadEnter and compReadExit
+// together, and a read that found no event (EAGAIN: goverbs' channel fds
+// are non-blocking) returns at once. Registers and stack as in
+// compReadExit.
+func compReadFexit(u *uverbsOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R1, asm.R6, u.ret(4), asm.DWord),
+		asm.JSGT.Imm(asm.R1, 0, "read_one"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.FnGetCurrentPidTgid.Call().WithSymbol("read_one"),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.RSh.Imm(asm.R8, 32),
+	}
+	in = append(in, pidFilter(asm.R8)...)
+	in = append(in,
+		stZero64(-72),
+		stZero64(-64),
+		stZero64(-56),
+		asm.StoreMem(asm.RFP, -56, asm.R8, asm.Word),
+		// ev_queue = &((struct ib_uverbs_completion_event_file *)filp->private_data)->ev_queue
+		asm.LoadMem(asm.R3, asm.R6, u.regArg0, asm.DWord),
+		stZero64(-16),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -16),
+		asm.Mov.Imm(asm.R2, 8),
+		asm.Add.Imm(asm.R3, u.filePrivate),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R7, asm.RFP, -16, asm.DWord),
+		asm.JNE.Imm(asm.R7, 0, "have_file"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.Add.Imm(asm.R7, u.fileQueue).WithSymbol("have_file"),
+		asm.Mov.Imm(asm.R0, 0),
+	)
+	return append(in, compReadEvent(u)...)
+}
+
+// compReadEvent is the common part of compReadExit and compReadFexit: a
+// read of the queue in R7 returned an event.
+func compReadEvent(u *uverbsOffsets) asm.Instructions {
+	in := asm.Instructions{
 		asm.FnKtimeGetNs.Call().WithSymbol("got_event"),
 		asm.Mov.Reg(asm.R9, asm.R0),
 		asm.Mov.Imm(asm.R1, -1),
@@ -954,7 +1121,7 @@ func sysExit() asm.Instructions {
 		asm.JNE.Imm(asm.R0, 0, "open_"),
 		asm.Return(),
 	}
-	cmd := relabel(syscallExit(), "cmd_")
+	cmd := relabel(syscallExit(8), "cmd_") // struct { regs; long ret }
 	cmd[0] = cmd[0].WithSymbol("cmd_")
 	open := relabel(openatExit(), "open_")
 	open[0] = open[0].WithSymbol("open_")

@@ -45,6 +45,11 @@ probes (needs root), and of a process's ByteExpress/ps metrics with
   --skip P[,P]       probes not to attach (uverbs-commands, rxe-packets,
                      rxe-retransmits, rxe-timeouts, rxe-rnr, rxe-qp-errors,
                      rxe-completions, cq-events)
+  --per-packet       also attach the per-packet probes (rxe-packets,
+                     rxe-retransmits, rxe-completions: per-QP packets,
+                     retries and completions); they slow the data path
+                     (docs/perf.md). Without them packets and retransmits
+                     per device come from rxe's hw_counters.
 
 Keys in the live view: s cycles the sort key, q quits.
 `
@@ -74,6 +79,8 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rows, "n", 15, "rows per table")
 	var skip string
 	fs.StringVar(&skip, "skip", "", "probes not to attach")
+	var perPacket bool
+	fs.BoolVar(&perPacket, "per-packet", false, "attach the per-packet probes too")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -96,7 +103,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 		}
 		o.pids = append(o.pids, n)
 	}
-	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ",")})
+	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ","), PerPacket: perPacket})
 	if err != nil {
 		if os.Geteuid() != 0 {
 			return fmt.Errorf("%v (loading eBPF programs needs root or CAP_BPF+CAP_PERFMON)", err)
@@ -174,6 +181,9 @@ type topDevice struct {
 	RetransmitsFrom string `json:"retransmits_from"`
 	SentPkts        uint64 `json:"sent_pkts"`
 	RecvPkts        uint64 `json:"recv_pkts"`
+	// PacketsFrom is "probe" (rxe-packets attached, with --per-packet) or
+	// "hw_counters" (sent_pkts, rcvd_pkts).
+	PacketsFrom     string `json:"packets_from"`
 	Timeouts        uint64 `json:"timeouts"`
 	RNRTimers       uint64 `json:"rnr_timers"`
 	QPErrors        uint64 `json:"qp_errors"`
@@ -393,8 +403,9 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		d.SendCompletions += dq.SendCompletions
 		d.RecvCompletions += dq.RecvCompletions
 	}
-	probeRetr := p.Attached("rxe-retransmits")
+	probeRetr, probePkts := p.Attached("rxe-retransmits"), p.Attached("rxe-packets")
 	for name, d := range devs {
+		d.PacketsFrom = "probe"
 		if hw := cur.hw[name]; hw != nil {
 			d.HW = map[string]uint64{}
 			for k, v := range hw {
@@ -403,8 +414,16 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 			if !probeRetr {
 				d.Retransmits, d.RetransmitsFrom = d.HW["completer_retry_err"], "hw_counters"
 			}
-		} else if !probeRetr {
-			d.RetransmitsFrom = "none"
+			if !probePkts {
+				d.SentPkts, d.RecvPkts, d.PacketsFrom = d.HW["sent_pkts"], d.HW["rcvd_pkts"], "hw_counters"
+			}
+		} else {
+			if !probeRetr {
+				d.RetransmitsFrom = "none"
+			}
+			if !probePkts {
+				d.PacketsFrom = "none"
+			}
 		}
 		d.DoorbellsPerS = float64(d.Doorbells) / secs
 		d.CommandsPerS = float64(d.Commands) / secs

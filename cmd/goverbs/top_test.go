@@ -47,10 +47,10 @@ func TestHistQuantile(t *testing.T) {
 }
 
 // TestTopOnceJSON samples while N event-driven rc-pingpong iterations (-e)
-// run between the two devices: each device shows N doorbells, at least N
-// commands, as many retransmits as rxe's completer_retry_err, its QP N send
-// and N receive completions, and as many completion events read as raised,
-// with their latency in cq_events.
+// run between the two devices (every probe: --per-packet): each device
+// shows N doorbells, at least N commands, as many retransmits as rxe's
+// completer_retry_err, its QP N send and N receive completions, and as many
+// completion events read as raised, with their latency in cq_events.
 func TestTopOnceJSON(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	if os.Geteuid() != 0 {
@@ -59,7 +59,7 @@ func TestTopOnceJSON(t *testing.T) {
 	host, _ := serverTarget(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", "8s", "--json")
+	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", "8s", "--json", "--per-packet")
 	top.Env = append(os.Environ(), goverbsEnv...)
 	var out bytes.Buffer
 	top.Stdout = &out
