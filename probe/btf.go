@@ -157,6 +157,8 @@ func loadUverbsOffsets(cache *btf.Cache) (*uverbsOffsets, error) {
 	o.filePrivate = r.off("file", "private_data")
 	o.ufileDevice = r.off("ib_uverbs_file", "device")
 	o.udevDevnum = r.off("ib_uverbs_device", "devnum")
+	o.fileInode = r.off("file", "f_inode")
+	o.inodeRdev = r.off("inode", "i_rdev")
 	if err := errors.Join(r.errs...); err != nil {
 		return nil, err
 	}

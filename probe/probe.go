@@ -52,6 +52,7 @@ type Status struct {
 type Probes struct {
 	mu      sync.Mutex
 	maps    map[string]*ebpf.Map
+	mapErrs map[string]error // optional maps the kernel could not create
 	progs   []*ebpf.Program
 	links   []link.Link
 	status  []Status
@@ -152,6 +153,10 @@ var probeDefs = []probeDef{
 	}},
 }
 
+// noTracing makes Attach skip fentry/fexit, so that tests cover the
+// kprobe programs too.
+var noTracing bool
+
 // Names lists the probes Attach knows, in order.
 func Names() []string {
 	var n []string
@@ -171,9 +176,15 @@ var ErrNoBPF = errors.New("probe: no probe could be attached")
 // reasons).
 func Attach(opts Options) (*Probes, error) {
 	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
-	p := &Probes{maps: map[string]*ebpf.Map{}, started: time.Now()}
+	p := &Probes{maps: map[string]*ebpf.Map{}, mapErrs: map[string]error{}, started: time.Now()}
 	for name, spec := range mapSpecs() {
 		m, err := ebpf.NewMap(spec)
+		if err != nil && name == mapTStart {
+			// Task storage (5.11+): the fentry command programs need it
+			// and fall back to kprobes without it.
+			p.mapErrs[name] = err
+			continue
+		}
 		if err != nil {
 			p.Close()
 			return nil, fmt.Errorf("probe: create map %s: %w", name, err)
@@ -216,10 +227,14 @@ func Attach(opts Options) (*Probes, error) {
 		u       *uverbsOffsets
 	}
 	ways := []way{{via: "fentry/fexit", tracing: true}, {via: "kprobes"}, {via: "raw tracepoints"}}
+	if noTracing {
+		ways[0].o, ways[0].u = nil, nil
+	}
 	if offs != nil {
 		ways[0].o, ways[1].o = offs.tracing(), offs
 	}
 	if uoffs != nil {
+		uoffs.pids = len(opts.PIDs) > 0
 		ways[0].u, ways[1].u = uoffs.tracing(), uoffs
 	}
 	var reasons []error
@@ -288,6 +303,9 @@ func (p *Probes) attach(defs []progDef, tracing bool) error {
 		for i := range insns {
 			if ref := insns[i].Reference(); ref != "" && insns[i].IsLoadFromMap() {
 				m, ok := p.maps[ref]
+				if !ok && p.mapErrs[ref] != nil {
+					return fail(fmt.Errorf("%s: map %s: %w", d.name, ref, p.mapErrs[ref]))
+				}
 				if !ok {
 					return fail(fmt.Errorf("%s: unknown map %s", d.name, ref))
 				}
@@ -540,7 +558,9 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 			p.devs = uverbsDevices() // a device added since Attach
 			c.Device = p.devs[minor]
 		}
-		if c.Device == "" {
+		if c.Device == "" && minor&devMinorFlag != 0 {
+			c.Device = fmt.Sprintf("uverbs char device minor %d", minor&(devMinorFlag-1))
+		} else if c.Device == "" {
 			c.Device = fmt.Sprintf("uverbs%d", minor)
 		}
 	}

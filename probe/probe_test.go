@@ -47,8 +47,17 @@ func attach(t *testing.T, opts Options) *Probes {
 	})
 	for _, s := range p.Status() {
 		t.Logf("%-16s attached=%v via=%q %s", s.Name, s.Attached, s.Via, s.Reason)
+		if noTracing && s.Via == "fentry/fexit" {
+			t.Errorf("%s attached with fentry/fexit while they are off", s.Name)
+		}
 	}
 	return p
+}
+
+// kprobesOnly makes the test's Attach use kprobes, not fentry/fexit.
+func kprobesOnly(t *testing.T) {
+	noTracing = true
+	t.Cleanup(func() { noTracing = false })
 }
 
 // TestAttachDegrades runs anywhere: on a kernel without kprobes or without
@@ -299,7 +308,16 @@ func hwDelta(before, after map[string]uint64) map[string]uint64 {
 // side, N doorbells (one POST_SEND write per PostSend batch: the workload
 // posts one send per iteration), N send and N receive completions on its
 // QP, and as many packets as rxe's own hw_counters.
-func TestPingpongCounts(t *testing.T) {
+func TestPingpongCounts(t *testing.T) { testPingpongCounts(t, 18830) }
+
+// TestPingpongCountsKprobes is TestPingpongCounts with the programs
+// attached as kprobes, the way kernels without BPF trampolines get them.
+func TestPingpongCountsKprobes(t *testing.T) {
+	kprobesOnly(t)
+	testPingpongCounts(t, 18834)
+}
+
+func testPingpongCounts(t *testing.T, port int) {
 	a, b := rxetest.Pair(t)
 	p := attach(t, Options{PerPacket: true})
 	for _, name := range []string{"uverbs-commands", "rxe-packets", "rxe-completions"} {
@@ -309,7 +327,7 @@ func TestPingpongCounts(t *testing.T) {
 	}
 	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
 	const iters = 500
-	cli, srv := pingpong(t, iters, 18830)
+	cli, srv := pingpong(t, iters, port)
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -434,7 +452,15 @@ var (
 // (GOVERBS_PINGPONG_DEBUG=1 prints its own counts), all paired with their
 // raise on the process's device, each with a positive latency under 2 s;
 // and per device as many events raised as read.
-func TestCQEvents(t *testing.T) {
+func TestCQEvents(t *testing.T) { testCQEvents(t, 18832) }
+
+// TestCQEventsKprobes is TestCQEvents with kprobes and kretprobes.
+func TestCQEventsKprobes(t *testing.T) {
+	kprobesOnly(t)
+	testCQEvents(t, 18835)
+}
+
+func testCQEvents(t *testing.T, port int) {
 	rxetest.Pair(t)
 	p := attach(t, Options{})
 	if !p.Attached("cq-events") {
@@ -445,7 +471,7 @@ func TestCQEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	const iters = 300
-	cli, srv := pingpongWith(t, iters, 18832, []string{"-e"}, []string{"GOVERBS_PINGPONG_DEBUG=1"})
+	cli, srv := pingpongWith(t, iters, port, []string{"-e"}, []string{"GOVERBS_PINGPONG_DEBUG=1"})
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // The programs are written with cilium/ebpf's asm package, so building
@@ -22,6 +24,7 @@ const (
 	mapFDs     = "gv_fds"     // hash {tgid, fd} -> u32 uverbs minor index (the N in uverbsN)
 	mapPending = "gv_pending" // hash pid_tgid -> u32: openat of uverbsN in flight
 	mapStart   = "gv_start"   // hash pid_tgid -> startVal: a uverbs syscall in flight
+	mapTStart  = "gv_tstart"  // task storage -> startVal (stamp 0: none in flight), for fentry/fexit
 	mapCmds    = "gv_cmds"    // hash cmdKey -> cmdVal
 	mapQPs     = "gv_qps"     // hash qpKey -> qpVal
 	// cq-events: see compHandler, compReadEnter, compReadExit.
@@ -49,7 +52,11 @@ const (
 	kindIoctl      = 1
 	kindWrite      = 2
 	unknownDev     = 0xffff
-	writeCmdMask   = 0x800000ff // IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK
+	// devMinorFlag marks a device field that holds the uverbs char
+	// device's minor (i_rdev, from the fentry programs) rather than the
+	// N of uverbsN.
+	devMinorFlag = 0x8000
+	writeCmdMask = 0x800000ff // IB_USER_VERBS_CMD_FLAG_EXTENDED | IB_USER_VERBS_CMD_COMMAND_MASK
 )
 
 // Per-QP counters, in the order of the u64 words of a gv_qps value.
@@ -92,6 +99,10 @@ func mapSpecs() map[string]*ebpf.MapSpec {
 		mapEvents:   {Name: mapEvents, Type: ebpf.Hash, KeySize: evKeySize, ValueSize: 8 * evValWords, MaxEntries: maxEntries},
 		mapRaised:   {Name: mapRaised, Type: ebpf.Hash, KeySize: qpNameLen, ValueSize: 8, MaxEntries: 1024},
 		mapEvInfl:   {Name: mapEvInfl, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
+		// Local storage maps need BTF: an int key, here a u64[3] value.
+		mapTStart: {Name: mapTStart, Type: ebpf.TaskStorage, KeySize: 4, ValueSize: startSize, Flags: unix.BPF_F_NO_PREALLOC,
+			Key:   &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed},
+			Value: &btf.Array{Index: &btf.Int{Name: "u32", Size: 4}, Type: &btf.Int{Name: "u64", Size: 8}, Nelems: startSize / 8}},
 	}
 }
 
@@ -286,7 +297,13 @@ func syscallExit(retOff int16) asm.Instructions {
 		asm.Add.Imm(asm.R2, -8),
 		asm.FnMapDeleteElem.Call(),
 	}
-	in = append(in, lookupOrInit(mapCmds, -32, int16(-32-8*cmdValWords), 8*cmdValWords)...)
+	return append(in, cmdCount()...)
+}
+
+// cmdCount adds one call (R9: its return value, R8: its latency) to
+// gv_cmds[key at fp-32].
+func cmdCount() asm.Instructions {
+	in := lookupOrInit(mapCmds, -32, int16(-32-8*cmdValWords), 8*cmdValWords)
 	in = append(in,
 		asm.Mov.Reg(asm.R7, asm.R0),
 		asm.Mov.Imm(asm.R1, 1),
@@ -307,6 +324,44 @@ func syscallExit(retOff int16) asm.Instructions {
 		asm.Return(),
 	)
 	return in
+}
+
+// taskStart returns in R0 this task's gv_tstart record (created if
+// missing, with create), or exits. Clobbers R1-R5.
+func taskStart(create bool) asm.Instructions {
+	flags := int32(0)
+	if create {
+		flags = 1 // BPF_LOCAL_STORAGE_GET_F_CREATE
+	}
+	return asm.Instructions{
+		asm.FnGetCurrentTaskBtf.Call(),
+		asm.Mov.Reg(asm.R2, asm.R0),
+		mapPtr(asm.R1, mapTStart),
+		asm.Mov.Imm(asm.R3, 0),
+		asm.Mov.Imm(asm.R4, flags),
+		asm.FnTaskStorageGet.Call(),
+		asm.JNE.Imm(asm.R0, 0, "have_task"),
+		asm.Return(),
+		asm.Mov.Reg(asm.R0, asm.R0).WithSymbol("have_task"),
+	}
+}
+
+// storeStartTask is storeStart for fentry programs: the start value at
+// fp-40 (key) is stamped and copied into the task's gv_tstart record, a
+// task local storage (no hash update per call, nothing to delete).
+func storeStartTask() asm.Instructions {
+	in := asm.Instructions{
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
+	}
+	in = append(in, taskStart(true)...)
+	for off := int16(0); off < startSize; off += 8 {
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.RFP, -40+off, asm.DWord),
+			asm.StoreMem(asm.R0, off, asm.R1, asm.DWord),
+		)
+	}
+	return append(in, asm.Mov.Imm(asm.R0, 0), asm.Return())
 }
 
 // uverbsCmdEnter is the entry program (fentry or kprobe) of
@@ -338,18 +393,36 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 		asm.Mov.Reg(asm.R8, asm.R0),
 		asm.RSh.Imm(asm.R8, 32),
 	)
-	in = append(in, pidFilter(asm.R8)...)
+	if u.pids {
+		in = append(in, pidFilter(asm.R8)...)
+	}
 	in = append(in,
 		asm.StoreMem(asm.RFP, -40, asm.R8, asm.Word),
 		asm.StoreImm(asm.RFP, -36, -1, asm.Word), // the fd is not known here
 		asm.StoreImm(asm.RFP, -32, int64(kind<<16|unknownDev), asm.Word),
 		asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord), // filp
 	)
-	// ufile = filp->private_data; udev = ufile->device; minor = udev->devnum
+	if u.fexit {
+		// filp is a BTF pointer: load filp->f_inode->i_rdev directly (no
+		// helper calls); the device is its char-dev minor (devMinorFlag).
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.R7, int16(u.fileInode), asm.DWord),
+			asm.JEq.Imm(asm.R1, 0, "nodev"),
+			asm.LoadMem(asm.R1, asm.R1, int16(u.inodeRdev), asm.Word),
+			asm.And.Imm(asm.R1, devMinorFlag-1),
+			asm.Or.Imm(asm.R1, kind<<16|devMinorFlag),
+			asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
+		)
+	}
+	// Else ufile = filp->private_data; udev = ufile->device; minor =
+	// udev->devnum, read with helpers.
 	for i, step := range []struct {
 		off  int32
 		size int32
 	}{{u.filePrivate, 8}, {u.ufileDevice, 8}, {u.udevDevnum, 4}} {
+		if u.fexit {
+			break
+		}
 		if i == 0 {
 			in = append(in, asm.Mov.Reg(asm.R3, asm.R7))
 		} else {
@@ -366,11 +439,15 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 			asm.JNE.Imm(asm.R0, 0, "nodev"),
 		)
 	}
+	if !u.fexit {
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
+			asm.And.Imm(asm.R1, 0xffff),
+			asm.Or.Imm(asm.R1, kind<<16),
+			asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
+		)
+	}
 	in = append(in,
-		asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
-		asm.And.Imm(asm.R1, 0xffff),
-		asm.Or.Imm(asm.R1, kind<<16),
-		asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
 		stZero64(-48).WithSymbol("nodev"),
 		asm.Mov.Reg(asm.R1, asm.RFP),
 		asm.Add.Imm(asm.R1, -48),
@@ -399,12 +476,37 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 		)
 	}
 	in = append(in, asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word))
+	if u.fexit {
+		return append(in, storeStartTask()...)
+	}
 	return append(in, storeStart()...)
 }
 
 // uverbsCmdExit is the exit program (fexit or kretprobe) of the function
 // uverbsCmdEnter entered, which has nargs arguments.
 func uverbsCmdExit(u *uverbsOffsets, nargs int) asm.Instructions {
+	if u.fexit {
+		// The task's record; a zero stamp: no entry recorded (filtered
+		// out, or attached in between).
+		in := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+		in = append(in, taskStart(false)...)
+		in = append(in,
+			asm.LoadMem(asm.R8, asm.R0, 16, asm.DWord),
+			asm.JNE.Imm(asm.R8, 0, "started"),
+			asm.Mov.Imm(asm.R0, 0),
+			asm.Return(),
+			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord).WithSymbol("started"),
+			asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
+			asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
+			asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
+			asm.Instruction{OpCode: asm.StoreImmOp(asm.DWord), Dst: asm.R0, Offset: 16}, // stamp = 0
+			asm.FnKtimeGetNs.Call(),
+			asm.Sub.Reg(asm.R0, asm.R8),
+			asm.Mov.Reg(asm.R8, asm.R0),
+			asm.LoadMem(asm.R9, asm.R6, u.ret(nargs), asm.DWord),
+		)
+		return append(in, cmdCount()...)
+	}
 	in := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.FnGetCurrentPidTgid.Call(),
@@ -707,6 +809,9 @@ type uverbsOffsets struct {
 	filePrivate int32 // file.private_data
 	ufileDevice int32 // ib_uverbs_file.device (struct ib_uverbs_device *)
 	udevDevnum  int32 // ib_uverbs_device.devnum (u32: the N of uverbsN)
+	fileInode   int32 // file.f_inode (struct inode *)
+	inodeRdev   int32 // inode.i_rdev (dev_t)
+	pids        bool  // a pid filter is configured (Options.PIDs)
 	regArg0     int16
 	regArg1     int16
 	regArg2     int16
@@ -921,7 +1026,9 @@ func compReadFexit(u *uverbsOffsets) asm.Instructions {
 		asm.Mov.Reg(asm.R8, asm.R0),
 		asm.RSh.Imm(asm.R8, 32),
 	}
-	in = append(in, pidFilter(asm.R8)...)
+	if u.pids {
+		in = append(in, pidFilter(asm.R8)...)
+	}
 	in = append(in,
 		stZero64(-72),
 		stZero64(-64),
