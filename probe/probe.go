@@ -227,15 +227,15 @@ func Attach(opts Options) (*Probes, error) {
 		u       *uverbsOffsets
 	}
 	ways := []way{{via: "fentry/fexit", tracing: true}, {via: "kprobes"}, {via: "raw tracepoints"}}
-	if noTracing {
-		ways[0].o, ways[0].u = nil, nil
-	}
 	if offs != nil {
 		ways[0].o, ways[1].o = offs.tracing(), offs
 	}
 	if uoffs != nil {
 		uoffs.pids = len(opts.PIDs) > 0
 		ways[0].u, ways[1].u = uoffs.tracing(), uoffs
+	}
+	if noTracing {
+		ways[0].o, ways[0].u = nil, nil
 	}
 	var reasons []error
 	for _, d := range probeDefs {

@@ -28,8 +28,7 @@ const (
 	mapCmds    = "gv_cmds"    // hash cmdKey -> cmdVal
 	mapQPs     = "gv_qps"     // hash qpKey -> qpVal
 	// cq-events: see compHandler, compReadEnter, compReadExit.
-	mapEvQueues = "gv_evq"    // LRU hash ev_queue pointer -> {raised, consumed} sequence numbers
-	mapEvPend   = "gv_evpend" // LRU hash {ev_queue, seq} -> {ktime at raise, device name[16]}
+	mapEvQueues = "gv_evq"    // LRU hash ev_queue pointer -> {raised, consumed, name[16], stamps[evRing]}
 	mapEvRead   = "gv_evread" // hash pid_tgid -> ev_queue: a completion channel read in flight
 	mapEvents   = "gv_events" // hash evKey {name[16], tgid, pad} -> evVal
 	mapRaised   = "gv_raised" // hash device name[16] -> u64 events raised
@@ -93,8 +92,7 @@ func mapSpecs() map[string]*ebpf.MapSpec {
 		mapStart:    {Name: mapStart, Type: ebpf.Hash, KeySize: 8, ValueSize: startSize, MaxEntries: maxEntries},
 		mapCmds:     {Name: mapCmds, Type: ebpf.Hash, KeySize: cmdKeySize, ValueSize: 8 * cmdValWords, MaxEntries: maxEntries},
 		mapQPs:      {Name: mapQPs, Type: ebpf.Hash, KeySize: qpKeySize, ValueSize: 8 * qpValWords, MaxEntries: maxEntries},
-		mapEvQueues: {Name: mapEvQueues, Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: 4096},
-		mapEvPend:   {Name: mapEvPend, Type: ebpf.LRUHash, KeySize: 16, ValueSize: 24, MaxEntries: maxEntries},
+		mapEvQueues: {Name: mapEvQueues, Type: ebpf.LRUHash, KeySize: 8, ValueSize: evqSize, MaxEntries: 4096},
 		mapEvRead:   {Name: mapEvRead, Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 1024},
 		mapEvents:   {Name: mapEvents, Type: ebpf.Hash, KeySize: evKeySize, ValueSize: 8 * evValWords, MaxEntries: maxEntries},
 		mapRaised:   {Name: mapRaised, Type: ebpf.Hash, KeySize: qpNameLen, ValueSize: 8, MaxEntries: 1024},
@@ -824,23 +822,33 @@ type uverbsOffsets struct {
 // ev_queue) appends an event to the channel's queue (a FIFO, one event per
 // armed CQ's next completion) and wakes the readers;
 // ib_uverbs_comp_event_read(filp, ...) takes the oldest event off. So the
-// handler numbers the events of each queue 1, 2, 3, ... and stamps them
-// (gv_evpend), and each successful read takes the next number. Events
-// raised before Attach, or records the LRU map dropped, are counted as
-// unmatched reads, with no latency. Whenever a read leaves the kernel's
-// queue empty while no handler is running (gv_evinfl: the handler's kprobe
-// counts up, its kretprobe down; the handler is stamped on entry, before it
-// queues the event), every event raised before the read looked has been
-// read, and the numbering is resynchronised (consumed = raised): a miscount
-// (an event dropped by the kernel, a backlog from before Attach) does not
-// outlive one burst of events.
-
-// compHandler: kprobe on ib_uverbs_comp_handler(struct ib_cq *cq, void
-// *cq_context); cq_context is the channel's struct ib_uverbs_event_queue
-// (NULL for a CQ without a channel).
+// handler numbers the events of each queue 1, 2, 3, ... and stamps them in
+// the queue's ring of evRing stamps (gv_evq: no map update per event), and
+// each successful read takes the next number. Events raised before Attach,
+// or more than evRing events behind, or of a queue the LRU map dropped, are
+// counted as unmatched reads, with no latency. Whenever a read leaves the
+// kernel's queue empty while no handler is running (gv_evinfl: the
+// handler's entry program counts up, its exit program down; the handler is
+// stamped on entry, before it queues the event), every event raised before
+// the read looked has been read, and the numbering is resynchronised
+// (consumed = raised): a miscount (an event dropped by the kernel, a
+// backlog from before Attach) does not outlive one burst of events.
 //
-// Stack: fp-16 pend key {q, seq}, fp-40 pend value {ts, name[16]}, fp-48
-// q (gv_evq key), fp-64 zero gv_evq value, fp-72 scratch, fp-80 zero u64.
+// gv_evq value: raised u64, consumed u64, device name[16], stamps[evRing].
+const (
+	evRing   = 16
+	evqName  = 16
+	evqStamp = 32
+	evqSize  = evqStamp + 8*evRing
+)
+
+// compHandler: entry of ib_uverbs_comp_handler(struct ib_cq *cq, void
+// *cq_context); cq_context is the channel's struct ib_uverbs_event_queue
+// (NULL for a CQ without a channel). A queue seen for the first time gets
+// its gv_evq record with the device's name.
+//
+// Stack: fp-32 gv_raised key (name), fp-48 q (gv_evq key), fp-72 scratch,
+// fp-80 zero u64, fp-256 a new gv_evq value.
 func compHandler(u *uverbsOffsets) asm.Instructions {
 	in := asm.Instructions{
 		asm.LoadMem(asm.R7, asm.R1, u.regArg1, asm.DWord), // ev_queue
@@ -862,10 +870,18 @@ func compHandler(u *uverbsOffsets) asm.Instructions {
 		asm.JEq.Imm(asm.R1, 0, "open"),
 		asm.Mov.Imm(asm.R0, 0), // the handler drops the event
 		asm.Return(),
-		// name = cq->device->name
-		stZero64(-72).WithSymbol("open"),
-		stZero64(-32),
-		stZero64(-24),
+		asm.StoreMem(asm.RFP, -48, asm.R7, asm.DWord).WithSymbol("open"),
+		mapPtr(asm.R1, mapEvQueues),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -48),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "have_rec"),
+	)
+	// A new queue: its record, named cq->device->name.
+	for off := int16(0); off < evqSize; off += 8 {
+		in = append(in, stZero64(-256+off))
+	}
+	in = append(in,
 		asm.Mov.Reg(asm.R1, asm.RFP),
 		asm.Add.Imm(asm.R1, -72),
 		asm.Mov.Imm(asm.R2, 8),
@@ -873,29 +889,39 @@ func compHandler(u *uverbsOffsets) asm.Instructions {
 		asm.Add.Imm(asm.R3, u.cqDevice),
 		asm.FnProbeReadKernel.Call(),
 		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -32),
+		asm.Add.Imm(asm.R1, -256+evqName),
 		asm.Mov.Imm(asm.R2, qpNameLen),
 		asm.LoadMem(asm.R3, asm.RFP, -72, asm.DWord),
 		asm.Add.Imm(asm.R3, u.devName),
 		asm.FnProbeReadKernel.Call(),
-		asm.StoreMem(asm.RFP, -48, asm.R7, asm.DWord),
-	)
-	in = append(in, relabel(lookupOrInit(mapEvQueues, -48, -64, 16), "q_")...)
-	in = append(in,
-		asm.Mov.Imm(asm.R1, 1),
-		fetchAdd64(asm.R0, asm.R1, 0), // R1 = events raised before this one
-		asm.Add.Imm(asm.R1, 1),
-		asm.StoreMem(asm.RFP, -16, asm.R7, asm.DWord),
-		asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
-		asm.FnKtimeGetNs.Call(),
-		asm.StoreMem(asm.RFP, -40, asm.R0, asm.DWord),
-		mapPtr(asm.R1, mapEvPend),
+		mapPtr(asm.R1, mapEvQueues),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -16),
+		asm.Add.Imm(asm.R2, -48),
 		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, -40),
-		asm.Mov.Imm(asm.R4, 0),
+		asm.Add.Imm(asm.R3, -256),
+		asm.Mov.Imm(asm.R4, 1), // BPF_NOEXIST: another CPU may have made it
 		asm.FnMapUpdateElem.Call(),
+		mapPtr(asm.R1, mapEvQueues),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -48),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "have_rec"),
+		asm.Return(), // R0 == 0
+		// seq = ++raised; stamps[seq % evRing] = now
+		asm.Mov.Reg(asm.R8, asm.R0).WithSymbol("have_rec"),
+		asm.Mov.Imm(asm.R1, 1),
+		fetchAdd64(asm.R8, asm.R1, 0), // R1 = events raised before this one
+		asm.Add.Imm(asm.R1, 1),
+		asm.And.Imm(asm.R1, evRing-1),
+		asm.LSh.Imm(asm.R1, 3),
+		asm.Mov.Reg(asm.R6, asm.R8),
+		asm.Add.Reg(asm.R6, asm.R1),
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.R6, evqStamp, asm.R0, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R8, evqName, asm.DWord),
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R8, evqName+8, asm.DWord),
+		asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
 	)
 	in = append(in, relabel(lookupOrInit(mapRaised, -32, -80, 8), "r_")...)
 	return append(in,
@@ -1067,30 +1093,27 @@ func compReadEvent(u *uverbsOffsets) asm.Instructions {
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "stats"), // no event of this queue was seen raised
 		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.LoadMem(asm.R1, asm.R8, evqName, asm.DWord),
+		asm.StoreMem(asm.RFP, -72, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R8, evqName+8, asm.DWord),
+		asm.StoreMem(asm.RFP, -64, asm.R1, asm.DWord),
 		asm.LoadMem(asm.R1, asm.R8, 0, asm.DWord), // raised
 		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
 		asm.LoadMem(asm.R2, asm.R8, 8, asm.DWord), // consumed
 		asm.JGE.Reg(asm.R2, asm.R1, "sync"),
 		asm.Add.Imm(asm.R2, 1),
 		asm.StoreMem(asm.RFP, -8, asm.R2, asm.DWord),
-		mapPtr(asm.R1, mapEvPend),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -16),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "consume"), // record dropped: skip its number
-		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.Mov.Reg(asm.R3, asm.R1),
+		asm.Sub.Reg(asm.R3, asm.R2),
+		asm.JGE.Imm(asm.R3, evRing, "consume"), // its stamp was overwritten: unmatched
+		asm.And.Imm(asm.R2, evRing-1),
+		asm.LSh.Imm(asm.R2, 3),
+		asm.Add.Reg(asm.R2, asm.R8),
+		asm.LoadMem(asm.R1, asm.R2, evqStamp, asm.DWord),
 		asm.JGT.Reg(asm.R1, asm.R9, "sync"), // raised after this read began: an older event was read
 		asm.Mov.Reg(asm.R2, asm.R9),
 		asm.Sub.Reg(asm.R2, asm.R1),
 		asm.StoreMem(asm.RFP, -48, asm.R2, asm.DWord),
-		asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
-		asm.StoreMem(asm.RFP, -72, asm.R1, asm.DWord),
-		asm.LoadMem(asm.R1, asm.R0, 16, asm.DWord),
-		asm.StoreMem(asm.RFP, -64, asm.R1, asm.DWord),
-		mapPtr(asm.R1, mapEvPend),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -16),
-		asm.FnMapDeleteElem.Call(),
 		asm.LoadMem(asm.R1, asm.RFP, -8, asm.DWord).WithSymbol("consume"),
 		asm.StoreMem(asm.R8, 8, asm.R1, asm.DWord),
 		// The kernel queue empty, then no handler running: every event
