@@ -426,16 +426,9 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 		} else {
 			in = append(in, asm.LoadMem(asm.R3, asm.RFP, -48, asm.DWord))
 		}
-		in = append(in,
-			stZero64(-48),
-			asm.JEq.Imm(asm.R3, 0, "nodev"),
-			asm.Add.Imm(asm.R3, step.off),
-			asm.Mov.Reg(asm.R1, asm.RFP),
-			asm.Add.Imm(asm.R1, -48),
-			asm.Mov.Imm(asm.R2, step.size),
-			asm.FnProbeReadKernel.Call(),
-			asm.JNE.Imm(asm.R0, 0, "nodev"),
-		)
+		in = append(in, stZero64(-48), asm.JEq.Imm(asm.R3, 0, "nodev"))
+		in = append(in, readKernel(-48, step.size, asm.R3, step.off)...)
+		in = append(in, asm.JNE.Imm(asm.R0, 0, "nodev"))
 	}
 	if !u.fexit {
 		in = append(in,
@@ -505,20 +498,27 @@ func uverbsCmdExit(u *uverbsOffsets, nargs int) asm.Instructions {
 		)
 		return append(in, cmdCount()...)
 	}
-	in := asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1),
-		asm.FnGetCurrentPidTgid.Call(),
-		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
-		mapPtr(asm.R1, mapStart),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -8),
-		asm.FnMapLookupElem.Call(),
-		asm.JNE.Imm(asm.R0, 0, "cmd_"),
-		asm.Return(),
-	}
+	in := append(startLookup(), asm.Return())
 	cmd := relabel(syscallExit(u.ret(nargs)), "cmd_")
 	cmd[0] = cmd[0].WithSymbol("cmd_")
 	return append(in, cmd...)
+}
+
+// readKernel copies size bytes of kernel memory at src+off to the stack
+// at fp+dst with bpf_probe_read_kernel (R0: its result). Clobbers R1-R5.
+func readKernel(dst int16, size int32, src asm.Register, off int32) asm.Instructions {
+	in := asm.Instructions{
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, int32(dst)),
+		asm.Mov.Imm(asm.R2, size),
+	}
+	if src != asm.R3 {
+		in = append(in, asm.Mov.Reg(asm.R3, src))
+	}
+	if off != 0 {
+		in = append(in, asm.Add.Imm(asm.R3, off))
+	}
+	return append(in, asm.FnProbeReadKernel.Call())
 }
 
 // log2 sets out = floor(log2(v)) (0 for v <= 1), clobbering v and tmp.
@@ -654,36 +654,20 @@ type rxeOffsets struct {
 // qpCount adds 1 to counter idx of the QP whose struct rxe_qp * is in R6.
 // Stack: fp-24 key {name[16], qpn, pad}, fp-32 scratch, below: zero value.
 func qpCount(o *rxeOffsets, idx int) asm.Instructions {
-	in := asm.Instructions{
-		stZero64(-8),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -8),
-		asm.Mov.Imm(asm.R2, 4),
-		asm.Mov.Reg(asm.R3, asm.R6),
-		asm.Add.Imm(asm.R3, o.qpNum),
-		asm.FnProbeReadKernel.Call(),
+	in := append(asm.Instructions{stZero64(-8)}, readKernel(-8, 4, asm.R6, o.qpNum)...)
+	in = append(in,
 		asm.Mov.Reg(asm.R7, asm.R6),
 		asm.Add.Imm(asm.R7, o.qpDevice),
-	}
+	)
 	in = append(in, devName(o)...)
 	return append(in, qpAdd(idx)...)
 }
 
 // devName reads ((struct ib_device *)*R7)->name into fp-24 (16 bytes).
 func devName(o *rxeOffsets) asm.Instructions {
-	return asm.Instructions{
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -32),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Mov.Reg(asm.R3, asm.R7),
-		asm.FnProbeReadKernel.Call(),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -24),
-		asm.Mov.Imm(asm.R2, qpNameLen),
-		asm.LoadMem(asm.R3, asm.RFP, -32, asm.DWord),
-		asm.Add.Imm(asm.R3, o.devName),
-		asm.FnProbeReadKernel.Call(),
-	}
+	in := readKernel(-32, 8, asm.R7, 0)
+	in = append(in, asm.LoadMem(asm.R3, asm.RFP, -32, asm.DWord))
+	return append(in, readKernel(-24, qpNameLen, asm.R3, o.devName)...)
 }
 
 // qpAdd adds 1 to word idx of gv_qps[key at fp-24].
@@ -714,18 +698,15 @@ func requesterEntry(o *rxeOffsets) asm.Instructions {
 	in := asm.Instructions{
 		asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord),
 		stZero64(-8),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -8),
-		asm.Mov.Imm(asm.R2, 4),
-		asm.Mov.Reg(asm.R3, asm.R6),
-		asm.Add.Imm(asm.R3, o.needRetry),
-		asm.FnProbeReadKernel.Call(),
+	}
+	in = append(in, readKernel(-8, 4, asm.R6, o.needRetry)...)
+	in = append(in,
 		asm.LoadMem(asm.R1, asm.RFP, -8, asm.Word),
 		asm.JNE.Imm(asm.R1, 0, "retry"),
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("retry"),
-	}
+	)
 	return append(in, qpCount(o, qpRetries)...)
 }
 
@@ -737,34 +718,25 @@ func cqPost(o *rxeOffsets) asm.Instructions {
 		asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord), // cq
 		asm.LoadMem(asm.R8, asm.R1, o.regArg1, asm.DWord), // cqe
 		stZero64(-8),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -8),
-		asm.Mov.Imm(asm.R2, 1),
-		asm.Mov.Reg(asm.R3, asm.R6),
-		asm.Add.Imm(asm.R3, o.cqIsUser),
-		asm.FnProbeReadKernel.Call(),
+	}
+	in = append(in, readKernel(-8, 1, asm.R6, o.cqIsUser)...)
+	in = append(in,
 		asm.LoadMem(asm.R1, asm.RFP, -8, asm.Byte),
 		asm.JNE.Imm(asm.R1, 0, "user"),
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Return(),
-		// status, opcode at fp-48, fp-44; qp_num at fp-8
-		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("user"),
-		asm.Add.Imm(asm.R1, -48),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Mov.Reg(asm.R3, asm.R8),
-		asm.Add.Imm(asm.R3, 8),
-		asm.FnProbeReadKernel.Call(),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -8),
-		asm.Mov.Imm(asm.R2, 4),
-		asm.Mov.Reg(asm.R3, asm.R8),
-		asm.Add.Imm(asm.R3, 28),
-		asm.FnProbeReadKernel.Call(),
+	)
+	// status, opcode at fp-48, fp-44; qp_num at fp-8
+	user := readKernel(-48, 8, asm.R8, 8)
+	user[0] = user[0].WithSymbol("user")
+	in = append(in, user...)
+	in = append(in, readKernel(-8, 4, asm.R8, 28)...)
+	in = append(in,
 		asm.LoadMem(asm.R8, asm.RFP, -48, asm.Word), // status
 		asm.LoadMem(asm.R9, asm.RFP, -44, asm.Word), // opcode
 		asm.Mov.Reg(asm.R7, asm.R6),
 		asm.Add.Imm(asm.R7, o.cqDevice),
-	}
+	)
 	// devName clobbers R1-R5 only.
 	in = append(in, devName(o)...)
 	in = append(in, asm.JEq.Imm(asm.R8, 0, "status_ok"))
@@ -860,12 +832,9 @@ func compHandler(u *uverbsOffsets) asm.Instructions {
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Return(),
 		stZero64(-72).WithSymbol("have_q"),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -72),
-		asm.Mov.Imm(asm.R2, 4),
-		asm.Mov.Reg(asm.R3, asm.R7),
-		asm.Add.Imm(asm.R3, u.qClosed),
-		asm.FnProbeReadKernel.Call(),
+	)
+	in = append(in, readKernel(-72, 4, asm.R7, u.qClosed)...)
+	in = append(in,
 		asm.LoadMem(asm.R1, asm.RFP, -72, asm.Word),
 		asm.JEq.Imm(asm.R1, 0, "open"),
 		asm.Mov.Imm(asm.R0, 0), // the handler drops the event
@@ -881,19 +850,10 @@ func compHandler(u *uverbsOffsets) asm.Instructions {
 	for off := int16(0); off < evqSize; off += 8 {
 		in = append(in, stZero64(-256+off))
 	}
+	in = append(in, readKernel(-72, 8, asm.R6, u.cqDevice)...)
+	in = append(in, asm.LoadMem(asm.R3, asm.RFP, -72, asm.DWord))
+	in = append(in, readKernel(-256+evqName, qpNameLen, asm.R3, u.devName)...)
 	in = append(in,
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -72),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Mov.Reg(asm.R3, asm.R6),
-		asm.Add.Imm(asm.R3, u.cqDevice),
-		asm.FnProbeReadKernel.Call(),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -256+evqName),
-		asm.Mov.Imm(asm.R2, qpNameLen),
-		asm.LoadMem(asm.R3, asm.RFP, -72, asm.DWord),
-		asm.Add.Imm(asm.R3, u.devName),
-		asm.FnProbeReadKernel.Call(),
 		mapPtr(asm.R1, mapEvQueues),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -48),
@@ -968,20 +928,9 @@ func compReadEnter(u *uverbsOffsets) asm.Instructions {
 		asm.RSh.Imm(asm.R8, 32),
 	}
 	in = append(in, pidFilter(asm.R8)...)
+	in = append(in, asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord))
+	in = append(in, eventQueue(u, asm.R7, asm.R1)...)
 	return append(in,
-		asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord),
-		stZero64(-16),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -16),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Mov.Reg(asm.R3, asm.R7),
-		asm.Add.Imm(asm.R3, u.filePrivate),
-		asm.FnProbeReadKernel.Call(),
-		asm.LoadMem(asm.R1, asm.RFP, -16, asm.DWord),
-		asm.JNE.Imm(asm.R1, 0, "have_file"),
-		asm.Mov.Imm(asm.R0, 0),
-		asm.Return(),
-		asm.Add.Imm(asm.R1, u.fileQueue).WithSymbol("have_file"),
 		asm.StoreMem(asm.RFP, -16, asm.R1, asm.DWord),
 		mapPtr(asm.R1, mapEvRead),
 		asm.Mov.Reg(asm.R2, asm.RFP),
@@ -1060,22 +1009,26 @@ func compReadFexit(u *uverbsOffsets) asm.Instructions {
 		stZero64(-64),
 		stZero64(-56),
 		asm.StoreMem(asm.RFP, -56, asm.R8, asm.Word),
-		// ev_queue = &((struct ib_uverbs_completion_event_file *)filp->private_data)->ev_queue
 		asm.LoadMem(asm.R3, asm.R6, u.regArg0, asm.DWord),
-		stZero64(-16),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -16),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Add.Imm(asm.R3, u.filePrivate),
-		asm.FnProbeReadKernel.Call(),
-		asm.LoadMem(asm.R7, asm.RFP, -16, asm.DWord),
-		asm.JNE.Imm(asm.R7, 0, "have_file"),
+	)
+	in = append(in, eventQueue(u, asm.R3, asm.R7)...)
+	in = append(in, asm.Mov.Imm(asm.R0, 0))
+	return append(in, compReadEvent(u)...)
+}
+
+// eventQueue sets dst to the completion channel's event queue of the
+// struct file * in filp: &((struct ib_uverbs_completion_event_file
+// *)filp->private_data)->ev_queue; it exits if there is none. Stack:
+// fp-16. Clobbers R0-R5.
+func eventQueue(u *uverbsOffsets, filp, dst asm.Register) asm.Instructions {
+	in := append(asm.Instructions{stZero64(-16)}, readKernel(-16, 8, filp, u.filePrivate)...)
+	return append(in,
+		asm.LoadMem(dst, asm.RFP, -16, asm.DWord),
+		asm.JNE.Imm(dst, 0, "have_file"),
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Return(),
-		asm.Add.Imm(asm.R7, u.fileQueue).WithSymbol("have_file"),
-		asm.Mov.Imm(asm.R0, 0),
+		asm.Add.Imm(dst, u.fileQueue).WithSymbol("have_file"),
 	)
-	return append(in, compReadEvent(u)...)
 }
 
 // compReadEvent is the common part of compReadExit and compReadFexit: a
@@ -1119,12 +1072,9 @@ func compReadEvent(u *uverbsOffsets) asm.Instructions {
 		// The kernel queue empty, then no handler running: every event
 		// raised before the count was read (fp-32) has been read.
 		stZero64(-24).WithSymbol("sync"),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -24),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.Mov.Reg(asm.R3, asm.R7),
-		asm.Add.Imm(asm.R3, u.qEventList),
-		asm.FnProbeReadKernel.Call(),
+	}
+	in = append(in, readKernel(-24, 8, asm.R7, u.qEventList)...)
+	in = append(in,
 		asm.LoadMem(asm.R1, asm.RFP, -24, asm.DWord),
 		asm.Mov.Reg(asm.R2, asm.R7),
 		asm.Add.Imm(asm.R2, u.qEventList),
@@ -1140,7 +1090,7 @@ func compReadEvent(u *uverbsOffsets) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.RFP, -32, asm.DWord),
 		asm.StoreMem(asm.R8, 8, asm.R1, asm.DWord),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("stats"),
-	}
+	)
 	in = append(in, lookupOrInit(mapEvents, -72, int16(-72-8*evValWords), 8*evValWords)...)
 	in = append(in,
 		asm.Mov.Reg(asm.R7, asm.R0),
@@ -1205,12 +1155,10 @@ func sysEnter(which map[string]bool) asm.Instructions {
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Return(),
 		// Copy dx, si, di to fp-88, fp-80, fp-72.
-		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("args"),
-		asm.Add.Imm(asm.R1, tpArg2),
-		asm.Mov.Imm(asm.R2, 24),
-		asm.LoadMem(asm.R3, asm.R6, 0, asm.DWord),
-		asm.Add.Imm(asm.R3, sysArgRegs),
-		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(asm.R3, asm.R6, 0, asm.DWord).WithSymbol("args"),
+	)
+	in = append(in, readKernel(tpArg2, 24, asm.R3, sysArgRegs)...)
+	in = append(in,
 		asm.JEq.Imm(asm.R0, 0, "dispatch"),
 		asm.Return(),
 		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord).WithSymbol("dispatch"),
@@ -1232,10 +1180,11 @@ func sysEnter(which map[string]bool) asm.Instructions {
 	return in
 }
 
-// sysExit is the raw tracepoint program on sys_exit: it finishes a command
-// sysEnter started, or an openat of a uverbs device.
-func sysExit() asm.Instructions {
-	in := asm.Instructions{
+// startLookup begins an exit program (kretprobe, sys_exit): R6 = ctx,
+// fp-8 = pid_tgid, and on to "cmd_" with R0 = the gv_start record of a
+// command in flight; else falls through (R0 = 0).
+func startLookup() asm.Instructions {
+	return asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.FnGetCurrentPidTgid.Call(),
 		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
@@ -1244,13 +1193,20 @@ func sysExit() asm.Instructions {
 		asm.Add.Imm(asm.R2, -8),
 		asm.FnMapLookupElem.Call(),
 		asm.JNE.Imm(asm.R0, 0, "cmd_"),
+	}
+}
+
+// sysExit is the raw tracepoint program on sys_exit: it finishes a command
+// sysEnter started, or an openat of a uverbs device.
+func sysExit() asm.Instructions {
+	in := append(startLookup(),
 		mapPtr(asm.R1, mapPending),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -8),
 		asm.FnMapLookupElem.Call(),
 		asm.JNE.Imm(asm.R0, 0, "open_"),
 		asm.Return(),
-	}
+	)
 	cmd := relabel(syscallExit(8), "cmd_") // struct { regs; long ret }
 	cmd[0] = cmd[0].WithSymbol("cmd_")
 	open := relabel(openatExit(), "open_")
