@@ -138,6 +138,9 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 
 var topSortKeys = []string{"rate", "count", "name"}
 
+// topPerPacket are the probes top attaches only with --per-packet.
+var topPerPacket = map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
+
 // topSample is one interval: the counters' growth over d.
 type topState struct {
 	snap    *probe.Snapshot
@@ -659,13 +662,25 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 	pf := func(format string, a ...any) { fmt.Fprintf(bw, format, a...); fmt.Fprint(bw, nl) }
 	pf("goverbs top - %s - interval %.2fs - sort %s%s", r.Time.Format("15:04:05"), r.IntervalS, o.sort, map[bool]string{true: " - keys: s sort, q quit"}[live])
 	var missing []string
+	attached := map[string]bool{}
 	for _, s := range r.Probes {
-		if !s.Attached {
+		attached[s.Name] = s.Attached
+		if !s.Attached && !topPerPacket[s.Name] {
 			missing = append(missing, s.Name)
 		}
 	}
 	if len(missing) > 0 {
 		pf("probes not attached: %s (see --once --json for reasons)", strings.Join(missing, ", "))
+	}
+	if !attached["rxe-packets"] || !attached["rxe-retransmits"] || !attached["rxe-completions"] {
+		pf("per-QP packets, retries and CQEs (-) need --per-packet; device packets and retransmits are rxe's hw_counters")
+	}
+	// num prints n, or - when the probe that counts it is not attached.
+	num := func(probe string, width int, n float64) string {
+		if !attached[probe] {
+			return fmt.Sprintf("%*s", width, "-")
+		}
+		return fmt.Sprintf("%*.0f", width, n)
 	}
 	pf("")
 	pf("%-8s %10s %10s %10s %10s %10s %8s %8s %8s %8s %8s", "DEVICE", "DOORBELL/s", "CMDS/s", "TX pkt/s", "RX pkt/s", "CQEV/s", "RETRANS", "TIMEOUT", "RNR", "SEQERR", "QPERR")
@@ -680,7 +695,11 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 		if i == o.rows {
 			break
 		}
-		pf("%-8s %#8x %10.0f %10.0f %8d %8d %8d %8d %8d", q.Device, q.QPN, q.SentPerS, float64(q.RecvPkts)/r.IntervalS, q.Retransmits, q.Timeouts, q.SendCompletions, q.RecvCompletions, q.ErrorCompletions)
+		pf("%-8s %#8x %s %s %s %8d %s %s %s", q.Device, q.QPN,
+			num("rxe-packets", 10, q.SentPerS), num("rxe-packets", 10, float64(q.RecvPkts)/r.IntervalS),
+			num("rxe-retransmits", 8, float64(q.Retransmits)), q.Timeouts,
+			num("rxe-completions", 8, float64(q.SendCompletions)), num("rxe-completions", 8, float64(q.RecvCompletions)),
+			num("rxe-completions", 8, float64(q.ErrorCompletions)))
 	}
 	pf("")
 	pf("%7s %-14s %-8s %-28s %10s %8s %9s %9s %9s  %s", "PID", "COMM", "DEVICE", "COMMAND", "RATE/s", "ERRORS", "MEAN us", "P50 us", "P99 us", "LATENCY (log2 ns)")

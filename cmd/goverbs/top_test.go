@@ -287,7 +287,7 @@ func TestTopTmux(t *testing.T) {
 	}
 	last := screens[len(screens)-1]
 	t.Logf("last screen:\n%s", last)
-	for _, want := range []string{"goverbs top - ", "keys: s sort, q quit", "DEVICE", "DOORBELL/s", "CQEV/s", "QPN", "COMMAND", "write POST_SEND", "CQ EVENTS (raise -> read)", "completion channel read"} {
+	for _, want := range []string{"goverbs top - ", "keys: s sort, q quit", "DEVICE", "DOORBELL/s", "CQEV/s", "QPN", "COMMAND", "write POST_SEND", "CQ EVENTS (raise -> read)", "completion channel read", "need --per-packet"} {
 		if !strings.Contains(last, want) {
 			t.Errorf("screen lacks %q", want)
 		}
