@@ -96,7 +96,18 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 type Stats struct {
 	Arms    uint64
 	Wakeups uint64
+	// ChannelEvents is the completion events read from the CQ's channel
+	// (of every CQ sharing it). It can exceed Wakeups: an event whose
+	// completion Wait already found by polling wakes nobody, and two
+	// events before a Wait leave one token.
+	ChannelEvents uint64
 }
 
 // Stats returns the CQ's event counters.
-func (q *CQ) Stats() Stats { return Stats{Arms: q.armed.Load(), Wakeups: q.wakeups.Load()} }
+func (q *CQ) Stats() Stats {
+	s := Stats{Arms: q.armed.Load(), Wakeups: q.wakeups.Load()}
+	if q.ch != nil {
+		s.ChannelEvents = q.ch.Events()
+	}
+	return s
+}

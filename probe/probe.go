@@ -7,22 +7,32 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 )
 
 // Options select what Attach counts.
 type Options struct {
-	// PIDs restricts the uverbs command probes to these processes; empty
-	// means every process. The rxe probes always see the whole kernel.
+	// PIDs restricts the uverbs command probes and the completion channel
+	// reads of cq-events to these processes; empty means every process.
+	// The rxe probes and the events raised always see the whole kernel.
 	PIDs []int
 	// Skip names probes (see Status.Name) not to attach.
 	Skip []string
+	// PerPacket also attaches the probes that run for every packet and
+	// every completion rxe handles (rxe-packets, rxe-retransmits,
+	// rxe-completions: per-QP packet, retry and CQE counts). They cost
+	// latency on the data path (docs/perf.md), so they are off unless
+	// asked for; without them rxe's own per-device hw_counters still give
+	// packet and retry counts.
+	PerPacket bool
 }
 
 // Status says whether one probe is attached and, if not, why.
@@ -30,13 +40,19 @@ type Status struct {
 	Name     string `json:"name"`
 	What     string `json:"what"`
 	Attached bool   `json:"attached"`
-	Reason   string `json:"reason,omitempty"`
+	// Via is how it is attached: "fentry/fexit" (BPF trampolines, the
+	// cheapest), "kprobes" or "raw tracepoints".
+	Via string `json:"via,omitempty"`
+	// Reason says why it is not attached or, when it is, why a cheaper
+	// way failed.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Probes owns the maps, programs and links of one Attach.
 type Probes struct {
 	mu      sync.Mutex
 	maps    map[string]*ebpf.Map
+	mapErrs map[string]error // optional maps the kernel could not create
 	progs   []*ebpf.Program
 	links   []link.Link
 	status  []Status
@@ -48,56 +64,98 @@ type Probes struct {
 // probeDef is one probe: programs that attach together.
 type probeDef struct {
 	name, what string
-	rxe        bool // needs kprobes and rdma_rxe's BTF
-	progs      func(o *rxeOffsets) []progDef
+	rxe        bool // needs rdma_rxe's BTF
+	uverbs     bool // needs ib_uverbs' BTF (or, with raw, not)
+	perPacket  bool // runs per packet or CQE: only with Options.PerPacket
+	// progs builds the programs for offsets meant for fentry/fexit or for
+	// kprobes (see rxeOffsets.tracing); it is called with nil offsets when
+	// the BTF is missing or kprobes are not supported, and returns nil if
+	// it cannot do without them.
+	progs func(o *rxeOffsets, u *uverbsOffsets) []progDef
 }
 
+// progDef is one program. An entry program attaches as fentry or kprobe,
+// an exit program as fexit or kretprobe, whichever way Attach is trying.
 type progDef struct {
 	name   string
-	typ    ebpf.ProgramType
-	raw    bool   // a raw tracepoint; else a kprobe
-	target string // tracepoint name or kernel symbol
+	raw    bool   // a raw tracepoint program
+	exit   bool   // runs when target returns
+	target string // tracepoint name or kernel function
 	insns  asm.Instructions
 }
 
 func rawTP(name, event string, insns asm.Instructions) progDef {
-	return progDef{name: name, typ: ebpf.RawTracepoint, raw: true, target: event, insns: insns}
+	return progDef{name: name, raw: true, target: event, insns: insns}
 }
 
-func kp(name, sym string, insns asm.Instructions) progDef {
-	return progDef{name: name, typ: ebpf.Kprobe, target: sym, insns: insns}
+func entry(name, fn string, insns asm.Instructions) progDef {
+	return progDef{name: name, target: fn, insns: insns}
+}
+
+func exit(name, fn string, insns asm.Instructions) progDef {
+	return progDef{name: name, exit: true, target: fn, insns: insns}
 }
 
 var probeDefs = []probeDef{
-	{name: "uverbs-commands", what: "uverbs commands per process and fd: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; raw tracepoints sys_enter/sys_exit", progs: func(*rxeOffsets) []progDef {
+	{name: "uverbs-commands", what: "uverbs commands per process: RDMA_VERBS_IOCTL by object/method and write() commands (POST_SEND is the rxe doorbell), with latency histograms; on ib_uverbs_write and ib_uverbs_ioctl, or, without kprobes or ib_uverbs BTF, on every system call (raw tracepoints sys_enter/sys_exit, per fd)", uverbs: true, progs: func(_ *rxeOffsets, u *uverbsOffsets) []progDef {
+		if u == nil {
+			return []progDef{
+				rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
+				rawTP("gv_sys_exit", "sys_exit", sysExit()),
+			}
+		}
 		return []progDef{
-			rawTP("gv_sys_enter", "sys_enter", sysEnter(map[string]bool{"ioctl": true, "write": true, "openat": true, "close": true})),
-			rawTP("gv_sys_exit", "sys_exit", sysExit()),
+			entry("gv_uv_write", "ib_uverbs_write", uverbsCmdEnter(u, false)),
+			exit("gv_uv_write_ret", "ib_uverbs_write", uverbsCmdExit(u, 4)),
+			entry("gv_uv_ioctl", "ib_uverbs_ioctl", uverbsCmdEnter(u, true)),
+			exit("gv_uv_ioctl_ret", "ib_uverbs_ioctl", uverbsCmdExit(u, 3)),
 		}
 	}},
-	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
+	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{
-			kp("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
-			kp("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
-			kp("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			entry("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
+			entry("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			entry("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
 		}
 	}},
-	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
-		return []progDef{kp("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
+	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_retry", "rxe_requester", requesterEntry(o))}
 	}},
-	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
-		return []progDef{kp("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
+	{name: "rxe-timeouts", what: "retransmit timer expiries (retransmit_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_rto", "retransmit_timer", kprobeQP(o, qpTimeouts, o.retransTimer))}
 	}},
-	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets) []progDef {
-		return []progDef{kp("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
+	{name: "rxe-rnr", what: "RNR NAK timer expiries (rnr_nak_timer) per QP", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_rnr", "rnr_nak_timer", kprobeQP(o, qpRNRTimers, o.rnrNakTimer))}
 	}},
-	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets) []progDef {
-		return []progDef{kp("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
+	{name: "rxe-qp-errors", what: "QPs moved to the error state (rxe_qp_error)", rxe: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_qperr", "rxe_qp_error", kprobeQP(o, qpErrors, 0))}
 	}},
-	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, progs: func(o *rxeOffsets) []progDef {
-		return []progDef{kp("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
+	{name: "rxe-completions", what: "completions written to user CQs (rxe_cq_post) per QP: send, recv, error", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+		return []progDef{entry("gv_rxe_cqpost", "rxe_cq_post", cqPost(o))}
+	}},
+	{name: "cq-events", what: "completion events raised per device (ib_uverbs_comp_handler) and read from completion channels per process (ib_uverbs_comp_event_read), with the latency from raise to read as a log2 histogram", uverbs: true, progs: func(_ *rxeOffsets, u *uverbsOffsets) []progDef {
+		if u == nil {
+			return nil
+		}
+		// The handler's exit program first: a handler running while
+		// they attach may then only be seen leaving (see compReadExit).
+		defs := []progDef{
+			exit("gv_comp_event_ret", "ib_uverbs_comp_handler", compHandlerExit()),
+			entry("gv_comp_event", "ib_uverbs_comp_handler", compHandler(u)),
+		}
+		if u.fexit {
+			return append(defs, exit("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadFexit(u)))
+		}
+		return append(defs,
+			entry("gv_comp_read", "ib_uverbs_comp_event_read", compReadEnter(u)),
+			exit("gv_comp_read_ret", "ib_uverbs_comp_event_read", compReadExit(u)),
+		)
 	}},
 }
+
+// noTracing makes Attach skip fentry/fexit, so that tests cover the
+// kprobe programs too.
+var noTracing bool
 
 // Names lists the probes Attach knows, in order.
 func Names() []string {
@@ -105,7 +163,7 @@ func Names() []string {
 	for _, d := range probeDefs {
 		n = append(n, d.name)
 	}
-	return append(n, "cq-events")
+	return n
 }
 
 // ErrNoBPF is returned by Attach when no probe at all could be attached.
@@ -118,9 +176,15 @@ var ErrNoBPF = errors.New("probe: no probe could be attached")
 // reasons).
 func Attach(opts Options) (*Probes, error) {
 	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
-	p := &Probes{maps: map[string]*ebpf.Map{}, started: time.Now()}
+	p := &Probes{maps: map[string]*ebpf.Map{}, mapErrs: map[string]error{}, started: time.Now()}
 	for name, spec := range mapSpecs() {
 		m, err := ebpf.NewMap(spec)
+		if err != nil && name == mapTStart {
+			// Task storage (5.11+): the fentry command programs need it
+			// and fall back to kprobes without it.
+			p.mapErrs[name] = err
+			continue
+		}
 		if err != nil {
 			p.Close()
 			return nil, fmt.Errorf("probe: create map %s: %w", name, err)
@@ -146,32 +210,70 @@ func Attach(opts Options) (*Probes, error) {
 	}
 
 	var offs *rxeOffsets
+	var uoffs *uverbsOffsets
 	rxeErr := kprobesSupported()
+	uverbsErr := rxeErr
 	if rxeErr == nil {
-		offs, rxeErr = loadRxeOffsets()
+		cache := btf.NewCache()
+		offs, rxeErr = loadRxeOffsets(cache)
+		uoffs, uverbsErr = loadUverbsOffsets(cache)
+	}
+	// The ways to attach, cheapest first: BPF trampolines, kprobes, and
+	// for probes that can do without BTF, tracepoints.
+	type way struct {
+		via     string
+		tracing bool
+		o       *rxeOffsets
+		u       *uverbsOffsets
+	}
+	ways := []way{{via: "fentry/fexit", tracing: true}, {via: "kprobes"}, {via: "raw tracepoints"}}
+	if offs != nil {
+		ways[0].o, ways[1].o = offs.tracing(), offs
+	}
+	if uoffs != nil {
+		uoffs.pids = len(opts.PIDs) > 0
+		ways[0].u, ways[1].u = uoffs.tracing(), uoffs
+	}
+	if noTracing {
+		ways[0].o, ways[0].u = nil, nil
 	}
 	var reasons []error
 	for _, d := range probeDefs {
 		st := Status{Name: d.name, What: d.what}
+		var tried []string
 		switch {
 		case slices.Contains(opts.Skip, d.name):
-			st.Reason = "skipped (Options.Skip)"
+			tried = append(tried, "skipped (Options.Skip)")
+		case d.perPacket && !opts.PerPacket:
+			tried = append(tried, "runs for every packet or completion: not asked for (Options.PerPacket, goverbs top --per-packet)")
 		case d.rxe && rxeErr != nil:
-			st.Reason = rxeErr.Error()
+			tried = append(tried, rxeErr.Error())
 		default:
-			if err := p.attach(d.progs(offs)); err != nil {
-				st.Reason = err.Error()
-			} else {
-				st.Attached = true
+			for i, w := range ways {
+				if (d.rxe && w.o == nil) || (d.uverbs && w.u == nil && i < 2) {
+					continue
+				}
+				defs := d.progs(w.o, w.u)
+				if defs == nil {
+					continue
+				}
+				if err := p.attach(defs, w.tracing); err != nil {
+					tried = append(tried, w.via+": "+err.Error())
+					continue
+				}
+				st.Attached, st.Via = true, w.via
+				break
+			}
+			if !st.Attached && d.uverbs && uverbsErr != nil {
+				tried = append(tried, uverbsErr.Error())
 			}
 		}
+		st.Reason = strings.Join(tried, "; ")
 		if !st.Attached {
 			reasons = append(reasons, fmt.Errorf("%s: %s", st.Name, st.Reason))
 		}
 		p.status = append(p.status, st)
 	}
-	p.status = append(p.status, Status{Name: "cq-events", What: "completion channel wakeup latency",
-		Reason: "not implemented yet: CQ completions are counted by rxe-completions"})
 	for _, st := range p.status {
 		if st.Attached {
 			return p, nil
@@ -181,8 +283,10 @@ func Attach(opts Options) (*Probes, error) {
 	return nil, fmt.Errorf("%w: %w", ErrNoBPF, errors.Join(reasons...))
 }
 
-// attach loads and attaches one probe's programs, all or nothing.
-func (p *Probes) attach(defs []progDef) error {
+// attach loads and attaches one probe's programs, all or nothing; entry
+// and exit programs as fentry and fexit with tracing, else as kprobes and
+// kretprobes.
+func (p *Probes) attach(defs []progDef, tracing bool) error {
 	var progs []*ebpf.Program
 	var links []link.Link
 	fail := func(err error) error {
@@ -199,6 +303,9 @@ func (p *Probes) attach(defs []progDef) error {
 		for i := range insns {
 			if ref := insns[i].Reference(); ref != "" && insns[i].IsLoadFromMap() {
 				m, ok := p.maps[ref]
+				if !ok && p.mapErrs[ref] != nil {
+					return fail(fmt.Errorf("%s: map %s: %w", d.name, ref, p.mapErrs[ref]))
+				}
 				if !ok {
 					return fail(fmt.Errorf("%s: unknown map %s", d.name, ref))
 				}
@@ -207,20 +314,35 @@ func (p *Probes) attach(defs []progDef) error {
 				}
 			}
 		}
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		spec := &ebpf.ProgramSpec{
 			Name:         d.name,
-			Type:         d.typ,
+			Type:         ebpf.Kprobe,
 			Instructions: insns,
 			License:      "Dual MIT/GPL",
-		})
+		}
+		switch {
+		case d.raw:
+			spec.Type = ebpf.RawTracepoint
+		case tracing:
+			spec.Type, spec.AttachType, spec.AttachTo = ebpf.Tracing, ebpf.AttachTraceFEntry, d.target
+			if d.exit {
+				spec.AttachType = ebpf.AttachTraceFExit
+			}
+		}
+		prog, err := ebpf.NewProgram(spec)
 		if err != nil {
 			return fail(fmt.Errorf("load %s: %w", d.name, err))
 		}
 		progs = append(progs, prog)
 		var l link.Link
-		if d.raw {
+		switch {
+		case d.raw:
 			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: d.target, Program: prog})
-		} else {
+		case tracing:
+			l, err = link.AttachTracing(link.TracingOptions{Program: prog})
+		case d.exit:
+			l, err = link.Kretprobe(d.target, prog, nil)
+		default:
 			l, err = link.Kprobe(d.target, prog, nil)
 		}
 		if err != nil {
@@ -288,7 +410,7 @@ var ErrClosed = errors.New("probe: closed")
 // errors and latency since Attach.
 type Command struct {
 	PID     int      `json:"pid"`
-	FD      int      `json:"fd"`
+	FD      int      `json:"fd"`             // -1 when counted on ib_uverbs_write/ioctl, which see the file, not the fd
 	Device  string   `json:"device"`         // "" when the fd was not seen opening a uverbs device
 	Kind    string   `json:"kind"`           // "ioctl" or "write"
 	Object  uint16   `json:"object"`         // ioctl: UVERBS_OBJECT_*
@@ -323,11 +445,31 @@ type QP struct {
 	ErrorCompletions uint64 `json:"error_completions"` // CQEs with a non-zero status
 }
 
+// CQEvents is what the cq-events probe saw of one process's completion
+// channel reads on one device since Attach: the events it read and, for
+// each, the time from the kernel raising it (ib_uverbs_comp_handler, run
+// when an armed CQ got a completion) to the read() that returned it.
+type CQEvents struct {
+	PID    int    `json:"pid"`
+	Device string `json:"device"` // "" for unmatched reads: the event was raised before Attach
+	// Count is the events read that were paired with the event raised.
+	Count uint64 `json:"count"`
+	// Unmatched is the events read that could not be paired (raised
+	// before Attach, or the record was evicted); they have no latency.
+	Unmatched uint64   `json:"unmatched"`
+	TotalNS   uint64   `json:"total_ns"`       // sum of latencies
+	Hist      []uint64 `json:"hist,omitempty"` // Hist[i]: events read [2^i, 2^(i+1)) ns after they were raised
+}
+
 // Snapshot is the probes' cumulative counters at one time.
 type Snapshot struct {
-	Time     time.Time `json:"time"`
-	Commands []Command `json:"commands"`
-	QPs      []QP      `json:"qps"`
+	Time     time.Time  `json:"time"`
+	Commands []Command  `json:"commands"`
+	QPs      []QP       `json:"qps"`
+	CQEvents []CQEvents `json:"cq_events"`
+	// EventsRaised is the completion events ib_uverbs raised per device
+	// (cq-events); events of closed channels are not counted.
+	EventsRaised map[string]uint64 `json:"events_raised"`
 }
 
 // Snapshot reads the maps.
@@ -356,6 +498,25 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("probe: read %s: %w", mapQPs, err)
 	}
+	var ek [evKeySize]byte
+	ev := make([]byte, 8*evValWords)
+	it = p.maps[mapEvents].Iterate()
+	for it.Next(ek[:], ev) {
+		s.CQEvents = append(s.CQEvents, decodeEvents(ek[:], ev))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapEvents, err)
+	}
+	s.EventsRaised = map[string]uint64{}
+	var rk [qpNameLen]byte
+	var rv uint64
+	it = p.maps[mapRaised].Iterate()
+	for it.Next(rk[:], &rv) {
+		s.EventsRaised[cString(rk[:])] += rv
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", mapRaised, err)
+	}
 	slices.SortFunc(s.Commands, func(a, b Command) int {
 		if a.PID != b.PID {
 			return a.PID - b.PID
@@ -364,6 +525,12 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 			return a.FD - b.FD
 		}
 		return int(int64(a.Object)<<32|int64(a.Method)<<16|int64(a.Cmd&0xffff)) - int(int64(b.Object)<<32|int64(b.Method)<<16|int64(b.Cmd&0xffff))
+	})
+	slices.SortFunc(s.CQEvents, func(a, b CQEvents) int {
+		if a.PID != b.PID {
+			return a.PID - b.PID
+		}
+		return strings.Compare(a.Device, b.Device)
 	})
 	slices.SortFunc(s.QPs, func(a, b QP) int {
 		if a.Device != b.Device {
@@ -382,7 +549,7 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 	devKind := le.Uint32(k[8:])
 	c := Command{
 		PID: int(le.Uint32(k[0:])),
-		FD:  int(le.Uint32(k[4:])),
+		FD:  int(int32(le.Uint32(k[4:]))),
 	}
 	cmd := le.Uint32(k[12:])
 	if minor := devKind & 0xffff; minor != unknownDev {
@@ -391,7 +558,9 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 			p.devs = uverbsDevices() // a device added since Attach
 			c.Device = p.devs[minor]
 		}
-		if c.Device == "" {
+		if c.Device == "" && minor&devMinorFlag != 0 {
+			c.Device = fmt.Sprintf("uverbs char device minor %d", minor&(devMinorFlag-1))
+		} else if c.Device == "" {
 			c.Device = fmt.Sprintf("uverbs%d", minor)
 		}
 	}
@@ -414,15 +583,35 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 	return c
 }
 
+// cString is b up to its first NUL.
+func cString(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+func decodeEvents(k, v []byte) CQEvents {
+	le := binary.LittleEndian
+	e := CQEvents{
+		Device:    cString(k[:qpNameLen]),
+		PID:       int(le.Uint32(k[qpNameLen:])),
+		Count:     le.Uint64(v[0:]),
+		Unmatched: le.Uint64(v[8:]),
+		TotalNS:   le.Uint64(v[16:]),
+		Hist:      make([]uint64, numBuckets),
+	}
+	for i := range e.Hist {
+		e.Hist[i] = le.Uint64(v[24+8*i:])
+	}
+	return e
+}
+
 func decodeQP(k, v []byte) QP {
 	le := binary.LittleEndian
-	name := k[:qpNameLen]
-	if i := bytes.IndexByte(name, 0); i >= 0 {
-		name = name[:i]
-	}
 	w := func(i int) uint64 { return le.Uint64(v[8*i:]) }
 	return QP{
-		Device:           string(name),
+		Device:           cString(k[:qpNameLen]),
 		QPN:              le.Uint32(k[qpNameLen:]),
 		SentPkts:         w(qpSent),
 		RecvPkts:         w(qpRecv),

@@ -4,16 +4,23 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
@@ -39,16 +46,27 @@ func attach(t *testing.T, opts Options) *Probes {
 		}
 	})
 	for _, s := range p.Status() {
-		t.Logf("%-16s attached=%v %s", s.Name, s.Attached, s.Reason)
+		t.Logf("%-16s attached=%v via=%q %s", s.Name, s.Attached, s.Via, s.Reason)
+		if noTracing && s.Via == "fentry/fexit" {
+			t.Errorf("%s attached with fentry/fexit while they are off", s.Name)
+		}
 	}
 	return p
 }
 
+// kprobesOnly makes the test's Attach use kprobes, not fentry/fexit.
+func kprobesOnly(t *testing.T) {
+	noTracing = true
+	t.Cleanup(func() { noTracing = false })
+}
+
 // TestAttachDegrades runs anywhere: on a kernel without kprobes or without
-// rdma_rxe (the development host) the rxe probes are reported with a reason
-// and the syscall tracepoint probes still attach.
+// rdma_rxe (the development host) the rxe probes and cq-events are
+// reported with a reason and the syscall tracepoint probes still attach;
+// with ib_uverbs' BTF the command probes hang off ib_uverbs_write and
+// ib_uverbs_ioctl, not every system call.
 func TestAttachDegrades(t *testing.T) {
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	for _, name := range []string{"uverbs-commands"} {
 		if !p.Attached(name) {
 			t.Errorf("%s not attached", name)
@@ -63,10 +81,26 @@ func TestAttachDegrades(t *testing.T) {
 	if _, err := os.Stat("/sys/kernel/btf/rdma_rxe"); err != nil {
 		rxe = false
 	}
+	uv := kprobesSupported() == nil
+	if _, err := os.Stat("/sys/kernel/btf/ib_uverbs"); err != nil {
+		uv = false
+	}
 	for _, s := range p.Status() {
 		if strings.HasPrefix(s.Name, "rxe-") && s.Attached != rxe {
 			t.Errorf("%s: attached=%v, but kprobes+rdma_rxe BTF present=%v (%s)", s.Name, s.Attached, rxe, s.Reason)
 		}
+		if s.Name == "cq-events" && s.Attached != uv {
+			t.Errorf("%s: attached=%v, but kprobes+ib_uverbs BTF present=%v (%s)", s.Name, s.Attached, uv, s.Reason)
+		}
+		if s.Name == "uverbs-commands" && (s.Via == "raw tracepoints") == uv {
+			t.Errorf("%s: via %s, but kprobes+ib_uverbs BTF present=%v (%s)", s.Name, s.Via, uv, s.Reason)
+		}
+		if s.Attached && s.Via == "" {
+			t.Errorf("%s: attached, but via nothing", s.Name)
+		}
+	}
+	if got, want := len(p.Status()), len(Names()); got != want {
+		t.Errorf("%d probes reported, Names has %d", got, want)
 	}
 	if _, err := p.Snapshot(); err != nil {
 		t.Fatal(err)
@@ -77,12 +111,17 @@ func TestAttachDegrades(t *testing.T) {
 	}
 }
 
-// TestSkip: a skipped probe is reported as such.
+// TestSkip: a skipped probe is reported as such, and so are the
+// per-packet probes when Options.PerPacket is not set.
 func TestSkip(t *testing.T) {
 	p := attach(t, Options{Skip: []string{"rxe-rnr"}})
+	perPacket := map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
 	for _, s := range p.Status() {
 		if s.Name == "rxe-rnr" && (s.Attached || !strings.Contains(s.Reason, "skipped")) {
 			t.Errorf("%+v", s)
+		}
+		if perPacket[s.Name] && (s.Attached || !strings.Contains(s.Reason, "PerPacket")) {
+			t.Errorf("per-packet probe without Options.PerPacket: %+v", s)
 		}
 	}
 }
@@ -179,6 +218,13 @@ var qpnRE = regexp.MustCompile(`local address:.*QPN 0x([0-9a-f]+)`)
 // pingpong runs `goverbs rc-pingpong -n iters` between two devices.
 func pingpong(t *testing.T, iters int, port int, extra ...string) (cli, srv *side) {
 	t.Helper()
+	return pingpongWith(t, iters, port, extra, nil)
+}
+
+// pingpongWith runs `goverbs rc-pingpong -n iters ARGS...` between two
+// devices, with env added to the environment.
+func pingpongWith(t *testing.T, iters int, port int, args, env []string) (cli, srv *side) {
+	t.Helper()
 	a, b := rxetest.Pair(t)
 	bin := goverbsBin(t)
 	ctx := rxetest.Open(t, b)
@@ -189,8 +235,9 @@ func pingpong(t *testing.T, iters int, port int, extra ...string) (cli, srv *sid
 	host := g.GID.To4().String()
 	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	run := func(s *side, args ...string) *exec.Cmd {
-		cmd := exec.CommandContext(cctx, bin, args...)
+	run := func(s *side, a ...string) *exec.Cmd {
+		cmd := exec.CommandContext(cctx, bin, a...)
+		cmd.Env = append(os.Environ(), env...)
 		cmd.Stdout, cmd.Stderr = &s.stdout, &s.stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -201,12 +248,13 @@ func pingpong(t *testing.T, iters int, port int, extra ...string) (cli, srv *sid
 	n := strconv.Itoa(iters)
 	p := strconv.Itoa(port)
 	srv, cli = &side{dev: b}, &side{dev: a}
-	sc := run(srv, append([]string{"rc-pingpong", "-d", b, "-p", p, "-n", n, "-s", "64"}, extra...)...)
+	common := append([]string{"rc-pingpong", "-p", p, "-n", n, "-s", "64"}, args...)
+	sc := run(srv, append(slices.Clone(common), "-d", b)...)
 	if !waitListen(port, 30*time.Second) {
 		sc.Wait()
 		t.Fatalf("server never listened: %s", srv.stderr.String())
 	}
-	cc := run(cli, append(append([]string{"rc-pingpong", "-d", a, "-p", p, "-n", n, "-s", "64"}, extra...), host)...)
+	cc := run(cli, append(slices.Clone(common), "-d", a, host)...)
 	cli.err, srv.err = cc.Wait(), sc.Wait()
 	for _, s := range []*side{cli, srv} {
 		if s.err != nil {
@@ -260,9 +308,18 @@ func hwDelta(before, after map[string]uint64) map[string]uint64 {
 // side, N doorbells (one POST_SEND write per PostSend batch: the workload
 // posts one send per iteration), N send and N receive completions on its
 // QP, and as many packets as rxe's own hw_counters.
-func TestPingpongCounts(t *testing.T) {
+func TestPingpongCounts(t *testing.T) { testPingpongCounts(t, 18830) }
+
+// TestPingpongCountsKprobes is TestPingpongCounts with the programs
+// attached as kprobes, the way kernels without BPF trampolines get them.
+func TestPingpongCountsKprobes(t *testing.T) {
+	kprobesOnly(t)
+	testPingpongCounts(t, 18834)
+}
+
+func testPingpongCounts(t *testing.T, port int) {
 	a, b := rxetest.Pair(t)
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	for _, name := range []string{"uverbs-commands", "rxe-packets", "rxe-completions"} {
 		if !p.Attached(name) {
 			t.Fatalf("%s not attached", name)
@@ -270,7 +327,7 @@ func TestPingpongCounts(t *testing.T) {
 	}
 	hw0 := map[string]map[string]uint64{a: HWCounters(a, 1), b: HWCounters(b, 1)}
 	const iters = 500
-	cli, srv := pingpong(t, iters, 18830)
+	cli, srv := pingpong(t, iters, port)
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -324,7 +381,7 @@ func TestPingpongCounts(t *testing.T) {
 // retransmit counter rises and matches rxe's completer_retry_err.
 func TestRetransmitsUnderLoss(t *testing.T) {
 	a, b := rxetest.Pair(t)
-	p := attach(t, Options{})
+	p := attach(t, Options{PerPacket: true})
 	if !p.Attached("rxe-retransmits") {
 		t.Fatal("rxe-retransmits not attached")
 	}
@@ -381,5 +438,175 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 	}
 	if total == 0 {
 		t.Errorf("no retransmits under 5%% loss")
+	}
+}
+
+var (
+	wakeupsRE  = regexp.MustCompile(`(?m)^goverbs rc-pingpong: -e: (\d+) CQ arms, (\d+) event wakeups, (\d+) sleeps$`)
+	chEventsRE = regexp.MustCompile(`(?m)^goverbs rc-pingpong: -e: (\d+) completion events read from the channel$`)
+)
+
+// TestCQEvents: during N event-driven rc-pingpong iterations (-e: arm the
+// CQ, sleep on the completion channel) the cq-events probe counts, per
+// process, exactly the events the process read from its channel
+// (GOVERBS_PINGPONG_DEBUG=1 prints its own counts), all paired with their
+// raise on the process's device, each with a positive latency under 2 s;
+// and per device as many events raised as read.
+func TestCQEvents(t *testing.T) { testCQEvents(t, 18832) }
+
+// TestCQEventsKprobes is TestCQEvents with kprobes and kretprobes.
+func TestCQEventsKprobes(t *testing.T) {
+	kprobesOnly(t)
+	testCQEvents(t, 18835)
+}
+
+func testCQEvents(t *testing.T, port int) {
+	rxetest.Pair(t)
+	p := attach(t, Options{})
+	if !p.Attached("cq-events") {
+		t.Fatal("cq-events not attached")
+	}
+	s0, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const iters = 300
+	cli, srv := pingpongWith(t, iters, port, []string{"-e"}, []string{"GOVERBS_PINGPONG_DEBUG=1"})
+	s, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sd := range []*side{cli, srv} {
+		m := wakeupsRE.FindStringSubmatch(sd.stderr.String())
+		e := chEventsRE.FindStringSubmatch(sd.stderr.String())
+		if m == nil || e == nil {
+			t.Fatalf("%s: no -e counts on stderr: %s", sd.dev, sd.stderr.String())
+		}
+		arms, _ := strconv.ParseUint(m[1], 10, 64)
+		wakeups, _ := strconv.ParseUint(m[2], 10, 64)
+		read, _ := strconv.ParseUint(e[1], 10, 64)
+		var got CQEvents
+		got.Hist = make([]uint64, numBuckets)
+		for _, ev := range s.CQEvents {
+			if ev.PID != sd.pid {
+				continue
+			}
+			t.Logf("%s pid %d: %d events read, %d unmatched, mean %.1f us, log2(ns) histogram %v",
+				ev.Device, ev.PID, ev.Count, ev.Unmatched, float64(ev.TotalNS)/float64(max(ev.Count, 1))/1e3, ev.Hist)
+			if ev.Device != sd.dev && ev.Count > 0 {
+				t.Errorf("pid %d: %d events on %q, want %s", sd.pid, ev.Count, ev.Device, sd.dev)
+			}
+			got.Count += ev.Count
+			got.Unmatched += ev.Unmatched
+			got.TotalNS += ev.TotalNS
+			for i, v := range ev.Hist {
+				got.Hist[i] += v
+			}
+		}
+		raised := s.EventsRaised[sd.dev] - s0.EventsRaised[sd.dev]
+		t.Logf("%s: process: %d arms, %d wakeups, %d events read; probe: %d read (%d unmatched), %d raised on %s",
+			sd.dev, arms, wakeups, read, got.Count+got.Unmatched, got.Unmatched, raised, sd.dev)
+		if got.Count+got.Unmatched != read {
+			t.Errorf("%s: probe saw %d events read, the process read %d", sd.dev, got.Count+got.Unmatched, read)
+		}
+		if got.Unmatched != 0 {
+			t.Errorf("%s: %d events read could not be paired with their raise", sd.dev, got.Unmatched)
+		}
+		if read < wakeups || read > arms || read == 0 {
+			t.Errorf("%s: %d events read, want between the %d wakeups and the %d arms, and some", sd.dev, read, wakeups, arms)
+		}
+		if raised != read {
+			t.Errorf("%s: %d events raised, %d read", sd.dev, raised, read)
+		}
+		var inHist uint64
+		for i, v := range got.Hist {
+			inHist += v
+			if v > 0 && (i < 6 || i > 30) {
+				t.Errorf("%s: %d events read [2^%d, 2^%d) ns after they were raised: want 64 ns .. 2 s", sd.dev, v, i, i+1)
+			}
+		}
+		if inHist != got.Count {
+			t.Errorf("%s: histogram holds %d, count %d", sd.dev, inHist, got.Count)
+		}
+		if mean := float64(got.TotalNS) / float64(max(got.Count, 1)); got.Count > 0 && (mean < 64 || mean > 2e9) {
+			t.Errorf("%s: mean latency %.0f ns", sd.dev, mean)
+		}
+	}
+}
+
+// TestFetchAddEncoding: the fetch-and-add the cq-events handler numbers
+// events with marshals as BPF_ATOMIC|BPF_DW|BPF_STX with imm
+// BPF_ADD|BPF_FETCH (with a plain add every event got number 2).
+func TestFetchAddEncoding(t *testing.T) {
+	ins := fetchAdd64(asm.R0, asm.R1, 0)
+	var b bytes.Buffer
+	if _, err := ins.Marshal(&b, binary.LittleEndian); err != nil {
+		t.Fatal(err)
+	}
+	raw := b.Bytes()
+	if raw[0] != 0xdb || raw[1] != 0x10 || binary.LittleEndian.Uint32(raw[4:]) != 0x01 {
+		t.Fatalf("fetch-add marshals as % x, want db 10 00 00 01 00 00 00", raw)
+	}
+}
+
+// TestProbeCost (opt-in: GOVERBS_PROBE_COST=1, in the guest) measures what
+// the probes cost: with BPF run-time statistics on, it runs N busy-polling
+// and N event-driven (-e) rc-pingpong iterations and logs, per program,
+// how often it ran per iteration and its mean run time (docs/perf.md,
+// "Probe overhead"). It checks that the rxe probes ran for every packet
+// (4 per iteration: each side's send and ACK) and the cq-events handler
+// only with -e.
+func TestProbeCost(t *testing.T) {
+	if os.Getenv("GOVERBS_PROBE_COST") != "1" {
+		t.Skip("set GOVERBS_PROBE_COST=1")
+	}
+	rxetest.Pair(t)
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		t.Fatalf("BPF_STATS_RUN_TIME: %v", err)
+	}
+	defer stats.Close()
+	p := attach(t, Options{PerPacket: true})
+	const iters = 2000
+	for i, mode := range [][]string{nil, {"-e"}} {
+		type run struct {
+			n  uint64
+			rt time.Duration
+		}
+		read := func() map[string]run {
+			m := map[string]run{}
+			for _, pr := range p.progs {
+				info, err := pr.Info()
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := pr.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m[info.Name] = run{s.RunCount, s.Runtime}
+			}
+			return m
+		}
+		before := read()
+		t0 := time.Now()
+		pingpongWith(t, iters, 18840+i, mode, nil)
+		t.Logf("rc-pingpong %v -n %d: %v", mode, iters, time.Since(t0).Round(time.Millisecond))
+		after := read()
+		names := slices.Sorted(maps.Keys(after))
+		for _, name := range names {
+			n, rt := after[name].n-before[name].n, after[name].rt-before[name].rt
+			per := time.Duration(0)
+			if n > 0 {
+				per = rt / time.Duration(n)
+			}
+			t.Logf("  %-16s %7d runs, %6.2f per iteration, %v per run", name, n, float64(n)/iters, per)
+		}
+		if n := after["gv_rxe_xmit"].n - before["gv_rxe_xmit"].n; p.Attached("rxe-packets") && n < 4*iters {
+			t.Errorf("%v: rxe_xmit_packet probe ran %d times for %d iterations, want >= %d", mode, n, iters, 4*iters)
+		}
+		if n := after["gv_comp_event"].n - before["gv_comp_event"].n; p.Attached("cq-events") && (n == 0) != (mode == nil) {
+			t.Errorf("%v: the completion event handler probe ran %d times", mode, n)
+		}
 	}
 }

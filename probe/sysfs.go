@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// uverbsDevices maps uverbs minor indexes (the N of uverbsN) to device
-// names from /sys/class/infiniband_verbs/uverbsN/ibdev.
+// uverbsDevices maps uverbs minor indexes (the N of uverbsN), and
+// devMinorFlag|char device minor, to device names from
+// /sys/class/infiniband_verbs/uverbsN/{ibdev,dev}.
 func uverbsDevices() map[uint32]string {
 	m := map[uint32]string{}
 	ents, _ := os.ReadDir("/sys/class/infiniband_verbs")
@@ -26,7 +27,17 @@ func uverbsDevices() map[uint32]string {
 		if err != nil {
 			continue
 		}
-		m[uint32(i)] = strings.TrimSpace(string(b))
+		name := strings.TrimSpace(string(b))
+		m[uint32(i)] = name
+		// The fentry programs name the device by its char device's
+		// minor ("231:192").
+		if d, err := os.ReadFile(filepath.Join("/sys/class/infiniband_verbs", e.Name(), "dev")); err == nil {
+			if _, mn, ok := strings.Cut(strings.TrimSpace(string(d)), ":"); ok {
+				if minor, err := strconv.ParseUint(mn, 10, 32); err == nil {
+					m[devMinorFlag|uint32(minor)&(devMinorFlag-1)] = name
+				}
+			}
+		}
 	}
 	return m
 }

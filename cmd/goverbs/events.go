@@ -84,6 +84,7 @@ func timeLoop(stderr io.Writer, cmd string, p *cqPoller, loop func() error) (tim
 		if p.events {
 			s := p.cq.Stats()
 			fmt.Fprintf(stderr, "goverbs %s: -e: %d CQ arms, %d event wakeups, %d sleeps\n", cmd, s.Arms, s.Wakeups, p.sleeps)
+			fmt.Fprintf(stderr, "goverbs %s: -e: %d completion events read from the channel\n", cmd, s.ChannelEvents)
 		}
 	}
 	return elapsed, err

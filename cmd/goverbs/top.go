@@ -30,8 +30,9 @@ import (
 const topUsage = `Usage: goverbs top [flags]
 
 A live view of RDMA devices, QPs, uverbs commands, doorbells,
-retransmissions and command latency, from eBPF probes (needs root), and of a
-process's ByteExpress/ps metrics with --metrics.
+retransmissions, command latency and completion event latency, from eBPF
+probes (needs root), and of a process's ByteExpress/ps metrics with
+--metrics.
 
   --once             sample for --interval, print once and exit
   --interval D       refresh (or sampling) interval (default 1s)
@@ -43,7 +44,12 @@ process's ByteExpress/ps metrics with --metrics.
   -n ROWS            rows per table (default 15)
   --skip P[,P]       probes not to attach (uverbs-commands, rxe-packets,
                      rxe-retransmits, rxe-timeouts, rxe-rnr, rxe-qp-errors,
-                     rxe-completions)
+                     rxe-completions, cq-events)
+  --per-packet       also attach the per-packet probes (rxe-packets,
+                     rxe-retransmits, rxe-completions: per-QP packets,
+                     retries and completions); they slow the data path
+                     (docs/perf.md). Without them packets and retransmits
+                     per device come from rxe's hw_counters.
 
 Keys in the live view: s cycles the sort key, q quits.
 `
@@ -73,6 +79,8 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rows, "n", 15, "rows per table")
 	var skip string
 	fs.StringVar(&skip, "skip", "", "probes not to attach")
+	var perPacket bool
+	fs.BoolVar(&perPacket, "per-packet", false, "attach the per-packet probes too")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,7 +103,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 		}
 		o.pids = append(o.pids, n)
 	}
-	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ",")})
+	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ","), PerPacket: perPacket})
 	if err != nil {
 		if os.Geteuid() != 0 {
 			return fmt.Errorf("%v (loading eBPF programs needs root or CAP_BPF+CAP_PERFMON)", err)
@@ -130,6 +138,9 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 
 var topSortKeys = []string{"rate", "count", "name"}
 
+// topPerPacket are the probes top attaches only with --per-packet.
+var topPerPacket = map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
+
 // topSample is one interval: the counters' growth over d.
 type topState struct {
 	snap    *probe.Snapshot
@@ -157,6 +168,7 @@ type topReport struct {
 	Devices      []topDevice    `json:"devices"`
 	QPs          []topQP        `json:"qps"`
 	Commands     []topCommand   `json:"commands"`
+	CQEvents     []topCQEvents  `json:"cq_events"`
 	Metrics      []topMetric    `json:"metrics,omitempty"`
 	MetricsError string         `json:"metrics_error,omitempty"`
 }
@@ -169,15 +181,22 @@ type topDevice struct {
 	DoorbellsPerS float64 `json:"doorbells_per_s"`
 	CommandsPerS  float64 `json:"commands_per_s"`
 	// RetransmitsFrom is "probe" (rxe-retransmits attached) or "hw_counters".
-	RetransmitsFrom string            `json:"retransmits_from"`
-	SentPkts        uint64            `json:"sent_pkts"`
-	RecvPkts        uint64            `json:"recv_pkts"`
-	Timeouts        uint64            `json:"timeouts"`
-	RNRTimers       uint64            `json:"rnr_timers"`
-	QPErrors        uint64            `json:"qp_errors"`
-	SendCompletions uint64            `json:"send_completions"`
-	RecvCompletions uint64            `json:"recv_completions"`
-	HW              map[string]uint64 `json:"hw_counters,omitempty"` // growth of hw_counters over the interval
+	RetransmitsFrom string `json:"retransmits_from"`
+	SentPkts        uint64 `json:"sent_pkts"`
+	RecvPkts        uint64 `json:"recv_pkts"`
+	// PacketsFrom is "probe" (rxe-packets attached, with --per-packet) or
+	// "hw_counters" (sent_pkts, rcvd_pkts).
+	PacketsFrom     string `json:"packets_from"`
+	Timeouts        uint64 `json:"timeouts"`
+	RNRTimers       uint64 `json:"rnr_timers"`
+	QPErrors        uint64 `json:"qp_errors"`
+	SendCompletions uint64 `json:"send_completions"`
+	RecvCompletions uint64 `json:"recv_completions"`
+	// Completion events (cq-events): raised by the kernel for the
+	// device's armed CQs, and read from completion channels.
+	CQEventsRaised uint64            `json:"cq_events_raised"`
+	CQEventsRead   uint64            `json:"cq_events_read"`
+	HW             map[string]uint64 `json:"hw_counters,omitempty"` // growth of hw_counters over the interval
 }
 
 type topQP struct {
@@ -199,6 +218,22 @@ type topCommand struct {
 	P99US   float64  `json:"p99_us"`
 	Hist    []uint64 `json:"hist_log2_ns"`
 	TotalNS uint64   `json:"-"`
+}
+
+// topCQEvents is one process's completion channel reads on one device
+// over the interval: events read, and the latency from the kernel raising
+// each (ib_uverbs_comp_handler) to the read() that returned it.
+type topCQEvents struct {
+	PID       int      `json:"pid"`
+	Comm      string   `json:"comm"`
+	Device    string   `json:"device"`
+	Count     uint64   `json:"count"`     // events read and paired with their raise
+	Unmatched uint64   `json:"unmatched"` // events read with no raise seen (before the probes attached)
+	PerS      float64  `json:"per_s"`
+	MeanUS    float64  `json:"mean_us"`
+	P50US     float64  `json:"p50_us"`
+	P99US     float64  `json:"p99_us"`
+	Hist      []uint64 `json:"hist_log2_ns"`
 }
 
 type topMetric struct {
@@ -244,7 +279,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		secs = 1e-9
 	}
 	r := &topReport{Time: cur.snap.Time, IntervalS: secs, Probes: p.Status(),
-		Devices: []topDevice{}, QPs: []topQP{}, Commands: []topCommand{}}
+		Devices: []topDevice{}, QPs: []topQP{}, Commands: []topCommand{}, CQEvents: []topCQEvents{}}
 	devs := map[string]*topDevice{}
 	dev := func(name string) *topDevice {
 		if name == "" {
@@ -269,6 +304,13 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		old[ck{c.PID, c.FD, c.Name}] = c
 	}
 	comms := map[int]string{}
+	comm := func(pid int) string {
+		if _, ok := comms[pid]; !ok {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			comms[pid] = strings.TrimSpace(string(b))
+		}
+		return comms[pid]
+	}
 	for _, c := range cur.snap.Commands {
 		o := old[ck{c.PID, c.FD, c.Name}]
 		n := c.Count - o.Count
@@ -288,16 +330,50 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		tc.MeanUS = float64(tc.TotalNS) / float64(n) / 1e3
 		tc.P50US = histQuantile(tc.Hist, 0.5) / 1e3
 		tc.P99US = histQuantile(tc.Hist, 0.99) / 1e3
-		if _, ok := comms[c.PID]; !ok {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.PID))
-			comms[c.PID] = strings.TrimSpace(string(b))
-		}
-		tc.Comm = comms[c.PID]
+		tc.Comm = comm(c.PID)
 		r.Commands = append(r.Commands, tc)
 		d := dev(c.Device)
 		d.Commands += n
 		if c.Doorbell() {
 			d.Doorbells += n
+		}
+	}
+	type ek struct {
+		pid int
+		dev string
+	}
+	oldE := map[ek]probe.CQEvents{}
+	for _, e := range prev.snap.CQEvents {
+		oldE[ek{e.PID, e.Device}] = e
+	}
+	for _, e := range cur.snap.CQEvents {
+		o := oldE[ek{e.PID, e.Device}]
+		n, un := e.Count-o.Count, e.Unmatched-o.Unmatched
+		if n == 0 && un == 0 {
+			continue
+		}
+		te := topCQEvents{PID: e.PID, Comm: comm(e.PID), Device: e.Device, Count: n, Unmatched: un,
+			PerS: float64(n+un) / secs, Hist: make([]uint64, len(e.Hist))}
+		for i := range e.Hist {
+			var ov uint64
+			if i < len(o.Hist) {
+				ov = o.Hist[i]
+			}
+			te.Hist[i] = e.Hist[i] - ov
+		}
+		if n > 0 {
+			te.MeanUS = float64(e.TotalNS-o.TotalNS) / float64(n) / 1e3
+			te.P50US = histQuantile(te.Hist, 0.5) / 1e3
+			te.P99US = histQuantile(te.Hist, 0.99) / 1e3
+		}
+		r.CQEvents = append(r.CQEvents, te)
+		if e.Device != "" {
+			dev(e.Device).CQEventsRead += n
+		}
+	}
+	for name, v := range cur.snap.EventsRaised {
+		if d := v - prev.snap.EventsRaised[name]; d > 0 {
+			dev(name).CQEventsRaised += d
 		}
 	}
 	type qk struct {
@@ -330,8 +406,9 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		d.SendCompletions += dq.SendCompletions
 		d.RecvCompletions += dq.RecvCompletions
 	}
-	probeRetr := p.Attached("rxe-retransmits")
+	probeRetr, probePkts := p.Attached("rxe-retransmits"), p.Attached("rxe-packets")
 	for name, d := range devs {
+		d.PacketsFrom = "probe"
 		if hw := cur.hw[name]; hw != nil {
 			d.HW = map[string]uint64{}
 			for k, v := range hw {
@@ -340,8 +417,16 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 			if !probeRetr {
 				d.Retransmits, d.RetransmitsFrom = d.HW["completer_retry_err"], "hw_counters"
 			}
-		} else if !probeRetr {
-			d.RetransmitsFrom = "none"
+			if !probePkts {
+				d.SentPkts, d.RecvPkts, d.PacketsFrom = d.HW["sent_pkts"], d.HW["rcvd_pkts"], "hw_counters"
+			}
+		} else {
+			if !probeRetr {
+				d.RetransmitsFrom = "none"
+			}
+			if !probePkts {
+				d.PacketsFrom = "none"
+			}
 		}
 		d.DoorbellsPerS = float64(d.Doorbells) / secs
 		d.CommandsPerS = float64(d.Commands) / secs
@@ -539,6 +624,13 @@ func (r *topReport) sortBy(key string) {
 			}
 			return a.PID < b.PID
 		})
+		sort.SliceStable(r.CQEvents, func(i, j int) bool {
+			a, b := r.CQEvents[i], r.CQEvents[j]
+			if a.Device != b.Device {
+				return a.Device < b.Device
+			}
+			return a.PID < b.PID
+		})
 		sort.SliceStable(r.QPs, func(i, j int) bool {
 			if r.QPs[i].Device != r.QPs[j].Device {
 				return r.QPs[i].Device < r.QPs[j].Device
@@ -547,6 +639,9 @@ func (r *topReport) sortBy(key string) {
 		})
 	default: // rate and count order the same within one interval
 		sort.SliceStable(r.Commands, func(i, j int) bool { return r.Commands[i].Count > r.Commands[j].Count })
+		sort.SliceStable(r.CQEvents, func(i, j int) bool {
+			return r.CQEvents[i].Count+r.CQEvents[i].Unmatched > r.CQEvents[j].Count+r.CQEvents[j].Unmatched
+		})
 		sort.SliceStable(r.QPs, func(i, j int) bool {
 			a, b := r.QPs[i], r.QPs[j]
 			return a.SentPkts+a.RecvPkts > b.SentPkts+b.RecvPkts
@@ -567,19 +662,32 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 	pf := func(format string, a ...any) { fmt.Fprintf(bw, format, a...); fmt.Fprint(bw, nl) }
 	pf("goverbs top - %s - interval %.2fs - sort %s%s", r.Time.Format("15:04:05"), r.IntervalS, o.sort, map[bool]string{true: " - keys: s sort, q quit"}[live])
 	var missing []string
+	attached := map[string]bool{}
 	for _, s := range r.Probes {
-		if !s.Attached {
+		attached[s.Name] = s.Attached
+		if !s.Attached && !topPerPacket[s.Name] {
 			missing = append(missing, s.Name)
 		}
 	}
 	if len(missing) > 0 {
 		pf("probes not attached: %s (see --once --json for reasons)", strings.Join(missing, ", "))
 	}
+	if !attached["rxe-packets"] || !attached["rxe-retransmits"] || !attached["rxe-completions"] {
+		pf("per-QP packets, retries and CQEs (-) need --per-packet; device packets and retransmits are rxe's hw_counters")
+	}
+	// num prints n, or - when the probe that counts it is not attached.
+	num := func(probe string, width int, n float64) string {
+		if !attached[probe] {
+			return fmt.Sprintf("%*s", width, "-")
+		}
+		return fmt.Sprintf("%*.0f", width, n)
+	}
 	pf("")
-	pf("%-8s %10s %10s %10s %10s %10s %8s %8s %8s %8s", "DEVICE", "DOORBELL/s", "CMDS/s", "TX pkt/s", "RX pkt/s", "RETRANS", "TIMEOUT", "RNR", "SEQERR", "QPERR")
+	pf("%-8s %10s %10s %10s %10s %10s %8s %8s %8s %8s %8s", "DEVICE", "DOORBELL/s", "CMDS/s", "TX pkt/s", "RX pkt/s", "CQEV/s", "RETRANS", "TIMEOUT", "RNR", "SEQERR", "QPERR")
 	for _, d := range r.Devices {
-		pf("%-8s %10.0f %10.0f %10.0f %10.0f %10d %8d %8d %8d %8d", d.Name, d.DoorbellsPerS, d.CommandsPerS,
-			float64(d.SentPkts)/r.IntervalS, float64(d.RecvPkts)/r.IntervalS, d.Retransmits, d.Timeouts, d.HW["rcvd_rnr_err"], d.HW["rcvd_seq_err"]+d.HW["out_of_seq_request"], d.QPErrors)
+		pf("%-8s %10.0f %10.0f %10.0f %10.0f %10.0f %8d %8d %8d %8d %8d", d.Name, d.DoorbellsPerS, d.CommandsPerS,
+			float64(d.SentPkts)/r.IntervalS, float64(d.RecvPkts)/r.IntervalS, float64(d.CQEventsRaised)/r.IntervalS,
+			d.Retransmits, d.Timeouts, d.HW["rcvd_rnr_err"], d.HW["rcvd_seq_err"]+d.HW["out_of_seq_request"], d.QPErrors)
 	}
 	pf("")
 	pf("%-8s %8s %10s %10s %8s %8s %8s %8s %8s", "DEVICE", "QPN", "TX pkt/s", "RX pkt/s", "RETRANS", "TIMEOUT", "SEND CQE", "RECV CQE", "ERR CQE")
@@ -587,7 +695,11 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 		if i == o.rows {
 			break
 		}
-		pf("%-8s %#8x %10.0f %10.0f %8d %8d %8d %8d %8d", q.Device, q.QPN, q.SentPerS, float64(q.RecvPkts)/r.IntervalS, q.Retransmits, q.Timeouts, q.SendCompletions, q.RecvCompletions, q.ErrorCompletions)
+		pf("%-8s %#8x %s %s %s %8d %s %s %s", q.Device, q.QPN,
+			num("rxe-packets", 10, q.SentPerS), num("rxe-packets", 10, float64(q.RecvPkts)/r.IntervalS),
+			num("rxe-retransmits", 8, float64(q.Retransmits)), q.Timeouts,
+			num("rxe-completions", 8, float64(q.SendCompletions)), num("rxe-completions", 8, float64(q.RecvCompletions)),
+			num("rxe-completions", 8, float64(q.ErrorCompletions)))
 	}
 	pf("")
 	pf("%7s %-14s %-8s %-28s %10s %8s %9s %9s %9s  %s", "PID", "COMM", "DEVICE", "COMMAND", "RATE/s", "ERRORS", "MEAN us", "P50 us", "P99 us", "LATENCY (log2 ns)")
@@ -596,6 +708,20 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 			break
 		}
 		pf("%7d %-14.14s %-8s %-28.28s %10.0f %8d %9.1f %9.1f %9.1f  %s", c.PID, c.Comm, c.Device, c.Name, c.PerS, c.Errors, c.MeanUS, c.P50US, c.P99US, sparkline(c.Hist))
+	}
+	if len(r.CQEvents) > 0 {
+		pf("")
+		pf("%7s %-14s %-8s %-28s %10s %8s %9s %9s %9s  %s", "PID", "COMM", "DEVICE", "CQ EVENTS (raise -> read)", "RATE/s", "UNMATCH", "MEAN us", "P50 us", "P99 us", "LATENCY (log2 ns)")
+		for i, e := range r.CQEvents {
+			if i == o.rows {
+				break
+			}
+			dev := e.Device
+			if dev == "" {
+				dev = "?"
+			}
+			pf("%7d %-14.14s %-8s %-28s %10.0f %8d %9.1f %9.1f %9.1f  %s", e.PID, e.Comm, dev, "completion channel read", e.PerS, e.Unmatched, e.MeanUS, e.P50US, e.P99US, sparkline(e.Hist))
+		}
 	}
 	if len(r.Metrics) > 0 || r.MetricsError != "" {
 		pf("")

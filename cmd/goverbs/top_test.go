@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -44,10 +46,11 @@ func TestHistQuantile(t *testing.T) {
 	}
 }
 
-// TestTopOnceJSON samples while N rc-pingpong iterations run between the
-// two devices: each device shows N doorbells, at least N commands, as many
-// retransmits as rxe's completer_retry_err, and its QP N send and N receive
-// completions.
+// TestTopOnceJSON samples while N event-driven rc-pingpong iterations (-e)
+// run between the two devices (every probe: --per-packet): each device
+// shows N doorbells, at least N commands, as many retransmits as rxe's
+// completer_retry_err, its QP N send and N receive completions, and as many
+// completion events read as raised, with their latency in cq_events.
 func TestTopOnceJSON(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	if os.Geteuid() != 0 {
@@ -56,7 +59,7 @@ func TestTopOnceJSON(t *testing.T) {
 	host, _ := serverTarget(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", "8s", "--json")
+	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", "8s", "--json", "--per-packet")
 	top.Env = append(os.Environ(), goverbsEnv...)
 	var out bytes.Buffer
 	top.Stdout = &out
@@ -90,10 +93,10 @@ func TestTopOnceJSON(t *testing.T) {
 	var rs result
 	go func() {
 		defer close(done)
-		rs = goverbs(t, 2*time.Minute, "rc-pingpong", "-d", srv, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters))
+		rs = goverbs(t, 2*time.Minute, "rc-pingpong", "-e", "-d", srv, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters))
 	}()
 	waitListen(t, port, done)
-	rc := goverbs(t, 2*time.Minute, "rc-pingpong", "-d", cli, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters), host)
+	rc := goverbs(t, 2*time.Minute, "rc-pingpong", "-e", "-d", cli, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters), host)
 	<-done
 	if rs.code != 0 || rc.code != 0 {
 		t.Fatalf("pingpong: server %d %s client %d %s", rs.code, rs.stderr, rc.code, rc.stderr)
@@ -107,7 +110,15 @@ func TestTopOnceJSON(t *testing.T) {
 			Doorbells, Commands, Retransmits uint64
 			RetransmitsFrom                  string            `json:"retransmits_from"`
 			HW                               map[string]uint64 `json:"hw_counters"`
+			CQEventsRaised                   uint64            `json:"cq_events_raised"`
+			CQEventsRead                     uint64            `json:"cq_events_read"`
 		}
+		CQEvents []struct {
+			Device           string
+			Count, Unmatched uint64
+			P50US            float64  `json:"p50_us"`
+			Hist             []uint64 `json:"hist_log2_ns"`
+		} `json:"cq_events"`
 		QPs []struct {
 			Device          string
 			SendCompletions uint64 `json:"send_completions"`
@@ -134,6 +145,29 @@ func TestTopOnceJSON(t *testing.T) {
 			if d.Doorbells != iters || d.Commands < iters || d.RetransmitsFrom != "probe" || d.Retransmits != d.HW["completer_retry_err"] {
 				t.Errorf("%s: %+v, want %d doorbells, >= %d commands, retransmits from the probe = hw completer_retry_err", dev, d, iters, iters)
 			}
+			// -e: about one event per iteration (none when a completion
+			// was already there after arming), each raised one read.
+			if d.CQEventsRaised == 0 || d.CQEventsRaised > iters || d.CQEventsRead != d.CQEventsRaised {
+				t.Errorf("%s: %d completion events raised, %d read: want 1..%d, all read", dev, d.CQEventsRaised, d.CQEventsRead, iters)
+			}
+			var n uint64
+			for _, e := range r.CQEvents {
+				if e.Device != dev {
+					continue
+				}
+				t.Logf("%+v", e)
+				n += e.Count
+				var h uint64
+				for _, v := range e.Hist {
+					h += v
+				}
+				if h != e.Count || e.Unmatched != 0 || e.P50US <= 0 {
+					t.Errorf("%s: cq_events %+v: want the histogram to hold the count, none unmatched, p50 > 0", dev, e)
+				}
+			}
+			if n != d.CQEventsRead {
+				t.Errorf("%s: cq_events count %d, device cq_events_read %d", dev, n, d.CQEventsRead)
+			}
 		}
 		if !found {
 			t.Errorf("no device %s in %s", dev, out.String())
@@ -147,6 +181,164 @@ func TestTopOnceJSON(t *testing.T) {
 		}
 		if send != iters || recv != iters {
 			t.Errorf("%s: %d send, %d recv completions, want %d", dev, send, recv, iters)
+		}
+	}
+}
+
+// TestTopTmux runs the live `goverbs top` in a detached tmux session (a
+// real terminal: raw-mode keys, ANSI redraws) while event-driven
+// rc-pingpong runs between the two devices, and reads the screen with
+// `tmux capture-pane -p` every second: the headers and both device rows
+// are there, the devices' doorbell and completion event rates are non-zero
+// while the workload runs, the screen changes from one refresh to the
+// next, and the q key quits. GOVERBS_TOP_CAPTURE=FILE saves a screen taken
+// while the workload ran (docs/observability.md shows one).
+func TestTopTmux(t *testing.T) {
+	cli, srv := rxetest.Pair(t)
+	if os.Geteuid() != 0 {
+		t.Skip("goverbs top needs root")
+	}
+	tmux, err := exec.LookPath("tmux")
+	if err != nil {
+		t.Skip("no tmux")
+	}
+	// The server's socket: not on the guest's 9p /tmp.
+	dir := t.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dir = "/dev/shm"
+	}
+	sock := filepath.Join(dir, fmt.Sprintf("goverbs-top-test-%d.sock", os.Getpid()))
+	tm := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		b, err := exec.CommandContext(ctx, tmux, append([]string{"-S", sock}, args...)...).CombinedOutput()
+		return string(b), err
+	}
+	var cmdline []string
+	for _, a := range append(append([]string{"env"}, goverbsEnv...), goverbsBin, "top", "--interval", "1s", "-n", "6") {
+		cmdline = append(cmdline, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
+	}
+	if out, err := tm("new-session", "-d", "-s", "gvtop", "-x", "170", "-y", "50", strings.Join(cmdline, " ")); err != nil {
+		t.Fatalf("tmux new-session: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		tm("kill-server")
+		os.Remove(sock)
+	})
+	capture := func() string {
+		out, err := tm("capture-pane", "-p", "-t", "gvtop")
+		if err != nil {
+			t.Fatalf("tmux capture-pane: %v: %s", err, out)
+		}
+		return out
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(capture(), "goverbs top - ") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no goverbs top screen after 60 s: %q", capture())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The workload: event-driven rc-pingpong until we stop it.
+	host, _ := serverTarget(t, srv)
+	port := 18761
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var exited []chan struct{}
+	pp := func(args ...string) {
+		cmd := exec.CommandContext(ctx, goverbsBin, append([]string{"rc-pingpong", "-e", "-p", strconv.Itoa(port), "-n", "1000000"}, args...)...)
+		cmd.Env = append(os.Environ(), goverbsEnv...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		exited = append(exited, done)
+	}
+	pp("-d", srv)
+	waitListen(t, port, exited[0])
+	pp("-d", cli, host)
+
+	type devRow struct{ doorbells, cqev float64 }
+	var screens []string
+	var rows []map[string]devRow
+	for range 8 {
+		time.Sleep(1100 * time.Millisecond)
+		s := capture()
+		screens = append(screens, s)
+		m := map[string]devRow{}
+		for _, line := range strings.Split(s, "\n") {
+			f := strings.Fields(line)
+			// DEVICE DOORBELL/s CMDS/s TX pkt/s RX pkt/s CQEV/s RETRANS ...
+			if len(f) == 11 && (f[0] == cli || f[0] == srv) {
+				db, err1 := strconv.ParseFloat(f[1], 64)
+				ev, err2 := strconv.ParseFloat(f[5], 64)
+				if err1 == nil && err2 == nil {
+					m[f[0]] = devRow{db, ev}
+				}
+			}
+		}
+		rows = append(rows, m)
+	}
+	cancel()
+	for _, done := range exited {
+		<-done
+	}
+	last := screens[len(screens)-1]
+	t.Logf("last screen:\n%s", last)
+	for _, want := range []string{"goverbs top - ", "keys: s sort, q quit", "DEVICE", "DOORBELL/s", "CQEV/s", "QPN", "COMMAND", "write POST_SEND", "CQ EVENTS (raise -> read)", "completion channel read", "need --per-packet"} {
+		if !strings.Contains(last, want) {
+			t.Errorf("screen lacks %q", want)
+		}
+	}
+	busy := map[string]bool{}
+	changed := false
+	for i, m := range rows {
+		for _, dev := range []string{cli, srv} {
+			r, ok := m[dev]
+			if !ok {
+				t.Errorf("screen %d has no %s row:\n%s", i, dev, screens[i])
+				continue
+			}
+			if r.doorbells > 0 && r.cqev > 0 {
+				busy[dev] = true
+			}
+		}
+		if i > 0 && screens[i] != screens[i-1] {
+			changed = true
+		}
+	}
+	for _, dev := range []string{cli, srv} {
+		if !busy[dev] {
+			t.Errorf("%s: no screen shows doorbells and completion events per second while rc-pingpong -e ran: %v", dev, rows)
+		}
+	}
+	if !changed {
+		t.Errorf("the screen never changed")
+	}
+	if f := os.Getenv("GOVERBS_TOP_CAPTURE"); f != "" {
+		// The busiest screen: most completion events per second.
+		best, bestRate := last, -1.0
+		for i, m := range rows {
+			if r := m[cli].cqev + m[srv].cqev; r > bestRate {
+				best, bestRate = screens[i], r
+			}
+		}
+		if err := os.WriteFile(f, []byte(best), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	// q quits: the session ends with its only window.
+	if out, err := tm("send-keys", "-t", "gvtop", "q"); err != nil {
+		t.Fatalf("tmux send-keys: %v: %s", err, out)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := tm("has-session", "-t", "gvtop"); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("goverbs top still running 20 s after q:\n%s", capture())
 		}
 	}
 }
