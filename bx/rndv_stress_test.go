@@ -75,6 +75,33 @@ func TestRendezvousConcurrent(t *testing.T) {
 	}
 }
 
+// stressDeadline bounds the many-client stress tests. They check that
+// every call arrives intact, not how fast: on a loaded 2-core host running
+// several guests one took over 2 minutes, so a hang, not slowness, is what
+// this catches.
+const stressDeadline = 5 * time.Minute
+
+// dialClients makes n client endpoints on dev, each with one peer dialed
+// to addr; they close when the test ends.
+func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]*bx.Endpoint, []*bx.Peer) {
+	t.Helper()
+	var eps []*bx.Endpoint
+	var peers []*bx.Peer
+	for range n {
+		e, err := bx.New(bx.Config{Device: dev, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		p, err := e.Dial(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps, peers = append(eps, e), append(peers, p)
+	}
+	return eps, peers
+}
+
 // TestRendezvousCallsManyPeers: several client endpoints call one server
 // concurrently with large requests (rendezvous); the handler answers with
 // the request's CRC, which must match what the caller sent.
@@ -84,7 +111,7 @@ func TestRendezvousCallsManyPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() }) // after the clients (dialClients)
 	for s := range uint32(3) {
 		srv.Handle(s, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 			var out [8]byte
@@ -97,20 +124,13 @@ func TestRendezvousCallsManyPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), stressDeadline)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
-	for c := range 4 {
-		e, err := bx.New(bx.Config{Device: da, Token: token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		p, err := e.Dial(ctx, addr.String())
-		if err != nil {
-			t.Fatal(err)
-		}
+	eps, peers := dialClients(ctx, t, da, addr.String(), 4)
+	for c, e := range eps {
+		p := peers[c]
 		for g := range 3 {
 			wg.Add(1)
 			go func() {
@@ -161,7 +181,7 @@ func TestRendezvousLargeResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() }) // after the clients (dialClients)
 	fill := func(b []byte, seed int) {
 		for k := 8; k < len(b); k++ {
 			b[k] = byte(k*7 + seed)
@@ -191,20 +211,13 @@ func TestRendezvousLargeResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), stressDeadline)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 256)
-	for c := range 4 {
-		e, err := bx.New(bx.Config{Device: da, Token: token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		p, err := e.Dial(ctx, addr.String())
-		if err != nil {
-			t.Fatal(err)
-		}
+	eps, peers := dialClients(ctx, t, da, addr.String(), 4)
+	for c, e := range eps {
+		p := peers[c]
 		for g := range 4 {
 			wg.Add(1)
 			go func() {
