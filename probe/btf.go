@@ -123,6 +123,9 @@ func loadRxeOffsets(cache *btf.Cache) (*rxeOffsets, error) {
 	o.rnrNakTimer = r.off("rxe_qp", "rnr_nak_timer")
 	o.cqIsUser = r.off("rxe_cq", "is_user")
 	o.cqDevice = r.off("rxe_cq", "ibcq.device")
+	o.skbCB = r.off("sk_buff", "cb")
+	o.pktHdr = r.off("rxe_pkt_info", "hdr")
+	o.pktOpcode = r.off("rxe_pkt_info", "opcode")
 	if err := errors.Join(r.errs...); err != nil {
 		return nil, err
 	}

@@ -111,11 +111,11 @@ var probeDefs = []probeDef{
 			exit("gv_uv_ioctl_ret", "ib_uverbs_ioctl", uverbsCmdExit(u, 3)),
 		}
 	}},
-	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
+	{name: "rxe-packets", what: "packets sent (rxe_xmit_packet) and received (rxe_resp_queue_pkt, rxe_comp_queue_pkt) per QP, and the NAKs received (PSN sequence error, RNR) among the latter", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
 		return []progDef{
 			entry("gv_rxe_xmit", "rxe_xmit_packet", kprobeQP(o, qpSent, 0)),
 			entry("gv_rxe_resp_q", "rxe_resp_queue_pkt", kprobeQP(o, qpRecv, 0)),
-			entry("gv_rxe_comp_q", "rxe_comp_queue_pkt", kprobeQP(o, qpRecv, 0)),
+			entry("gv_rxe_comp_q", "rxe_comp_queue_pkt", compQueue(o)),
 		}
 	}},
 	{name: "rxe-retransmits", what: "requester retry passes (rxe_requester entered with need_retry) per QP", rxe: true, perPacket: true, progs: func(o *rxeOffsets, _ *uverbsOffsets) []progDef {
@@ -443,6 +443,8 @@ type QP struct {
 	SendCompletions  uint64 `json:"send_completions"`  // successful send-side CQEs
 	RecvCompletions  uint64 `json:"recv_completions"`  // successful receive CQEs
 	ErrorCompletions uint64 `json:"error_completions"` // CQEs with a non-zero status
+	SeqNaks          uint64 `json:"seq_naks"`          // NAK PSN sequence errors received (the peer saw a gap)
+	RNRNaks          uint64 `json:"rnr_naks"`          // RNR NAKs received (the peer had no receive posted)
 }
 
 // CQEvents is what the cq-events probe saw of one process's completion
@@ -622,5 +624,7 @@ func decodeQP(k, v []byte) QP {
 		SendCompletions:  w(qpSendCompletions),
 		RecvCompletions:  w(qpRecvCompletions),
 		ErrorCompletions: w(qpErrorCompletions),
+		SeqNaks:          w(qpSeqNaks),
+		RNRNaks:          w(qpRNRNaks),
 	}
 }

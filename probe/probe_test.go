@@ -378,7 +378,9 @@ func testPingpongCounts(t *testing.T, port int) {
 }
 
 // TestRetransmitsUnderLoss: with 5% netem loss on the client's link the
-// retransmit counter rises and matches rxe's completer_retry_err.
+// retransmit counter rises and matches rxe's completer_retry_err, and with
+// 4-packet messages the per-QP sequence NAKs received rise with rxe's
+// rcvd_seq_err (RNR NAKs: as many as rcvd_rnr_err, none here).
 func TestRetransmitsUnderLoss(t *testing.T) {
 	a, b := rxetest.Pair(t)
 	p := attach(t, Options{PerPacket: true})
@@ -414,20 +416,36 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 	// last send whose ACK is lost is still answered (else, at retry count
 	// 7, infinite on rxe, its sender would wait forever).
 	cli, srv := pingpong(t, 150, 18831, "--linger", "2s")
+	// 4 KiB messages are 4 packets at rxe's 1 KiB MTU: a lost packet
+	// followed by the next one makes the responder NAK a PSN sequence
+	// error, which the sender's completer receives.
+	pingpong(t, 60, 18836, "--linger", "2s", "-s", "4096")
 	s, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var total uint64
+	var total, totalNaks uint64
 	for _, sd := range []*side{cli, srv} {
 		hw := hwDelta(hw0[sd.dev], HWCounters(sd.dev, 1))
-		var retr, rto uint64
+		var retr, rto, seqNaks, rnrNaks uint64
 		for _, q := range s.QPs {
 			if q.Device == sd.dev {
 				retr += q.Retransmits
 				rto += q.Timeouts
+				seqNaks += q.SeqNaks
+				rnrNaks += q.RNRNaks
 			}
 		}
+		t.Logf("%s: probes seq NAKs %d, RNR NAKs %d received", sd.dev, seqNaks, rnrNaks)
+		// rxe counts rcvd_seq_err when it acts on a sequence NAK (one
+		// that moves the completer on); the probe sees every one queued.
+		if seqNaks < hw["rcvd_seq_err"] || (hw["rcvd_seq_err"] > 0 && seqNaks == 0) {
+			t.Errorf("%s: probes count %d sequence NAKs received, hw_counters rcvd_seq_err %d", sd.dev, seqNaks, hw["rcvd_seq_err"])
+		}
+		if rnrNaks != hw["rcvd_rnr_err"] {
+			t.Errorf("%s: probes count %d RNR NAKs received, hw_counters rcvd_rnr_err %d", sd.dev, rnrNaks, hw["rcvd_rnr_err"])
+		}
+		totalNaks += hw["rcvd_seq_err"]
 		q := findQP(s, sd.dev, sd.qpn)
 		t.Logf("%s: probes retransmits %d (qp %#x: %+v), timeouts %d; hw_counters completer_retry_err %d rcvd_seq_err %d rcvd_rnr_err %d out_of_seq_request %d",
 			sd.dev, retr, sd.qpn, q, rto, hw["completer_retry_err"], hw["rcvd_seq_err"], hw["rcvd_rnr_err"], hw["out_of_seq_request"])
@@ -438,6 +456,9 @@ func TestRetransmitsUnderLoss(t *testing.T) {
 	}
 	if total == 0 {
 		t.Errorf("no retransmits under 5%% loss")
+	}
+	if totalNaks == 0 {
+		t.Errorf("no sequence NAKs under 5%% loss with 4-packet messages (rcvd_seq_err 0 on both devices)")
 	}
 }
 

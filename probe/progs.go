@@ -69,6 +69,8 @@ const (
 	qpSendCompletions
 	qpRecvCompletions
 	qpErrorCompletions
+	qpSeqNaks // NAK PSN sequence error received
+	qpRNRNaks // RNR NAK received
 	numQPCounters
 )
 
@@ -648,6 +650,9 @@ type rxeOffsets struct {
 	rnrNakTimer      int32 // rxe_qp.rnr_nak_timer
 	cqIsUser         int32 // rxe_cq.is_user (bool)
 	cqDevice         int32 // rxe_cq.ibcq.device
+	skbCB            int32 // sk_buff.cb: rxe keeps its struct rxe_pkt_info there
+	pktHdr           int32 // rxe_pkt_info.hdr (u8 *, the BTH)
+	pktOpcode        int32 // rxe_pkt_info.opcode (u8)
 	regArg0, regArg1 int16
 }
 
@@ -689,6 +694,59 @@ func kprobeQP(o *rxeOffsets, idx int, sub int32) asm.Instructions {
 		in = append(in, asm.Sub.Imm(asm.R6, sub))
 	}
 	return append(in, qpCount(o, idx)...)
+}
+
+// compQueue: rxe_comp_queue_pkt(struct rxe_qp *qp, struct sk_buff *skb)
+// hands a response packet to the QP's completer. It counts the packet
+// and, for an RC ACKNOWLEDGE whose AETH syndrome (the byte after the
+// 12-byte BTH) is a NAK PSN sequence error (0x60) or an RNR NAK (0x2x),
+// that NAK, per QP.
+func compQueue(o *rxeOffsets) asm.Instructions {
+	in := asm.Instructions{
+		asm.LoadMem(asm.R6, asm.R1, o.regArg0, asm.DWord), // qp
+		asm.LoadMem(asm.R8, asm.R1, o.regArg1, asm.DWord), // skb
+		asm.Mov.Imm(asm.R9, 0),                            // 0: no NAK, else the counter's byte offset
+		stZero64(-16),
+	}
+	in = append(in, readKernel(-16, 1, asm.R8, o.skbCB+o.pktOpcode)...)
+	in = append(in,
+		asm.LoadMem(asm.R1, asm.RFP, -16, asm.Byte),
+		asm.JNE.Imm(asm.R1, 0x11, "count"), // IB_OPCODE_RC_ACKNOWLEDGE
+	)
+	in = append(in, readKernel(-16, 8, asm.R8, o.skbCB+o.pktHdr)...)
+	in = append(in, asm.LoadMem(asm.R3, asm.RFP, -16, asm.DWord))
+	in = append(in, readKernel(-16, 1, asm.R3, 12)...) // AETH syndrome
+	in = append(in,
+		asm.LoadMem(asm.R1, asm.RFP, -16, asm.Byte),
+		asm.JNE.Imm(asm.R1, 0x60, "not_seq"),
+		asm.Mov.Imm(asm.R9, 8*qpSeqNaks),
+		asm.Ja.Label("count"),
+		asm.And.Imm(asm.R1, 0xe0).WithSymbol("not_seq"),
+		asm.JNE.Imm(asm.R1, 0x20, "count"),
+		asm.Mov.Imm(asm.R9, 8*qpRNRNaks),
+		stZero64(-8).WithSymbol("count"),
+	)
+	in = append(in, readKernel(-8, 4, asm.R6, o.qpNum)...)
+	in = append(in,
+		asm.Mov.Reg(asm.R7, asm.R6),
+		asm.Add.Imm(asm.R7, o.qpDevice),
+	)
+	in = append(in, devName(o)...)
+	in = append(in, lookupOrInit(mapQPs, -24, int16(-32-8*qpValWords), 8*qpValWords)...)
+	return append(in,
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 8*qpRecv),
+		asm.JEq.Imm(asm.R9, 8*qpSeqNaks, "seq"),
+		asm.JEq.Imm(asm.R9, 8*qpRNRNaks, "rnr"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 8*qpSeqNaks).WithSymbol("seq"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 8*qpRNRNaks).WithSymbol("rnr"),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	)
 }
 
 // requesterEntry counts a retry pass of rxe_requester: it runs req_retry

@@ -391,7 +391,8 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 			Retransmits: q.Retransmits - o.Retransmits, Timeouts: q.Timeouts - o.Timeouts,
 			RNRTimers: q.RNRTimers - o.RNRTimers, QPErrors: q.QPErrors - o.QPErrors,
 			SendCompletions: q.SendCompletions - o.SendCompletions, RecvCompletions: q.RecvCompletions - o.RecvCompletions,
-			ErrorCompletions: q.ErrorCompletions - o.ErrorCompletions}
+			ErrorCompletions: q.ErrorCompletions - o.ErrorCompletions,
+			SeqNaks:          q.SeqNaks - o.SeqNaks, RNRNaks: q.RNRNaks - o.RNRNaks}
 		if dq == (probe.QP{Device: q.Device, QPN: q.QPN}) {
 			continue
 		}
