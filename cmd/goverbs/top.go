@@ -138,6 +138,29 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 
 var topSortKeys = []string{"rate", "count", "name"}
 
+// byKey indexes s by key (the previous sample, to subtract from the
+// current one).
+func byKey[K comparable, V any](s []V, key func(V) K) map[K]V {
+	m := make(map[K]V, len(s))
+	for _, v := range s {
+		m[key(v)] = v
+	}
+	return m
+}
+
+// histDelta is cur - old, bucket by bucket (old may be shorter: nothing
+// was counted before).
+func histDelta(cur, old []uint64) []uint64 {
+	d := make([]uint64, len(cur))
+	for i := range cur {
+		d[i] = cur[i]
+		if i < len(old) {
+			d[i] -= old[i]
+		}
+	}
+	return d
+}
+
 // topPerPacket are the probes top attaches only with --per-packet.
 var topPerPacket = map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
 
@@ -299,10 +322,8 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		pid, fd int
 		name    string
 	}
-	old := map[ck]probe.Command{}
-	for _, c := range prev.snap.Commands {
-		old[ck{c.PID, c.FD, c.Name}] = c
-	}
+	cmdKey := func(c probe.Command) ck { return ck{c.PID, c.FD, c.Name} }
+	old := byKey(prev.snap.Commands, cmdKey)
 	comms := map[int]string{}
 	comm := func(pid int) string {
 		if _, ok := comms[pid]; !ok {
@@ -312,21 +333,14 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		return comms[pid]
 	}
 	for _, c := range cur.snap.Commands {
-		o := old[ck{c.PID, c.FD, c.Name}]
+		o := old[cmdKey(c)]
 		n := c.Count - o.Count
 		if n == 0 {
 			continue
 		}
 		tc := topCommand{PID: c.PID, FD: c.FD, Device: c.Device, Name: c.Name, Count: n,
 			PerS: float64(n) / secs, Errors: c.Errors - o.Errors, TotalNS: c.TotalNS - o.TotalNS}
-		tc.Hist = make([]uint64, len(c.Hist))
-		for i := range c.Hist {
-			var ov uint64
-			if i < len(o.Hist) {
-				ov = o.Hist[i]
-			}
-			tc.Hist[i] = c.Hist[i] - ov
-		}
+		tc.Hist = histDelta(c.Hist, o.Hist)
 		tc.MeanUS = float64(tc.TotalNS) / float64(n) / 1e3
 		tc.P50US = histQuantile(tc.Hist, 0.5) / 1e3
 		tc.P99US = histQuantile(tc.Hist, 0.99) / 1e3
@@ -342,25 +356,16 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		pid int
 		dev string
 	}
-	oldE := map[ek]probe.CQEvents{}
-	for _, e := range prev.snap.CQEvents {
-		oldE[ek{e.PID, e.Device}] = e
-	}
+	evKey := func(e probe.CQEvents) ek { return ek{e.PID, e.Device} }
+	oldE := byKey(prev.snap.CQEvents, evKey)
 	for _, e := range cur.snap.CQEvents {
-		o := oldE[ek{e.PID, e.Device}]
+		o := oldE[evKey(e)]
 		n, un := e.Count-o.Count, e.Unmatched-o.Unmatched
 		if n == 0 && un == 0 {
 			continue
 		}
 		te := topCQEvents{PID: e.PID, Comm: comm(e.PID), Device: e.Device, Count: n, Unmatched: un,
-			PerS: float64(n+un) / secs, Hist: make([]uint64, len(e.Hist))}
-		for i := range e.Hist {
-			var ov uint64
-			if i < len(o.Hist) {
-				ov = o.Hist[i]
-			}
-			te.Hist[i] = e.Hist[i] - ov
-		}
+			PerS: float64(n+un) / secs, Hist: histDelta(e.Hist, o.Hist)}
 		if n > 0 {
 			te.MeanUS = float64(e.TotalNS-o.TotalNS) / float64(n) / 1e3
 			te.P50US = histQuantile(te.Hist, 0.5) / 1e3
@@ -380,12 +385,10 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		dev string
 		qpn uint32
 	}
-	oldQ := map[qk]probe.QP{}
-	for _, q := range prev.snap.QPs {
-		oldQ[qk{q.Device, q.QPN}] = q
-	}
+	qpKey := func(q probe.QP) qk { return qk{q.Device, q.QPN} }
+	oldQ := byKey(prev.snap.QPs, qpKey)
 	for _, q := range cur.snap.QPs {
-		o := oldQ[qk{q.Device, q.QPN}]
+		o := oldQ[qpKey(q)]
 		dq := probe.QP{Device: q.Device, QPN: q.QPN,
 			SentPkts: q.SentPkts - o.SentPkts, RecvPkts: q.RecvPkts - o.RecvPkts,
 			Retransmits: q.Retransmits - o.Retransmits, Timeouts: q.Timeouts - o.Timeouts,

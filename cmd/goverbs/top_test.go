@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,6 +30,18 @@ func TestTopBadFlags(t *testing.T) {
 		if r.code != 1 {
 			t.Errorf("%q: exit %d, want 1 (%s)", args, r.code, r.stderr)
 		}
+	}
+}
+
+// TestHistDelta: the interval's histogram is the current one minus the
+// previous one, bucket by bucket; buckets the previous one lacks count whole.
+func TestHistDelta(t *testing.T) {
+	got := histDelta([]uint64{5, 3, 7}, []uint64{2, 3})
+	if want := []uint64{3, 0, 7}; !slices.Equal(got, want) {
+		t.Errorf("histDelta = %v, want %v", got, want)
+	}
+	if got := histDelta([]uint64{1}, nil); !slices.Equal(got, []uint64{1}) {
+		t.Errorf("histDelta with no previous sample = %v", got)
 	}
 }
 
