@@ -453,11 +453,12 @@ type QP struct {
 // when an armed CQ got a completion) to the read() that returned it.
 type CQEvents struct {
 	PID    int    `json:"pid"`
-	Device string `json:"device"` // "" for unmatched reads: the event was raised before Attach
+	Device string `json:"device"` // "" for reads of a queue no event was seen raised on (before Attach)
 	// Count is the events read that were paired with the event raised.
 	Count uint64 `json:"count"`
 	// Unmatched is the events read that could not be paired (raised
-	// before Attach, or the record was evicted); they have no latency.
+	// before Attach, more than 16 events behind the newest, or the
+	// queue's record was evicted); they have no latency.
 	Unmatched uint64   `json:"unmatched"`
 	TotalNS   uint64   `json:"total_ns"`       // sum of latencies
 	Hist      []uint64 `json:"hist,omitempty"` // Hist[i]: events read [2^i, 2^(i+1)) ns after they were raised
@@ -482,42 +483,29 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 		return nil, ErrClosed
 	}
 	s := &Snapshot{Time: time.Now()}
-	var k [cmdKeySize]byte
-	v := make([]byte, 8*cmdValWords)
-	it := p.maps[mapCmds].Iterate()
-	for it.Next(k[:], v) {
-		s.Commands = append(s.Commands, p.decodeCmd(k[:], v))
+	var err error
+	if s.Commands, err = readAll(p, mapCmds, cmdKeySize, 8*cmdValWords, p.decodeCmd); err != nil {
+		return nil, err
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("probe: read %s: %w", mapCmds, err)
+	if s.QPs, err = readAll(p, mapQPs, qpKeySize, 8*qpValWords, decodeQP); err != nil {
+		return nil, err
 	}
-	var qk [qpKeySize]byte
-	qv := make([]byte, 8*qpValWords)
-	it = p.maps[mapQPs].Iterate()
-	for it.Next(qk[:], qv) {
-		s.QPs = append(s.QPs, decodeQP(qk[:], qv))
+	if s.CQEvents, err = readAll(p, mapEvents, evKeySize, 8*evValWords, decodeEvents); err != nil {
+		return nil, err
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("probe: read %s: %w", mapQPs, err)
+	type raised struct {
+		dev string
+		n   uint64
 	}
-	var ek [evKeySize]byte
-	ev := make([]byte, 8*evValWords)
-	it = p.maps[mapEvents].Iterate()
-	for it.Next(ek[:], ev) {
-		s.CQEvents = append(s.CQEvents, decodeEvents(ek[:], ev))
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("probe: read %s: %w", mapEvents, err)
+	rs, err := readAll(p, mapRaised, qpNameLen, 8, func(k, v []byte) raised {
+		return raised{cString(k), binary.LittleEndian.Uint64(v)}
+	})
+	if err != nil {
+		return nil, err
 	}
 	s.EventsRaised = map[string]uint64{}
-	var rk [qpNameLen]byte
-	var rv uint64
-	it = p.maps[mapRaised].Iterate()
-	for it.Next(rk[:], &rv) {
-		s.EventsRaised[cString(rk[:])] += rv
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("probe: read %s: %w", mapRaised, err)
+	for _, r := range rs {
+		s.EventsRaised[r.dev] += r.n
 	}
 	slices.SortFunc(s.Commands, func(a, b Command) int {
 		if a.PID != b.PID {
@@ -544,6 +532,30 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 		return int(a.QPN) - int(b.QPN)
 	})
 	return s, nil
+}
+
+// readAll decodes every entry of the map name (keys and values of the
+// given sizes).
+func readAll[T any](p *Probes, name string, keySize, valSize int, decode func(k, v []byte) T) ([]T, error) {
+	k, v := make([]byte, keySize), make([]byte, valSize)
+	var out []T
+	it := p.maps[name].Iterate()
+	for it.Next(k, v) {
+		out = append(out, decode(k, v))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("probe: read %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// decodeHist decodes a log2 histogram of numBuckets u64 words.
+func decodeHist(v []byte) []uint64 {
+	h := make([]uint64, numBuckets)
+	for i := range h {
+		h[i] = binary.LittleEndian.Uint64(v[8*i:])
+	}
+	return h
 }
 
 func (p *Probes) decodeCmd(k, v []byte) Command {
@@ -578,10 +590,7 @@ func (p *Probes) decodeCmd(k, v []byte) Command {
 	c.Count = le.Uint64(v[0:])
 	c.Errors = le.Uint64(v[8:])
 	c.TotalNS = le.Uint64(v[16:])
-	c.Hist = make([]uint64, numBuckets)
-	for i := range c.Hist {
-		c.Hist[i] = le.Uint64(v[24+8*i:])
-	}
+	c.Hist = decodeHist(v[24:])
 	return c
 }
 
@@ -595,18 +604,14 @@ func cString(b []byte) string {
 
 func decodeEvents(k, v []byte) CQEvents {
 	le := binary.LittleEndian
-	e := CQEvents{
+	return CQEvents{
 		Device:    cString(k[:qpNameLen]),
 		PID:       int(le.Uint32(k[qpNameLen:])),
 		Count:     le.Uint64(v[0:]),
 		Unmatched: le.Uint64(v[8:]),
 		TotalNS:   le.Uint64(v[16:]),
-		Hist:      make([]uint64, numBuckets),
+		Hist:      decodeHist(v[24:]),
 	}
-	for i := range e.Hist {
-		e.Hist[i] = le.Uint64(v[24+8*i:])
-	}
-	return e
 }
 
 func decodeQP(k, v []byte) QP {

@@ -201,19 +201,9 @@ func ioctlEnter() asm.Instructions {
 		asm.And.Imm(asm.R1, 0xffff),
 		asm.Or.Imm(asm.R1, kindIoctl<<16),
 		asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
-		// struct ib_uverbs_ioctl_hdr { u16 length; u16 object_id; u32 method_id; ... }
-		asm.Mov.Reg(asm.R1, asm.RFP).WithSymbol("nodev"),
-		asm.Add.Imm(asm.R1, -48),
-		asm.Mov.Imm(asm.R2, 8),
-		asm.LoadMem(asm.R3, asm.RFP, tpArg2, asm.DWord),
-		asm.FnProbeReadUser.Call(),
-		asm.LoadMem(asm.R1, asm.RFP, -46, asm.Half),
-		asm.LSh.Imm(asm.R1, 16),
-		asm.LoadMem(asm.R2, asm.RFP, -44, asm.Word),
-		asm.And.Imm(asm.R2, 0xffff),
-		asm.Or.Reg(asm.R1, asm.R2),
-		asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word),
+		asm.LoadMem(asm.R3, asm.RFP, tpArg2, asm.DWord).WithSymbol("nodev"),
 	)
+	in = append(in, userCommand(true)...)
 	return append(in, storeStart()...)
 }
 
@@ -243,18 +233,45 @@ func writeEnter() asm.Instructions {
 		asm.And.Imm(asm.R9, 0xffff),
 		asm.Or.Imm(asm.R9, kindWrite<<16),
 		asm.StoreMem(asm.RFP, -32, asm.R9, asm.Word),
+		asm.LoadMem(asm.R3, asm.RFP, tpArg1, asm.DWord),
+	)
+	in = append(in, userCommand(false)...)
+	return append(in, storeStart()...)
+}
+
+// userCommand reads the command of an ioctl (struct ib_uverbs_ioctl_hdr
+// { u16 length; u16 object_id; u32 method_id; ... }: object<<16|method)
+// or a write (struct ib_uverbs_cmd_hdr { u32 command; ... }, masked) from
+// the user buffer in R3 into the start value's command word at fp-28.
+// Stack: fp-48 scratch. Clobbers R0-R5.
+func userCommand(ioctl bool) asm.Instructions {
+	size := int32(4)
+	if ioctl {
+		size = 8
+	}
+	in := asm.Instructions{
 		stZero64(-48),
 		asm.Mov.Reg(asm.R1, asm.RFP),
 		asm.Add.Imm(asm.R1, -48),
-		asm.Mov.Imm(asm.R2, 4),
-		asm.LoadMem(asm.R3, asm.RFP, tpArg1, asm.DWord),
+		asm.Mov.Imm(asm.R2, size),
 		asm.FnProbeReadUser.Call(),
-		asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
-		asm.LoadImm(asm.R2, writeCmdMask, asm.DWord),
-		asm.And.Reg(asm.R1, asm.R2),
-		asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word),
-	)
-	return append(in, storeStart()...)
+	}
+	if ioctl {
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.RFP, -46, asm.Half),
+			asm.LSh.Imm(asm.R1, 16),
+			asm.LoadMem(asm.R2, asm.RFP, -44, asm.Word),
+			asm.And.Imm(asm.R2, 0xffff),
+			asm.Or.Reg(asm.R1, asm.R2),
+		)
+	} else {
+		in = append(in,
+			asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
+			asm.LoadImm(asm.R2, writeCmdMask, asm.DWord),
+			asm.And.Reg(asm.R1, asm.R2),
+		)
+	}
+	return append(in, asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word))
 }
 
 // storeStart stamps the start value at fp-40 and stores it under pid_tgid
@@ -282,7 +299,20 @@ func storeStart() asm.Instructions {
 //
 // Stack: fp-8 pid_tgid, fp-32 key (16), fp-32-8*cmdValWords zero value.
 func syscallExit(retOff int16) asm.Instructions {
-	in := asm.Instructions{
+	in := append(cmdDone(retOff),
+		mapPtr(asm.R1, mapStart),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapDeleteElem.Call(),
+	)
+	return append(in, cmdCount()...)
+}
+
+// cmdDone reads the start record in R0 (key, stamp): the key to fp-32,
+// R8 = the latency, R9 = the return value (the word at retOff of the
+// context in R6). Clobbers R0-R5.
+func cmdDone(retOff int16) asm.Instructions {
+	return asm.Instructions{
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
 		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
 		asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
@@ -292,12 +322,7 @@ func syscallExit(retOff int16) asm.Instructions {
 		asm.Sub.Reg(asm.R0, asm.R8),
 		asm.Mov.Reg(asm.R8, asm.R0),
 		asm.LoadMem(asm.R9, asm.R6, retOff, asm.DWord),
-		mapPtr(asm.R1, mapStart),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -8),
-		asm.FnMapDeleteElem.Call(),
 	}
-	return append(in, cmdCount()...)
 }
 
 // cmdCount adds one call (R9: its return value, R8: its latency) to
@@ -368,9 +393,11 @@ func storeStartTask() asm.Instructions {
 // ib_uverbs_write(struct file *filp, const char __user *buf, ...) or, with
 // ioctl, ib_uverbs_ioctl(struct file *filp, unsigned int cmd, unsigned long
 // arg): only uverbs commands run it, not every system call. It records the
-// start value {tgid, fd = unknown, dev|kind<<16, command} under pid_tgid,
-// the device being filp->private_data (struct ib_uverbs_file)->device->
-// devnum, the N of uverbsN.
+// start value {tgid, fd = unknown, dev|kind<<16, command} (in task
+// storage for fentry, else under pid_tgid), the device being, for fentry,
+// the char device minor of filp->f_inode->i_rdev, else
+// filp->private_data (struct ib_uverbs_file)->device->devnum, the N of
+// uverbsN.
 //
 // Stack: fp-8 pid_tgid, fp-40 start value, fp-48 scratch.
 func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
@@ -413,26 +440,21 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 			asm.Or.Imm(asm.R1, kind<<16|devMinorFlag),
 			asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
 		)
-	}
-	// Else ufile = filp->private_data; udev = ufile->device; minor =
-	// udev->devnum, read with helpers.
-	for i, step := range []struct {
-		off  int32
-		size int32
-	}{{u.filePrivate, 8}, {u.ufileDevice, 8}, {u.udevDevnum, 4}} {
-		if u.fexit {
-			break
+	} else {
+		// ufile = filp->private_data; udev = ufile->device; minor =
+		// udev->devnum, read with helpers.
+		in = append(in, asm.Mov.Reg(asm.R3, asm.R7))
+		for i, step := range []struct {
+			off  int32
+			size int32
+		}{{u.filePrivate, 8}, {u.ufileDevice, 8}, {u.udevDevnum, 4}} {
+			if i > 0 {
+				in = append(in, asm.LoadMem(asm.R3, asm.RFP, -48, asm.DWord))
+			}
+			in = append(in, stZero64(-48), asm.JEq.Imm(asm.R3, 0, "nodev"))
+			in = append(in, readKernel(-48, step.size, asm.R3, step.off)...)
+			in = append(in, asm.JNE.Imm(asm.R0, 0, "nodev"))
 		}
-		if i == 0 {
-			in = append(in, asm.Mov.Reg(asm.R3, asm.R7))
-		} else {
-			in = append(in, asm.LoadMem(asm.R3, asm.RFP, -48, asm.DWord))
-		}
-		in = append(in, stZero64(-48), asm.JEq.Imm(asm.R3, 0, "nodev"))
-		in = append(in, readKernel(-48, step.size, asm.R3, step.off)...)
-		in = append(in, asm.JNE.Imm(asm.R0, 0, "nodev"))
-	}
-	if !u.fexit {
 		in = append(in,
 			asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
 			asm.And.Imm(asm.R1, 0xffff),
@@ -440,35 +462,13 @@ func uverbsCmdEnter(u *uverbsOffsets, ioctl bool) asm.Instructions {
 			asm.StoreMem(asm.RFP, -32, asm.R1, asm.Word),
 		)
 	}
-	in = append(in,
-		stZero64(-48).WithSymbol("nodev"),
-		asm.Mov.Reg(asm.R1, asm.RFP),
-		asm.Add.Imm(asm.R1, -48),
-	)
+	// The command from the user buffer: ioctl's arg, write's buf.
+	buf := u.regArg1
 	if ioctl {
-		// struct ib_uverbs_ioctl_hdr { u16 length; u16 object_id; u32 method_id; ... }
-		in = append(in,
-			asm.Mov.Imm(asm.R2, 8),
-			asm.LoadMem(asm.R3, asm.R6, u.regArg2, asm.DWord),
-			asm.FnProbeReadUser.Call(),
-			asm.LoadMem(asm.R1, asm.RFP, -46, asm.Half),
-			asm.LSh.Imm(asm.R1, 16),
-			asm.LoadMem(asm.R2, asm.RFP, -44, asm.Word),
-			asm.And.Imm(asm.R2, 0xffff),
-			asm.Or.Reg(asm.R1, asm.R2),
-		)
-	} else {
-		// struct ib_uverbs_cmd_hdr { u32 command; ... }
-		in = append(in,
-			asm.Mov.Imm(asm.R2, 4),
-			asm.LoadMem(asm.R3, asm.R6, u.regArg1, asm.DWord),
-			asm.FnProbeReadUser.Call(),
-			asm.LoadMem(asm.R1, asm.RFP, -48, asm.Word),
-			asm.LoadImm(asm.R2, writeCmdMask, asm.DWord),
-			asm.And.Reg(asm.R1, asm.R2),
-		)
+		buf = u.regArg2
 	}
-	in = append(in, asm.StoreMem(asm.RFP, -28, asm.R1, asm.Word))
+	in = append(in, asm.LoadMem(asm.R3, asm.R6, buf, asm.DWord).WithSymbol("nodev"))
+	in = append(in, userCommand(ioctl)...)
 	if u.fexit {
 		return append(in, storeStartTask()...)
 	}
@@ -484,20 +484,16 @@ func uverbsCmdExit(u *uverbsOffsets, nargs int) asm.Instructions {
 		in := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
 		in = append(in, taskStart(false)...)
 		in = append(in,
-			asm.LoadMem(asm.R8, asm.R0, 16, asm.DWord),
-			asm.JNE.Imm(asm.R8, 0, "started"),
+			asm.Mov.Reg(asm.R7, asm.R0),
+			asm.LoadMem(asm.R1, asm.R0, 16, asm.DWord),
+			asm.JNE.Imm(asm.R1, 0, "started"),
 			asm.Mov.Imm(asm.R0, 0),
 			asm.Return(),
-			asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord).WithSymbol("started"),
-			asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
-			asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
-			asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
-			asm.Instruction{OpCode: asm.StoreImmOp(asm.DWord), Dst: asm.R0, Offset: 16}, // stamp = 0
-			asm.FnKtimeGetNs.Call(),
-			asm.Sub.Reg(asm.R0, asm.R8),
-			asm.Mov.Reg(asm.R8, asm.R0),
-			asm.LoadMem(asm.R9, asm.R6, u.ret(nargs), asm.DWord),
 		)
+		done := cmdDone(u.ret(nargs))
+		done[0] = done[0].WithSymbol("started")
+		in = append(in, done...)
+		in = append(in, asm.Instruction{OpCode: asm.StoreImmOp(asm.DWord), Dst: asm.R7, Offset: 16}) // stamp = 0
 		return append(in, cmdCount()...)
 	}
 	in := append(startLookup(), asm.Return())
@@ -659,13 +655,19 @@ type rxeOffsets struct {
 // qpCount adds 1 to counter idx of the QP whose struct rxe_qp * is in R6.
 // Stack: fp-24 key {name[16], qpn, pad}, fp-32 scratch, below: zero value.
 func qpCount(o *rxeOffsets, idx int) asm.Instructions {
+	return append(qpKey(o), qpAdd(idx)...)
+}
+
+// qpKey builds the gv_qps key of the QP whose struct rxe_qp * is in R6:
+// its number at fp-8 and its device's name at fp-24. Stack: fp-32
+// scratch. Clobbers R1-R5, R7.
+func qpKey(o *rxeOffsets) asm.Instructions {
 	in := append(asm.Instructions{stZero64(-8)}, readKernel(-8, 4, asm.R6, o.qpNum)...)
 	in = append(in,
 		asm.Mov.Reg(asm.R7, asm.R6),
 		asm.Add.Imm(asm.R7, o.qpDevice),
 	)
-	in = append(in, devName(o)...)
-	return append(in, qpAdd(idx)...)
+	return append(in, devName(o)...)
 }
 
 // devName reads ((struct ib_device *)*R7)->name into fp-24 (16 bytes).
@@ -724,14 +726,10 @@ func compQueue(o *rxeOffsets) asm.Instructions {
 		asm.And.Imm(asm.R1, 0xe0).WithSymbol("not_seq"),
 		asm.JNE.Imm(asm.R1, 0x20, "count"),
 		asm.Mov.Imm(asm.R9, 8*qpRNRNaks),
-		stZero64(-8).WithSymbol("count"),
 	)
-	in = append(in, readKernel(-8, 4, asm.R6, o.qpNum)...)
-	in = append(in,
-		asm.Mov.Reg(asm.R7, asm.R6),
-		asm.Add.Imm(asm.R7, o.qpDevice),
-	)
-	in = append(in, devName(o)...)
+	key := qpKey(o)
+	key[0] = key[0].WithSymbol("count")
+	in = append(in, key...)
 	in = append(in, lookupOrInit(mapQPs, -24, int16(-32-8*qpValWords), 8*qpValWords)...)
 	return append(in,
 		asm.Mov.Imm(asm.R1, 1),
