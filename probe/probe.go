@@ -204,10 +204,6 @@ func Attach(opts Options) (*Probes, error) {
 		}
 	}
 	p.devs = uverbsDevices()
-	// Processes that opened a uverbs device before we attached.
-	for k, minor := range scanUverbsFDs() {
-		_ = p.maps[mapFDs].Put(k, minor)
-	}
 
 	var offs *rxeOffsets
 	var uoffs *uverbsOffsets
@@ -262,6 +258,13 @@ func Attach(opts Options) (*Probes, error) {
 					continue
 				}
 				st.Attached, st.Via = true, w.via
+				if d.name == "uverbs-commands" && w.u == nil { // on the raw tracepoints
+					// The tracepoint programs know uverbs fds from
+					// openat; these processes opened theirs before.
+					for k, minor := range scanUverbsFDs() {
+						_ = p.maps[mapFDs].Put(k, minor)
+					}
+				}
 				break
 			}
 			if !st.Attached && d.uverbs && uverbsErr != nil {
