@@ -46,6 +46,9 @@ type Status struct {
 	// Reason says why it is not attached or, when it is, why a cheaper
 	// way failed.
 	Reason string `json:"reason,omitempty"`
+	// PerPacket marks the probes that run for every packet or CQE and
+	// attach only with Options.PerPacket.
+	PerPacket bool `json:"per_packet,omitempty"`
 }
 
 // Probes owns the maps, programs and links of one Attach.
@@ -235,7 +238,7 @@ func Attach(opts Options) (*Probes, error) {
 	}
 	var reasons []error
 	for _, d := range probeDefs {
-		st := Status{Name: d.name, What: d.what}
+		st := Status{Name: d.name, What: d.what, PerPacket: d.perPacket}
 		var tried []string
 		switch {
 		case slices.Contains(opts.Skip, d.name):

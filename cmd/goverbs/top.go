@@ -55,13 +55,14 @@ Keys in the live view: s cycles the sort key, q quits.
 `
 
 type topOptions struct {
-	once     bool
-	interval time.Duration
-	json     bool
-	pids     []int
-	metrics  string
-	sort     string
-	rows     int
+	once      bool
+	interval  time.Duration
+	json      bool
+	pids      []int
+	metrics   string
+	sort      string
+	rows      int
+	perPacket bool // --per-packet: the per-packet probes attached too
 }
 
 func runTop(args []string, stdout, stderr io.Writer) error {
@@ -79,8 +80,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rows, "n", 15, "rows per table")
 	var skip string
 	fs.StringVar(&skip, "skip", "", "probes not to attach")
-	var perPacket bool
-	fs.BoolVar(&perPacket, "per-packet", false, "attach the per-packet probes too")
+	fs.BoolVar(&o.perPacket, "per-packet", false, "attach the per-packet probes too")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 		}
 		o.pids = append(o.pids, n)
 	}
-	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ","), PerPacket: perPacket})
+	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ","), PerPacket: o.perPacket})
 	if err != nil {
 		if os.Geteuid() != 0 {
 			return fmt.Errorf("%v (loading eBPF programs needs root or CAP_BPF+CAP_PERFMON)", err)
@@ -148,6 +148,12 @@ func byKey[K comparable, V any](s []V, key func(V) K) map[K]V {
 	return m
 }
 
+// latencyUS is the mean (from totalNS over n) and the p50 and p99 (from
+// the log2 histogram) of n latencies, in microseconds.
+func latencyUS(hist []uint64, totalNS, n uint64) (mean, p50, p99 float64) {
+	return float64(totalNS) / float64(n) / 1e3, histQuantile(hist, 0.5) / 1e3, histQuantile(hist, 0.99) / 1e3
+}
+
 // histDelta is cur - old, bucket by bucket (old may be shorter: nothing
 // was counted before).
 func histDelta(cur, old []uint64) []uint64 {
@@ -160,9 +166,6 @@ func histDelta(cur, old []uint64) []uint64 {
 	}
 	return d
 }
-
-// topPerPacket are the probes top attaches only with --per-packet.
-var topPerPacket = map[string]bool{"rxe-packets": true, "rxe-retransmits": true, "rxe-completions": true}
 
 // topSample is one interval: the counters' growth over d.
 type topState struct {
@@ -341,9 +344,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		tc := topCommand{PID: c.PID, FD: c.FD, Device: c.Device, Name: c.Name, Count: n,
 			PerS: float64(n) / secs, Errors: c.Errors - o.Errors, TotalNS: c.TotalNS - o.TotalNS}
 		tc.Hist = histDelta(c.Hist, o.Hist)
-		tc.MeanUS = float64(tc.TotalNS) / float64(n) / 1e3
-		tc.P50US = histQuantile(tc.Hist, 0.5) / 1e3
-		tc.P99US = histQuantile(tc.Hist, 0.99) / 1e3
+		tc.MeanUS, tc.P50US, tc.P99US = latencyUS(tc.Hist, tc.TotalNS, n)
 		tc.Comm = comm(c.PID)
 		r.Commands = append(r.Commands, tc)
 		d := dev(c.Device)
@@ -367,9 +368,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		te := topCQEvents{PID: e.PID, Comm: comm(e.PID), Device: e.Device, Count: n, Unmatched: un,
 			PerS: float64(n+un) / secs, Hist: histDelta(e.Hist, o.Hist)}
 		if n > 0 {
-			te.MeanUS = float64(e.TotalNS-o.TotalNS) / float64(n) / 1e3
-			te.P50US = histQuantile(te.Hist, 0.5) / 1e3
-			te.P99US = histQuantile(te.Hist, 0.99) / 1e3
+			te.MeanUS, te.P50US, te.P99US = latencyUS(te.Hist, e.TotalNS-o.TotalNS, n)
 		}
 		r.CQEvents = append(r.CQEvents, te)
 		if e.Device != "" {
@@ -669,14 +668,14 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 	attached := map[string]bool{}
 	for _, s := range r.Probes {
 		attached[s.Name] = s.Attached
-		if !s.Attached && !topPerPacket[s.Name] {
+		if !s.Attached && (!s.PerPacket || o.perPacket) {
 			missing = append(missing, s.Name)
 		}
 	}
 	if len(missing) > 0 {
 		pf("probes not attached: %s (see --once --json for reasons)", strings.Join(missing, ", "))
 	}
-	if !attached["rxe-packets"] || !attached["rxe-retransmits"] || !attached["rxe-completions"] {
+	if !o.perPacket {
 		pf("per-QP packets, retries and CQEs (-) need --per-packet; device packets and retransmits are rxe's hw_counters")
 	}
 	// num prints n, or - when the probe that counts it is not attached.
