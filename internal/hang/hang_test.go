@@ -1,0 +1,98 @@
+package hang
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCalibrate logs this machine's calibration loop time and factor: the
+// reference constants come from it.
+func TestCalibrate(t *testing.T) {
+	d := Calibrate()
+	if d <= 0 {
+		t.Fatalf("calibration loop took %v", d)
+	}
+	f := Factor()
+	if f < 1 || (f > MaxFactor && !strings.Contains(How(), "GOVERBS_TEST_SLOWDOWN")) {
+		t.Fatalf("factor %v out of [1, %d]: %s", f, MaxFactor, How())
+	}
+	t.Logf("loop %v; %s", d, How())
+}
+
+func TestScale(t *testing.T) {
+	if got, want := Scale(time.Minute), time.Duration(float64(time.Minute)*Factor()); got != want {
+		t.Fatalf("Scale(1m) = %v, want %v", got, want)
+	}
+	if Scale(time.Second) < time.Second {
+		t.Fatalf("Scale shrank a bound: %v", Scale(time.Second))
+	}
+}
+
+// A watched context that sees no progress ends with an *Error naming the
+// work, the wait and the progress seen.
+func TestWatchEndsWithoutProgress(t *testing.T) {
+	ctx, w := Watch(context.Background(), "test work", 20*time.Millisecond)
+	defer w.Stop()
+	w.Note("step %d", 1)
+	w.Progress()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute): // the test's own hang bound
+		t.Fatal("watchdog did not fire within a minute of no progress")
+	}
+	var e *Error
+	if !errors.As(Err(ctx), &e) {
+		t.Fatalf("cause %v, want *Error", Err(ctx))
+	}
+	if e.Steps != 2 || e.Note != "step 1" || e.Waited < e.Idle {
+		t.Fatalf("error %+v: want 2 steps, note \"step 1\", waited >= idle", e)
+	}
+	for _, s := range []string{"test work", "no progress for", "waited", "2 steps", "last: step 1", "speed factor"} {
+		if !strings.Contains(e.Error(), s) {
+			t.Errorf("message %q lacks %q", e.Error(), s)
+		}
+	}
+}
+
+// Progress keeps a watched context alive past its idle period many times
+// over, and Stop ends it with context.Canceled, not a hang.
+func TestWatchProgressKeepsAlive(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	ctx, w := Watch(context.Background(), "busy work", idle)
+	end := time.Now().Add(3 * Scale(idle))
+	for time.Now().Before(end) {
+		w.Progress()
+		if ctx.Err() != nil {
+			t.Fatalf("ended despite progress: %v", Err(ctx))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.Stop()
+	w.Stop() // idempotent
+	if !errors.Is(Err(ctx), context.Canceled) {
+		t.Fatalf("after Stop: %v, want context.Canceled", Err(ctx))
+	}
+}
+
+// Output through Writer counts as progress.
+func TestWriterIsProgress(t *testing.T) {
+	_, w := Watch(context.Background(), "tool", time.Minute)
+	defer w.Stop()
+	var b strings.Builder
+	pw := w.Writer(&b)
+	pw.Write([]byte("a"))
+	pw.Write([]byte("b"))
+	if b.String() != "ab" || w.Steps() != 2 {
+		t.Fatalf("wrote %q, %d steps; want \"ab\", 2", b.String(), w.Steps())
+	}
+}
+
+func TestSlowdownOverride(t *testing.T) {
+	t.Setenv("GOVERBS_TEST_SLOWDOWN", "2.5")
+	if f, how := measure(); f != 2.5 || !strings.Contains(how, "GOVERBS_TEST_SLOWDOWN") {
+		t.Fatalf("measure() = %v, %q; want 2.5 from GOVERBS_TEST_SLOWDOWN", f, how)
+	}
+}
