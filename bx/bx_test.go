@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -47,8 +48,7 @@ func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx, _ := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
 	if p, err = cli.Dial(ctx, addr.String()); err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +70,7 @@ func listenAddr(t testing.TB, dev string) string {
 func TestStreams(t *testing.T) {
 	const streams, per = 1000, 3
 	_, _, p, sp := pair(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	errc := make(chan error, 1)
 	go func() {
 		for i := range streams {
@@ -90,12 +89,13 @@ func TestStreams(t *testing.T) {
 		for k := range per {
 			m, err := s.Recv(ctx)
 			if err != nil {
-				t.Fatalf("stream %d: %v", i, err)
+				t.Fatalf("stream %d: %v", i, hang.Cause(ctx, err))
 			}
 			if want := fmt.Sprintf("stream %d message %d", i, k); string(m.Data()) != want {
 				t.Fatalf("stream %d got %q, want %q", i, m.Data(), want)
 			}
 			m.Release()
+			wd.Progress()
 		}
 	}
 	if err := <-errc; err != nil {
@@ -111,8 +111,7 @@ func TestRPC(t *testing.T) {
 		}
 		return append([]byte("echo:"), req.Data()...), nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
 	for g := range 16 {
@@ -123,13 +122,14 @@ func TestRPC(t *testing.T) {
 				req := fmt.Sprintf("g%d-%d", g, i)
 				m, err := p.Call(ctx, 7, []byte(req))
 				if err != nil {
-					errs <- err
+					errs <- hang.Cause(ctx, err)
 					return
 				}
 				if string(m.Data()) != "echo:"+req {
 					errs <- fmt.Errorf("call %s answered %q", req, m.Data())
 				}
 				m.Release()
+				wd.Progress()
 			}
 		}()
 	}
@@ -160,8 +160,7 @@ func TestRPC(t *testing.T) {
 
 func TestRendezvous(t *testing.T) {
 	_, _, p, sp := pair(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	sizes := []int{8000, 8144, 8145, 100_000, 1 << 20, 4 << 20}
 	go func() {
 		for i, n := range sizes {
@@ -183,8 +182,9 @@ func TestRendezvous(t *testing.T) {
 	for i, n := range sizes {
 		m, err := sp.Stream(1).Recv(ctx)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatal(hang.Cause(ctx, err))
 		}
+		wd.Progress()
 		d := m.Data()
 		if len(d) != n {
 			t.Fatalf("message %d: %d bytes, want %d", i, len(d), n)
@@ -217,8 +217,7 @@ func TestWrongToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx, _ := hang.For(t, "", 10*time.Second) // a hang bound (no progress), not a speed bound
 	if _, err := cli.Dial(ctx, addr.String()); !errors.Is(err, bx.ErrAuth) {
 		t.Fatalf("dial with a wrong token: %v, want ErrAuth", err)
 	}
@@ -233,8 +232,7 @@ func TestWrongToken(t *testing.T) {
 func TestRecoveryForcedError(t *testing.T) {
 	_, cli, p, sp := pair(t, nil)
 	const n = 400
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 90*time.Second) // a hang bound (no progress), not a speed bound
 	errc := make(chan error, 1)
 	go func() {
 		var b [8]byte
@@ -256,8 +254,9 @@ func TestRecoveryForcedError(t *testing.T) {
 	for i := range n {
 		m, err := sp.Stream(3).Recv(ctx)
 		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
+			t.Fatalf("message %d: %v", i, hang.Cause(ctx, err))
 		}
+		wd.Progress()
 		if got := binary.LittleEndian.Uint64(m.Data()); got != uint64(i) {
 			t.Fatalf("message %d carries %d", i, got)
 		}
@@ -279,8 +278,7 @@ func TestRecoveryForcedError(t *testing.T) {
 func TestRecoveryMidRendezvous(t *testing.T) {
 	_, cli, p, sp := pair(t, nil)
 	const n = 60
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
 	payload := func(i int) []byte {
 		size := 8
 		if i%3 != 0 {
@@ -307,9 +305,10 @@ func TestRecoveryMidRendezvous(t *testing.T) {
 		for i := range n {
 			m, err := at.Stream(4).Recv(ctx)
 			if err != nil {
-				errc <- fmt.Errorf("message %d: %w", i, err)
+				errc <- fmt.Errorf("message %d: %w", i, hang.Cause(ctx, err))
 				return
 			}
+			wd.Progress()
 			if !bytes.Equal(m.Data(), payload(i)) {
 				errc <- fmt.Errorf("message %d: %d bytes, index %d, contents differ", i, len(m.Data()), binary.LittleEndian.Uint64(m.Data()))
 			}
@@ -327,7 +326,7 @@ func TestRecoveryMidRendezvous(t *testing.T) {
 			// rebuilds is a different case (the peer is declared gone).
 			for !p.ActiveForTest() || !sp.ActiveForTest() {
 				if ctx.Err() != nil {
-					errc <- ctx.Err()
+					errc <- hang.Err(ctx)
 					return
 				}
 				time.Sleep(5 * time.Millisecond)
@@ -374,7 +373,7 @@ func TestHTTP(t *testing.T) {
 	addr := srv.ListenAddrs()[0].String()
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return cli.DialConn(ctx, addr) },
-	}, Timeout: 10 * time.Second}
+	}, Timeout: hang.Scale(10 * time.Second)}
 	for _, n := range []int{0, 10, 100_000} {
 		body := bytes.Repeat([]byte("goverbs "), n/8+1)[:n]
 		resp, err := client.Post("http://bx/echo", "application/octet-stream", bytes.NewReader(body))

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -80,8 +81,7 @@ func TestPeerKilledAndRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	p, err := cli.Dial(ctx, addr)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestPeerKilledAndRestarted(t *testing.T) {
 				}
 				req := fmt.Appendf(nil, "g%d-%d", g, i)
 				started.Add(1)
-				cctx, c := context.WithTimeout(ctx, 15*time.Second)
+				cctx, c := context.WithTimeout(ctx, hang.Scale(15*time.Second))
 				m, err := p.Call(cctx, 1, req)
 				c()
 				returned.Add(1)
@@ -113,6 +113,7 @@ func TestPeerKilledAndRestarted(t *testing.T) {
 					}
 					m.Release()
 					ok.Add(1)
+					wd.Progress()
 				case errors.Is(err, bx.ErrPeerGone) || errors.Is(err, bx.ErrRecovering):
 					gone.Add(1)
 					return
@@ -123,13 +124,20 @@ func TestPeerKilledAndRestarted(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Kill once calls are succeeding (a slow machine takes longer to get
+	// there; a fixed sleep could kill before the first success).
+	for ok.Load() < 8 {
+		if ctx.Err() != nil {
+			t.Fatalf("no 8 calls succeeded before the kill: %v", hang.Err(ctx))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	child.Process.Signal(syscall.SIGKILL)
 	child.Wait()
 	select {
 	case <-p.Done():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the client did not notice its peer died")
+	case <-time.After(hang.Scale(20 * time.Second)):
+		t.Fatalf("the client did not notice its peer died in %v (%s)", hang.Scale(20*time.Second), hang.How())
 	}
 	close(stop)
 	wg.Wait()

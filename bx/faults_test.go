@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -56,8 +57,7 @@ func TestIncast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 120*time.Second) // a hang bound (no progress), not a speed bound
 	var peers []*bx.Peer
 	for range senders {
 		e, err := bx.New(bx.Config{Device: da, Token: token, MaxPeers: 1, Credits: 4, Lanes: 1, MaxMessage: 64 << 10})
@@ -109,7 +109,7 @@ func TestIncast(t *testing.T) {
 			for k := range msgs {
 				m, err := s.Recv(ctx)
 				if err != nil {
-					errs <- fmt.Errorf("stream %d message %d: %v", i, k, err)
+					errs <- fmt.Errorf("stream %d message %d: %v", i, k, hang.Cause(ctx, err))
 					return
 				}
 				if want := fmt.Sprintf("%d/%d", i, k); string(m.Data()) != want {
@@ -119,6 +119,7 @@ func TestIncast(t *testing.T) {
 				mu.Lock()
 				total++
 				mu.Unlock()
+				wd.Progress()
 			}
 		}()
 	}
@@ -150,11 +151,13 @@ func TestIncast(t *testing.T) {
 // ends the wait cleanly.
 func TestStalledReceiver(t *testing.T) {
 	_, _, p, sp := pair(t, func(c *bx.Config) { c.Credits = 8 })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, _ := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
 	sent := 0
 	for ; sent < 100; sent++ {
-		sctx, c := context.WithTimeout(ctx, time.Second)
+		// A send that has credits completes at once; one without
+		// blocks. The bound tells them apart, so it scales with the
+		// machine: a slow send must not pass for a blocked one.
+		sctx, c := context.WithTimeout(ctx, hang.Scale(time.Second))
 		err := p.Stream(1).Send(sctx, []byte("x"))
 		c()
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -225,8 +228,7 @@ func TestForgedDescriptor(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.large {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
+				ctx, _ := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
 				// The send itself succeeds (bx owns the buffer); the
 				// failure shows when the WRITE or the CTS is checked.
 				if err := p.Stream(1).Send(ctx, make([]byte, 100_000)); err != nil {
@@ -239,8 +241,8 @@ func TestForgedDescriptor(t *testing.T) {
 			}
 			select {
 			case <-victim.Done():
-			case <-time.After(20 * time.Second):
-				t.Fatal("the victim kept a peer that forged a rendezvous message")
+			case <-time.After(hang.Scale(20 * time.Second)):
+				t.Fatalf("the victim kept a peer that forged a rendezvous message for %v (%s)", hang.Scale(20*time.Second), hang.How())
 			}
 			if err := victim.Err(); !errors.Is(err, bx.ErrProtocol) {
 				t.Errorf("victim: %v, want ErrProtocol", err)
@@ -248,8 +250,8 @@ func TestForgedDescriptor(t *testing.T) {
 			select {
 			case <-forger.Done():
 				t.Logf("forger sees: %v", forger.Err())
-			case <-time.After(20 * time.Second):
-				t.Error("the forging peer was not disconnected")
+			case <-time.After(hang.Scale(20 * time.Second)):
+				t.Errorf("the forging peer was not disconnected in %v (%s)", hang.Scale(20*time.Second), hang.How())
 			}
 		})
 	}
@@ -269,8 +271,7 @@ func TestPacketLoss(t *testing.T) {
 	srv.Handle(2, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		return append([]byte("re:"), req.Data()...), nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 120*time.Second) // a hang bound (no progress), not a speed bound
 	const n = 300
 	errc := make(chan error, 4)
 	// Large messages go by rendezvous (RDMA WRITE of ~100 packets each):
@@ -309,6 +310,7 @@ func TestPacketLoss(t *testing.T) {
 				errc <- fmt.Errorf("large message %d: payload corrupted", i)
 			}
 			m.Release()
+			wd.Progress()
 		}
 		errc <- nil
 	}()
@@ -332,14 +334,16 @@ func TestPacketLoss(t *testing.T) {
 				errc <- fmt.Errorf("call %d answered %q", i, m.Data())
 			}
 			m.Release()
+			wd.Progress()
 		}
 		errc <- nil
 	}()
 	for i := range n {
 		m, err := sp.Stream(5).Recv(ctx)
 		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
+			t.Fatalf("message %d: %v", i, hang.Cause(ctx, err))
 		}
+		wd.Progress()
 		if want := fmt.Sprint(i); string(m.Data()) != want {
 			t.Fatalf("message %d is %q", i, m.Data())
 		}

@@ -9,15 +9,18 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
-// eventually polls cond until it holds or 5 s pass.
+// eventually polls cond until it holds or 5 s (scaled to the machine)
+// pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	limit := hang.Scale(5 * time.Second)
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
+			t.Fatalf("%s: not within %v (%s)", what, limit, hang.How())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -56,8 +59,7 @@ func TestSnapshot(t *testing.T) {
 	}
 	srv.Handle(5, echo)
 	srv.Handle(6, echo)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	const small, large, fails = 40, 5, 3
 	big := bytes.Repeat([]byte("x"), 100_000) // above EagerSize: rendezvous both ways
 	var wg sync.WaitGroup
@@ -72,13 +74,14 @@ func TestSnapshot(t *testing.T) {
 			}
 			m, err := p.Call(ctx, st, req)
 			if err != nil {
-				errs <- err
+				errs <- hang.Cause(ctx, err)
 				return
 			}
 			if !bytes.Equal(m.Data(), req) {
 				errs <- errors.New("wrong echo")
 			}
 			m.Release()
+			wd.Progress()
 		}()
 	}
 	wg.Wait()
@@ -183,8 +186,7 @@ func TestSnapshotStalls(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 		return []byte("ok"), nil
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	const g, per = 8, 5
 	var wg sync.WaitGroup
 	errs := make(chan error, g)
@@ -195,10 +197,11 @@ func TestSnapshotStalls(t *testing.T) {
 			for range per {
 				m, err := p.Call(ctx, 1, []byte("x"))
 				if err != nil {
-					errs <- err
+					errs <- hang.Cause(ctx, err)
 					return
 				}
 				m.Release()
+				wd.Progress()
 			}
 		}()
 	}
@@ -229,8 +232,7 @@ func TestSnapshotStalls(t *testing.T) {
 func TestSnapshotRecovery(t *testing.T) {
 	srv, cli, p, sp := pair(t, nil)
 	srv.Handle(2, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx, _ := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
 	call := func() {
 		t.Helper()
 		m, err := p.Call(ctx, 2, []byte("ping"))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -43,7 +44,7 @@ func TestWaitWakesOnCompletion(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(20*time.Second)) // a hang bound
 			defer cancel()
 			for {
 				n, err := l.rcq.Poll(l.wc)
@@ -80,7 +81,7 @@ func TestWaitWakesOnCompletion(t *testing.T) {
 // drain waits for one completion with Wait and Poll.
 func drain(t *testing.T, c *cq.CQ, wc []cq.WC) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(20*time.Second)) // a hang bound
 	defer cancel()
 	for {
 		n, err := c.Poll(wc)
@@ -110,7 +111,7 @@ func TestWaitRaceCompletionBeforeArm(t *testing.T) {
 		t.Fatal(err)
 	}
 	drain(t, l.scq, l.wc) // the receive has arrived once the send completed
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(2*time.Second))
 	defer cancel()
 	if err := l.rcq.Wait(ctx); err != nil {
 		t.Fatalf("Wait with a queued completion: %v", err)
@@ -128,7 +129,7 @@ func TestWaitContext(t *testing.T) {
 	if err := l.rcq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait with a deadline: %v", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > hang.Scale(5*time.Second) {
 		t.Errorf("deadline of 50 ms honoured after %v", d)
 	}
 	ctx, cancel = context.WithCancel(context.Background())

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // cop is one step of a Credits table test; avail is Available() after it.
@@ -102,10 +104,11 @@ func TestCreditsTable(t *testing.T) {
 // waitStalls waits until n Acquire calls are queued (counted as stalls).
 func waitStalls(t *testing.T, stalls func() uint64, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	limit := hang.Scale(5 * time.Second) // a hang bound
+	deadline := time.Now().Add(limit)
 	for stalls() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("waiters never queued: %d of %d", stalls(), n)
+			t.Fatalf("waiters never queued: %d of %d in %v (%s)", stalls(), n, limit, hang.How())
 		}
 		time.Sleep(100 * time.Microsecond)
 	}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // fakeClock drives stall accounting in tests: WaitTime is then exactly the
@@ -122,8 +124,8 @@ func runStallTable(t *testing.T, tgt stallTarget, ops []sop) {
 				if !errors.Is(err, o.err) || (o.err == nil && err != nil) {
 					t.Fatalf("step %d %+v: waiter %d returned %v", i, o, o.id, err)
 				}
-			case <-time.After(5 * time.Second):
-				t.Fatalf("step %d %+v: waiter %d still waiting", i, o, o.id)
+			case <-time.After(hang.Scale(5 * time.Second)): // a hang bound
+				t.Fatalf("step %d %+v: waiter %d still waiting after %v (%s)", i, o, o.id, hang.Scale(5*time.Second), hang.How())
 			}
 		case "close":
 			tgt.close()

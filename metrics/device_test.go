@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -61,8 +62,7 @@ func TestDeviceScrape(t *testing.T) {
 	}
 	srv.Handle(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
 	srv.Handle(2, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return []byte("ok"), nil })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
 	p, err := cli.Dial(ctx, addr.String())
 	if err != nil {
 		t.Fatal(err)
@@ -80,9 +80,10 @@ func TestDeviceScrape(t *testing.T) {
 			}
 			m, err := p.Call(ctx, st, req)
 			if err != nil {
-				t.Fatalf("stream %d call %d: %v", st, i, err)
+				t.Fatalf("stream %d call %d: %v", st, i, hang.Cause(ctx, err))
 			}
 			m.Release()
+			wd.Progress()
 		}
 	}
 

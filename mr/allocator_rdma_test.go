@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -59,7 +60,8 @@ func newEnd(t *testing.T, name string) *end {
 
 func (e *end) wait(t *testing.T) cq.WC {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	limit := hang.Scale(20 * time.Second) // a hang bound
+	deadline := time.Now().Add(limit)
 	for {
 		n, err := e.cq.Poll(e.wc[:1])
 		if err != nil {
@@ -69,7 +71,7 @@ func (e *end) wait(t *testing.T) cq.WC {
 			return e.wc[0]
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: no completion after 20 s", e.ctx.Name())
+			t.Fatalf("%s: no completion after %v (%s)", e.ctx.Name(), limit, hang.How())
 		}
 		time.Sleep(50 * time.Microsecond)
 	}

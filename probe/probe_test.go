@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -233,7 +234,7 @@ func pingpongWith(t *testing.T, iters int, port int, args, env []string) (cli, s
 		t.Skipf("%s: no IPv4 RoCE v2 GID (%v)", b, err)
 	}
 	host := g.GID.To4().String()
-	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	cctx, cancel := context.WithTimeout(context.Background(), hang.Scale(3*time.Minute)) // a hang bound
 	defer cancel()
 	run := func(s *side, a ...string) *exec.Cmd {
 		cmd := exec.CommandContext(cctx, bin, a...)
@@ -250,7 +251,7 @@ func pingpongWith(t *testing.T, iters int, port int, args, env []string) (cli, s
 	srv, cli = &side{dev: b}, &side{dev: a}
 	common := append([]string{"rc-pingpong", "-p", p, "-n", n, "-s", "64"}, args...)
 	sc := run(srv, append(slices.Clone(common), "-d", b)...)
-	if !waitListen(port, 30*time.Second) {
+	if !waitListen(port, hang.Scale(30*time.Second)) {
 		sc.Wait()
 		t.Fatalf("server never listened: %s", srv.stderr.String())
 	}

@@ -1,11 +1,11 @@
 package ps_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/ps"
 )
 
@@ -25,8 +25,7 @@ func TestMetrics(t *testing.T) {
 			e := envFor(t, tr)
 			srvs, addrs := e.servers(t, 2, nil)
 			c := e.client(t, addrs)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			ctx, _ := hang.For(t, "ps metrics calls over "+tr, 2*time.Minute) // a hang bound: the calls are few
 			emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 4, Rows: 100, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 1}
 			fc := ps.Spec{Name: "fc", Kind: ps.Dense, Size: 64, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 2}
 			must(t, c.Define(ctx, emb, fc))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/ps"
 )
@@ -113,11 +114,11 @@ func TestTrainingMatchesReference(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			e := envFor(t, tr)
 			_, addrs := e.servers(t, 2, nil)
-			// A correctness test, not a timed one: the deadline only
-			// catches a hang (under -race on a loaded 2-core TCG guest a
-			// run has taken 75 s).
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
+			// A correctness test, not a timed one: the watchdog catches a
+			// hang (no push for 2 minutes), not a slow run (a run under
+			// -race with two guests on a slow 2-core machine took 4
+			// minutes).
+			ctx, wd := hang.For(t, "ps training over "+tr, 2*time.Minute)
 			const workers, steps = 4, 12
 			var mu sync.Mutex
 			var log []push
@@ -131,14 +132,20 @@ func TestTrainingMatchesReference(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					errs <- worker(ctx, c, w, workers, steps, func(p push) { mu.Lock(); log = append(log, p); mu.Unlock() })
+					errs <- worker(ctx, c, w, workers, steps, func(p push) {
+						mu.Lock()
+						log = append(log, p)
+						n := len(log)
+						mu.Unlock()
+						wd.Note("%d of %d pushes", n, workers*steps*4)
+					})
 				}()
 			}
 			wg.Wait()
 			close(errs)
 			for err := range errs {
 				if err != nil {
-					t.Fatal(err)
+					t.Fatal(hang.Cause(ctx, err))
 				}
 			}
 			ref := ps.NewStore(ps.StoreConfig{})
@@ -154,12 +161,16 @@ func TestTrainingMatchesReference(t *testing.T) {
 				}
 				must(t, err)
 			}
+			// The verification has its own watchdog: a slow training
+			// run must not eat into its time.
+			ctx, wd = hang.For(t, "ps verification over "+tr, 2*time.Minute)
 			c := e.client(t, addrs)
 			for _, s := range specs {
+				wd.Note("verifying %s", s.Name)
 				var got, want []float32
 				if s.Kind == ps.Dense {
 					got, want = make([]float32, s.Size), make([]float32, s.Size)
-					must(t, c.PullDense(ctx, s.Name, got))
+					must(t, hang.Cause(ctx, c.PullDense(ctx, s.Name, got)))
 					must(t, ref.PullDense(s.Name, want))
 				} else {
 					keys := make([]uint64, s.Rows)
@@ -167,7 +178,7 @@ func TestTrainingMatchesReference(t *testing.T) {
 						keys[i] = uint64(i)
 					}
 					got, want = make([]float32, len(keys)*s.Dim), make([]float32, len(keys)*s.Dim)
-					must(t, c.Pull(ctx, s.Name, keys, got))
+					must(t, hang.Cause(ctx, c.Pull(ctx, s.Name, keys, got)))
 					must(t, ref.Pull(s.Name, keys, want))
 				}
 				tol := 1e-4
@@ -257,8 +268,7 @@ func TestBadInput(t *testing.T) {
 			mod := func(c *ps.ServerConfig) { c.Store.MaxBatch = 1000 }
 			_, addrs := e.servers(t, 1, mod)
 			_, skipAddrs := e.servers(t, 1, func(c *ps.ServerConfig) { c.Store.NaN = ps.NaNSkip })
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
-			defer cancel()
+			ctx, wd := hang.For(t, "ps bad input over "+tr, 2*time.Minute) // catches a hang, not a slow run
 			c := e.client(t, addrs)
 			must(t, c.Define(ctx, specs...))
 			nan := float32(math.NaN())
@@ -302,6 +312,7 @@ func TestBadInput(t *testing.T) {
 					func() error { _, err := c.Raw(ctx, 0, []byte{1, 2, 0, 3, 'e', 'm'}); return err }},
 			}
 			for _, k := range cases {
+				wd.Note("case %q", k.name)
 				err := k.run()
 				if !errors.Is(err, k.err) || !strings.Contains(fmt.Sprint(err), k.text) {
 					t.Errorf("%s: got %v, want %v containing %q", k.name, err, k.err, k.text)
@@ -333,8 +344,7 @@ func TestKilledWorker(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			e := envFor(t, tr)
 			servers, addrs := e.servers(t, 2, nil)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
-			defer cancel()
+			ctx, wd := hang.For(t, "ps calls after a killed worker over "+tr, 2*time.Minute) // catches a hang, not a slow run
 			c := e.client(t, addrs)
 			must(t, c.Define(ctx, specs...))
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -352,13 +362,14 @@ func TestKilledWorker(t *testing.T) {
 			cmd.Wait()
 			// The survivors: the existing client and a new one.
 			for _, cl := range []*ps.Client{c, e.client(t, addrs)} {
-				for range 20 {
+				for i := range 20 {
 					if _, err := cl.PushDense(ctx, "fc_ada", make([]float32, 300000)); err != nil {
-						t.Fatalf("after the kill: %v", err)
+						t.Fatalf("after the kill: %v", hang.Cause(ctx, err))
 					}
 					if err := cl.Pull(ctx, "emb", []uint64{1, 2, 3, 4}, make([]float32, 32)); err != nil {
-						t.Fatalf("after the kill: %v", err)
+						t.Fatalf("after the kill: %v", hang.Cause(ctx, err))
 					}
+					wd.Note("%d calls after the kill", i+1)
 				}
 			}
 			st, err := c.Stats(ctx)
@@ -378,8 +389,7 @@ func TestRestartedServer(t *testing.T) {
 			e := envFor(t, tr)
 			s0 := e.server(t, "", nil)
 			addr := s0.Addr().String()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // catches a hang; -race on a loaded TCG guest is slow
-			defer cancel()
+			ctx, wd := hang.For(t, "ps calls across a server restart over "+tr, 2*time.Minute) // catches a hang, not a slow run
 			c := e.client(t, []string{addr})
 			must(t, c.Define(ctx, specs...))
 			if _, err := c.Push(ctx, "emb", []uint64{1}, []float32{1, 1, 1, 1, 1, 1, 1, 1}); err != nil {
@@ -388,6 +398,7 @@ func TestRestartedServer(t *testing.T) {
 			pushed := make([]float32, 8)
 			must(t, c.Pull(ctx, "emb", []uint64{1}, pushed))
 			must(t, s0.Close())
+			wd.Note("server closed")
 			var s1 *ps.Server
 			for i := 0; ; i++ {
 				s, err := ps.NewServer(ps.ServerConfig{Transport: tr, Listen: addr, Device: e.srvDev, Token: token})
@@ -395,8 +406,8 @@ func TestRestartedServer(t *testing.T) {
 					s1 = s
 					break
 				}
-				if i == 50 {
-					t.Fatal(err)
+				if ctx.Err() != nil { // the old server's address is still held
+					t.Fatalf("restart after %d tries: %v", i+1, hang.Cause(ctx, err))
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
@@ -410,7 +421,7 @@ func TestRestartedServer(t *testing.T) {
 				t.Logf("while the server restarts: %v", err)
 			}
 			if !errors.Is(err, ps.ErrStateLost) {
-				t.Fatalf("after a restart: %v, want ErrStateLost", err)
+				t.Fatalf("after a restart: %v, want ErrStateLost", hang.Cause(ctx, err))
 			}
 			t.Logf("restart reported: %v", err)
 			must(t, c.Pull(ctx, "emb", []uint64{1}, row))

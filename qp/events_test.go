@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
@@ -16,6 +17,7 @@ import (
 func collect(t *testing.T, ch <-chan uverbs.AsyncEvent, d time.Duration, want func(uverbs.AsyncEvent) bool) []uverbs.AsyncEvent {
 	t.Helper()
 	var got []uverbs.AsyncEvent
+	d = hang.Scale(d) // a hang bound, not a speed bound
 	timeout := time.After(d)
 	for {
 		select {
@@ -29,7 +31,7 @@ func collect(t *testing.T, ch <-chan uverbs.AsyncEvent, d time.Duration, want fu
 				return got
 			}
 		case <-timeout:
-			t.Fatalf("no matching event within %v; got %v", d, got)
+			t.Fatalf("no matching event within %v (%s); got %v", d, hang.How(), got)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -151,20 +152,24 @@ func (s *side) sge(t testing.TB, off, n int) qp.SGE {
 
 func (s *side) addr(off int) uint64 { return s.mr.Addr() + uint64(off) }
 
-// wait polls until n completions arrived or the deadline passed.
+// wait polls until n completions arrived, or none arrived for 20 s
+// (scaled to the machine: a hang, not a slow run).
 func (s *side) wait(t testing.TB, n int) []cq.WC {
 	t.Helper()
 	var got []cq.WC
-	deadline := time.Now().Add(20 * time.Second)
+	idle := hang.Scale(20 * time.Second)
+	deadline := time.Now().Add(idle)
 	for len(got) < n {
 		k, err := s.cq.Poll(s.wc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, s.wc[:k]...)
-		if k == 0 {
+		if k > 0 {
+			deadline = time.Now().Add(idle)
+		} else {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d of %d completions after 20 s: %+v", s.ctx.Name(), len(got), n, got)
+				t.Fatalf("%s: %d of %d completions, none for %v (%s): %+v", s.ctx.Name(), len(got), n, idle, hang.How(), got)
 			}
 			time.Sleep(50 * time.Microsecond)
 		}

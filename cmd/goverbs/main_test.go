@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -76,7 +77,7 @@ func build(out string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(3*time.Minute)) // a hang bound
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gotool, "build", "-o", out, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTMPDIR="+filepath.Dir(out))
@@ -92,20 +93,24 @@ type result struct {
 	err            error
 }
 
-// goverbs runs the goverbs binary with a deadline.
-func goverbs(t *testing.T, timeout time.Duration, args ...string) result {
+// goverbs runs the goverbs binary, killed if it hangs (see runCmd).
+func goverbs(t *testing.T, idle time.Duration, args ...string) result {
 	t.Helper()
-	return runCmd(t, timeout, goverbsBin, goverbsEnv, args...)
+	return runCmd(t, idle, goverbsBin, goverbsEnv, args...)
 }
 
-func runCmd(t *testing.T, timeout time.Duration, bin string, env []string, args ...string) result {
+// runCmd runs bin and kills it once it has printed nothing for idle
+// (scaled to the machine's speed, hang.Scale): a tool that prints as it
+// goes may run as long as it makes progress; one that prints only at its
+// end gets idle, scaled, in all.
+func runCmd(t *testing.T, idle time.Duration, bin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+	ctx, wd := hang.Watch(context.Background(), filepath.Base(bin)+" "+strings.Join(args, " "), idle)
+	defer wd.Stop()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
+	cmd.Stdout, cmd.Stderr = wd.Writer(&o), wd.Writer(&e)
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	r := result{stdout: o.String(), stderr: e.String(), err: err}
@@ -113,7 +118,7 @@ func runCmd(t *testing.T, timeout time.Duration, bin string, env []string, args 
 		r.code = cmd.ProcessState.ExitCode()
 	}
 	if ctx.Err() != nil {
-		r.err = fmt.Errorf("timed out after %v: %v", timeout, err)
+		r.err = fmt.Errorf("killed: %v (%v)", hang.Err(ctx), err)
 	}
 	return r
 }
@@ -242,7 +247,7 @@ func serverTarget(t *testing.T, dev string) (host string, gidx int) {
 func waitListen(t *testing.T, port int, done <-chan struct{}) {
 	t.Helper()
 	hexPort := fmt.Sprintf(":%04X ", port)
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(hang.Scale(60 * time.Second))
 	for time.Now().Before(deadline) {
 		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 			b, _ := os.ReadFile(f)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/metrics"
 	"github.com/goverbs/goverbs/ps"
@@ -138,7 +139,7 @@ func TestPSServeMetrics(t *testing.T) {
 	if err != nil || len(devs) < 2 {
 		t.Fatalf("active devices %v %v", devs, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(3*time.Minute)) // a hang bound
 	defer cancel()
 	srv := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String()+":0",
 		"--device", srvDev, "--metrics", "127.0.0.1:0")

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -70,9 +71,12 @@ func TestTopOnceJSON(t *testing.T) {
 		t.Skip("goverbs top needs root")
 	}
 	host, _ := serverTarget(t, srv)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(3*time.Minute)) // a hang bound: top --once runs 8 s
 	defer cancel()
-	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", "8s", "--json", "--per-packet")
+	// The sample must cover the whole pingpong (the test counts its
+	// doorbells exactly): 8 s here, longer on a slower machine.
+	interval := hang.Scale(8 * time.Second).Round(time.Second)
+	top := exec.CommandContext(ctx, goverbsBin, "top", "--once", "--interval", interval.String(), "--json", "--per-packet")
 	top.Env = append(os.Environ(), goverbsEnv...)
 	var out bytes.Buffer
 	top.Stdout = &out
@@ -222,7 +226,7 @@ func TestTopTmux(t *testing.T) {
 	}
 	sock := filepath.Join(dir, fmt.Sprintf("goverbs-top-test-%d.sock", os.Getpid()))
 	tm := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(30*time.Second))
 		defer cancel()
 		b, err := exec.CommandContext(ctx, tmux, append([]string{"-S", sock}, args...)...).CombinedOutput()
 		return string(b), err
@@ -245,10 +249,11 @@ func TestTopTmux(t *testing.T) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	limit := hang.Scale(60 * time.Second)
+	deadline := time.Now().Add(limit)
 	for !strings.Contains(capture(), "goverbs top - ") {
 		if time.Now().After(deadline) {
-			t.Fatalf("no goverbs top screen after 60 s: %q", capture())
+			t.Fatalf("no goverbs top screen after %v (%s): %q", limit, hang.How(), capture())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -276,7 +281,21 @@ func TestTopTmux(t *testing.T) {
 	type devRow struct{ doorbells, cqev float64 }
 	var screens []string
 	var rows []map[string]devRow
-	for range 8 {
+	// At least 8 screens, and on until both rows showed traffic and the
+	// screen changed, or 60 s (scaled: a slow machine takes longer to get
+	// the pingpong going) passed.
+	busyRow := func(m map[string]devRow, dev string) bool { return m[dev].doorbells > 0 && m[dev].cqev > 0 }
+	seen := func() bool {
+		b := map[string]bool{}
+		changed := false
+		for i, m := range rows {
+			b[cli] = b[cli] || busyRow(m, cli)
+			b[srv] = b[srv] || busyRow(m, srv)
+			changed = changed || i > 0 && screens[i] != screens[i-1]
+		}
+		return b[cli] && b[srv] && changed
+	}
+	for end := time.Now().Add(hang.Scale(60 * time.Second)); len(rows) < 8 || !seen() && time.Now().Before(end); {
 		time.Sleep(1100 * time.Millisecond)
 		s := capture()
 		screens = append(screens, s)
@@ -309,12 +328,11 @@ func TestTopTmux(t *testing.T) {
 	changed := false
 	for i, m := range rows {
 		for _, dev := range []string{cli, srv} {
-			r, ok := m[dev]
-			if !ok {
+			if _, ok := m[dev]; !ok {
 				t.Errorf("screen %d has no %s row:\n%s", i, dev, screens[i])
 				continue
 			}
-			if r.doorbells > 0 && r.cqev > 0 {
+			if busyRow(m, dev) {
 				busy[dev] = true
 			}
 		}
@@ -346,12 +364,12 @@ func TestTopTmux(t *testing.T) {
 	if out, err := tm("send-keys", "-t", "gvtop", "q"); err != nil {
 		t.Fatalf("tmux send-keys: %v: %s", err, out)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(hang.Scale(20 * time.Second)); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := tm("has-session", "-t", "gvtop"); err != nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("goverbs top still running 20 s after q:\n%s", capture())
+			t.Fatalf("goverbs top still running %v after q (%s):\n%s", hang.Scale(20*time.Second), hang.How(), capture())
 		}
 	}
 }

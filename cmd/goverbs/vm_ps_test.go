@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/ps"
 )
 
@@ -35,7 +36,7 @@ func TestVMClusterPS(t *testing.T) {
 	transports := []string{"rdma", "tcp"}
 	const nodes = 3
 	t0 := time.Now()
-	r := vmRun(t, 10*time.Minute, nil, "--nodes", strconv.Itoa(nodes), "--timeout", "540", "--verbose", "--",
+	r := vmRun(t, 10*time.Minute, nil, "--nodes", strconv.Itoa(nodes), "--timeout", strconv.Itoa(int(hang.Scale(540*time.Second).Seconds())), "--verbose", "--",
 		"bash", script, "-t", strings.Join(transports, ","), "-w", strings.Join(workloads, ","), "-d", "3s")
 	took := time.Since(t0)
 	if r.code != 0 || !strings.Contains(r.stdout, "ps-cluster: done") {

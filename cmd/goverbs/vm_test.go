@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // `goverbs vm` tests. Those that boot guests run on a host with qemu (not
@@ -141,7 +143,7 @@ func TestVMInterrupt(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(4 * time.Minute)
+	deadline := time.Now().Add(hang.Scale(4 * time.Minute))
 	for {
 		if m, _ := filepath.Glob(filepath.Join(tmp, "goverbs-vm.*", "node0", "started")); len(m) > 0 {
 			break
@@ -160,9 +162,9 @@ func TestVMInterrupt(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case <-done:
-	case <-time.After(30 * time.Second):
+	case <-time.After(hang.Scale(30 * time.Second)):
 		cmd.Process.Kill()
-		t.Fatal("goverbs vm did not exit 30 s after SIGINT")
+		t.Fatalf("goverbs vm did not exit %v after SIGINT (%s)", hang.Scale(30*time.Second), hang.How())
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 130 {
 		t.Errorf("exit %d after SIGINT, want 130; stderr %q", code, stderr.String())

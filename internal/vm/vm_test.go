@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 func TestShq(t *testing.T) {
@@ -188,8 +190,11 @@ func TestSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	recv := func(i int) string {
-		g[i].SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	// recvWithin reads one frame of node i, "" if none came within d: a
+	// frame that must come gets a hang bound (scaled), one that must not
+	// gets 300 ms.
+	recvWithin := func(i int, d time.Duration) string {
+		g[i].SetReadDeadline(time.Now().Add(d))
 		buf := make([]byte, 2048)
 		n, _, err := g[i].ReadFromUnix(buf)
 		if err != nil {
@@ -197,23 +202,25 @@ func TestSwitch(t *testing.T) {
 		}
 		return string(buf[14:n])
 	}
+	recv := func(i int) string { return recvWithin(i, hang.Scale(10*time.Second)) }
+	quiet := func(i int) string { return recvWithin(i, 300*time.Millisecond) }
 	bcast := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	send(0, frame(bcast, mac(0), "hello"))
 	if a, b := recv(1), recv(2); a != "hello" || b != "hello" {
 		t.Fatalf("broadcast: %q %q", a, b)
 	}
 	send(2, frame(mac(0), mac(2), "to0")) // 0 is known: unicast only
-	if a, b := recv(0), recv(1); a != "to0" || b != "" {
+	if a, b := recv(0), quiet(1); a != "to0" || b != "" {
 		t.Fatalf("unicast: node0 %q, node1 %q", a, b)
 	}
 	s.setDown(2, true)
 	send(0, frame(mac(2), mac(0), "cut"))
-	if a := recv(2); a != "" {
+	if a := quiet(2); a != "" {
 		t.Fatalf("down link delivered %q", a)
 	}
 	// Link requests from the guests, as `goverbs vm link` writes them.
 	os.WriteFile(filepath.Join(dir, "link.2.req"), []byte("loss 100\n"), 0o644)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(hang.Scale(5 * time.Second))
 	for !exists(filepath.Join(dir, "link.2.done")) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -224,7 +231,7 @@ func TestSwitch(t *testing.T) {
 		t.Fatalf("link 2: down %v loss %d", s.down[2].Load(), s.loss[2].Load())
 	}
 	send(0, frame(mac(2), mac(0), "lost"))
-	if a := recv(2); a != "" {
+	if a := quiet(2); a != "" {
 		t.Fatalf("100%% loss delivered %q", a)
 	}
 	if err := s.apply(2, []string{"up"}); err != nil {
