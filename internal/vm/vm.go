@@ -318,6 +318,11 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 	defer tick.Stop()
 	n0 := r.nodes[0]
 	var started time.Time
+	// The boot timeout bounds a boot that makes no progress: it counts
+	// from the last time a guest's console grew (each init stage prints a
+	// line), so a slow boot on a loaded machine is not taken for a hung
+	// one.
+	lastGrowth, consoleSize := r.tQemu, int64(0)
 	for {
 		select {
 		case s := <-sigc:
@@ -353,7 +358,12 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 		if started.IsZero() && n0.isStarted() {
 			started = now
 		}
-		if started.IsZero() && now.Sub(r.tQemu) > bootTimeout {
+		if started.IsZero() {
+			if n := r.consoleBytes(); n != consoleSize {
+				consoleSize, lastGrowth = n, now
+			}
+		}
+		if started.IsZero() && now.Sub(lastGrowth) > bootTimeout {
 			r.killAll()
 			r.waitAll()
 			stuck := n0
@@ -363,7 +373,8 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 					break
 				}
 			}
-			stuck.consoleTail(fmt.Sprintf("guest hung: %s did not start the command within %v", stuck.name(), bootTimeout))
+			stuck.consoleTail(fmt.Sprintf("guest hung: %s did not start the command, its console silent for %v (%v since qemu started)",
+				stuck.name(), bootTimeout, now.Sub(r.tQemu).Round(time.Second)))
 			return ExitTimeout, nil
 		}
 		if !started.IsZero() && r.Timeout > 0 && now.Sub(started) > r.Timeout+grace {
@@ -373,6 +384,17 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 			return ExitTimeout, nil
 		}
 	}
+}
+
+// consoleBytes is the size of all guests' console logs.
+func (r *runner) consoleBytes() int64 {
+	var n int64
+	for _, nd := range r.nodes {
+		if st, err := os.Stat(filepath.Join(nd.dir, "console.log")); err == nil {
+			n += st.Size()
+		}
+	}
+	return n
 }
 
 func (r *runner) result(n0 *node, started time.Time) (int, error) {
