@@ -22,7 +22,10 @@ import (
 	"github.com/goverbs/goverbs/uverbs"
 )
 
-// goverbsBin is the goverbs binary the tests run: built into a temporary
+// goverbsBin is the goverbs binary the tests run: inside a scripts/vm
+// guest, the harness's own copy (GOVERBS_VM_BIN: scripts/vm builds it from
+// this checkout with CGO_ENABLED=0, so the link under TCG is saved; set
+// GOVERBS_TEST_BUILD=1 to build anyway); else built into a temporary
 // folder by TestMain with CGO_ENABLED=0 go build, or, when no go tool is at
 // hand (or GOVERBS_TEST_BUILD=0), this test binary itself re-executed as
 // goverbs (GOVERBS_TEST_MAIN=1 makes TestMain run main instead of tests).
@@ -52,7 +55,9 @@ func TestMain(m *testing.M) {
 	goverbsBin = filepath.Join(dir, "goverbs")
 	how := "built with CGO_ENABLED=0 go build"
 	t0 := time.Now()
-	if err := build(goverbsBin); err != nil {
+	if b := os.Getenv("GOVERBS_VM_BIN"); b != "" && os.Getenv("GOVERBS_VM_GUEST") == "1" && os.Getenv("GOVERBS_TEST_BUILD") != "1" {
+		goverbsBin, how = b, "the guest harness's copy (GOVERBS_VM_BIN)"
+	} else if err := build(goverbsBin); err != nil {
 		self, err2 := os.Executable()
 		if err2 != nil {
 			fmt.Fprintln(os.Stderr, err, err2)
