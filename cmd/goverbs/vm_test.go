@@ -112,6 +112,17 @@ func TestVMHang(t *testing.T) {
 	if r.code != 124 || !strings.Contains(r.stderr, "guest hung") || !strings.Contains(r.stderr, "console") {
 		t.Errorf("boot hang: exit %d (want 124)\n%s", r.code, r.stderr)
 	}
+	// A guest whose clock runs fast (here: told the host started an hour
+	// from now) stops before the command; the host boots again, three
+	// times in all, then gives up with 125 and says why.
+	r = vmRun(t, 5*time.Minute, []string{"GOVERBS_VM_TEST_BADCLOCK=1"}, "--", "touch", "/tmp/goverbs-vm-badclock-ran")
+	if r.code != 125 || strings.Count(r.stderr, "clock ran fast during boot") != 2 || !strings.Contains(r.stderr, "booting again (3 of 3)") {
+		t.Errorf("bad clock: exit %d (want 125 after 3 boots)\n%s", r.code, r.stderr)
+	}
+	if _, err := os.Stat("/tmp/goverbs-vm-badclock-ran"); err == nil {
+		os.Remove("/tmp/goverbs-vm-badclock-ran")
+		t.Error("the command ran in a guest whose clock was broken")
+	}
 	// The command outlives --timeout: the guest stops it.
 	r = vmRun(t, 5*time.Minute, nil, "--timeout", "2", "--", "sleep", "100")
 	if r.code != 124 || !strings.Contains(r.stderr, "timed out after 2s") {

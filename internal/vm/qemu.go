@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -176,8 +177,15 @@ func (nd *node) prepare(argv, shares []string, self string) error {
 	if r.Nodes > 1 {
 		mode = "cluster"
 	}
-	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nSHARES=(",
-		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices)
+	// HOST_T0: the host's clock as qemu starts, for the guest's check of
+	// its own clock (init2's clock_check). GOVERBS_VM_TEST_BADCLOCK=1 (for
+	// tests) puts it in the future, so every guest finds its clock fast.
+	t0 := time.Now().Unix()
+	if os.Getenv("GOVERBS_VM_TEST_BADCLOCK") == "1" {
+		t0 += 3600
+	}
+	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nHOST_T0=%d\nSHARES=(",
+		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices, t0)
 	for i, d := range shares {
 		fmt.Fprintf(&c, " %s", shq(fmt.Sprintf("rw%d=%s", i, d)))
 	}

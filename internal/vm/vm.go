@@ -252,8 +252,44 @@ func (r *runner) run(argv []string) (int, error) {
 		}
 	}
 
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigc)
+	defer r.cleanup()
+	for attempt := 1; ; attempt++ {
+		code, err := r.boot(argv, qemu, sigc)
+		why := r.badClock()
+		if why == "" || attempt == maxBoots {
+			return code, err
+		}
+		// The guest found its clock broken before the command started
+		// (init2's clock_check): nothing ran, so boot again.
+		fmt.Fprintf(r.Stderr, "%s: %s (timer calibration gone wrong under load); booting again (%d of %d)\n",
+			r.prog(), why, attempt+1, maxBoots)
+		r.cleanup()
+		r.nodes, r.sw, r.clusDir = nil, nil, ""
+	}
+}
+
+// maxBoots bounds the boots of one run when guests find their clock broken.
+const maxBoots = 3
+
+// badClock returns what a guest said of its broken clock, or "".
+func (r *runner) badClock() string {
+	for _, nd := range r.nodes {
+		if b, err := os.ReadFile(filepath.Join(nd.dir, "badclock")); err == nil {
+			return fmt.Sprintf("%s's clock ran fast during boot: %s", nd.name(), strings.TrimSpace(string(b)))
+		}
+	}
+	return ""
+}
+
+// boot prepares a run folder and the nodes, starts the guests and
+// supervises them.
+func (r *runner) boot(argv []string, qemu string, sigc chan os.Signal) (int, error) {
 	// Per-run folder: one share per node (job, config, init2, exit code),
 	// a cluster share all nodes see, and the switch's sockets.
+	var err error
 	base := os.Getenv("TMPDIR")
 	if base == "" || len(base) > 60 { // unix socket paths are short
 		base = "/tmp"
@@ -261,7 +297,6 @@ func (r *runner) run(argv []string) (int, error) {
 	if r.dir, err = os.MkdirTemp(base, "goverbs-vm."); err != nil {
 		return 0, fail(ExitGuest, "%v", err)
 	}
-	defer r.cleanup()
 
 	shares, err := r.writableShares()
 	if err != nil {
@@ -294,10 +329,6 @@ func (r *runner) run(argv []string) (int, error) {
 		}
 		r.nodes = append(r.nodes, nd)
 	}
-
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	defer signal.Stop(sigc)
 
 	r.tQemu = time.Now()
 	for _, nd := range r.nodes {
