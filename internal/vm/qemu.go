@@ -176,8 +176,8 @@ func (nd *node) prepare(argv, shares []string, self string) error {
 	if r.Nodes > 1 {
 		mode = "cluster"
 	}
-	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nSHARES=(",
-		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices)
+	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nHUGEPAGES=%d\nSHARES=(",
+		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices, r.hugePages())
 	for i, d := range shares {
 		fmt.Fprintf(&c, " %s", shq(fmt.Sprintf("rw%d=%s", i, d)))
 	}
