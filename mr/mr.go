@@ -63,23 +63,62 @@ const hugePage = 2 << 20
 
 // Alloc maps size bytes of zeroed anonymous memory outside the Go heap.
 // Sizes that are a multiple of 2 MiB try huge pages first and fall back to
-// normal pages when the system has none reserved.
+// normal pages when the system has none reserved; either way that memory is
+// 2 MiB-aligned. Other sizes are 64 KiB-aligned.
 func Alloc(size int) (*Memory, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("mr: alloc %d bytes: size must be positive", size)
 	}
-	prot := unix.PROT_READ | unix.PROT_WRITE
-	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	align := granule
 	if size%hugePage == 0 {
-		if b, err := unix.Mmap(-1, 0, size, prot, flags|unix.MAP_HUGETLB); err == nil {
-			return &Memory{buf: b, huge: true}, nil
+		// hugetlb mappings are aligned to the huge page size.
+		if p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), prot, anon|unix.MAP_HUGETLB); err == nil {
+			return &Memory{buf: unsafe.Slice((*byte)(p), size), huge: true}, nil
 		}
+		align = hugePage
 	}
-	b, err := unix.Mmap(-1, 0, size, prot, flags)
+	p, err := mmapAligned(size, align)
 	if err != nil {
 		return nil, fmt.Errorf("mr: alloc %d bytes: %w", size, err)
 	}
-	return &Memory{buf: b}, nil
+	return &Memory{buf: unsafe.Slice((*byte)(p), size)}, nil
+}
+
+const (
+	prot = unix.PROT_READ | unix.PROT_WRITE
+	anon = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+)
+
+// mmapAligned maps size bytes of plain pages at an address aligned to
+// align, a power of two. mmap only promises page alignment (without
+// reserved huge pages, a 2 MiB-multiple mapping is 4 KiB-aligned on most
+// kernels), so it maps align more than needed and unmaps the ends.
+func mmapAligned(size, align int) (unsafe.Pointer, error) {
+	page := unix.Getpagesize()
+	length := roundUp(size, page)
+	if align <= page {
+		return unix.MmapPtr(-1, 0, nil, uintptr(length), prot, anon)
+	}
+	total := length + align - page
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(total), prot, anon)
+	if err != nil {
+		return nil, err
+	}
+	head := (align - int(uintptr(p)%uintptr(align))) % align
+	if head > 0 {
+		if err := unix.MunmapPtr(p, uintptr(head)); err != nil {
+			unix.MunmapPtr(p, uintptr(total))
+			return nil, err
+		}
+	}
+	q := unsafe.Add(p, head)
+	if tail := total - head - length; tail > 0 {
+		if err := unix.MunmapPtr(unsafe.Add(q, length), uintptr(tail)); err != nil {
+			unix.MunmapPtr(q, uintptr(total-head))
+			return nil, err
+		}
+	}
+	return q, nil
 }
 
 // Bytes returns the memory, or nil after Close.
@@ -99,7 +138,8 @@ func (m *Memory) Close() error {
 	if m.buf == nil {
 		return nil
 	}
-	err := unix.Munmap(m.buf)
+	// Alloc's mappings are not in x/sys/unix's table of Mmap'ed slices.
+	err := unix.MunmapPtr(unsafe.Pointer(&m.buf[0]), uintptr(len(m.buf)))
 	m.buf = nil
 	return err
 }
