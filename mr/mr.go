@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -152,8 +153,8 @@ type MR struct {
 	handle uint32
 	lkey   uint32
 	rkey   uint32
-	mu     sync.Mutex
-	closed bool
+	mu     sync.Mutex // serialises Close
+	closed atomic.Bool
 }
 
 // Register registers buf in pd. buf must stay mapped, and must not be
@@ -224,8 +225,12 @@ func (m *MR) Contains(addr uint64, n int) bool {
 }
 
 // SGE returns the SGE for n bytes at offset off, or an error if that range
-// is outside the region.
+// is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
+// longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
+	if m.closed.Load() {
+		return uverbs.SGE{}, errMRClosed
+	}
 	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
 		return uverbs.SGE{}, fmt.Errorf("mr: SGE [%d, %d) outside the %d-byte region", off, off+n, len(m.buf))
 	}
@@ -241,17 +246,23 @@ func (m *MR) destroy() error {
 	})
 }
 
+var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
+
+// IsClosed reports whether the MR was closed (by Close, or by closing its
+// Context).
+func (m *MR) IsClosed() bool { return m.closed.Load() }
+
 // Close deregisters the region. Idempotent.
 func (m *MR) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return nil
 	}
 	if err := m.destroy(); err != nil {
 		return fmt.Errorf("mr: deregister: %w", err)
 	}
-	m.closed = true
+	m.closed.Store(true)
 	m.pd.Context().Untrack(m)
 	return nil
 }
