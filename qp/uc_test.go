@@ -97,19 +97,23 @@ func TestUC(t *testing.T) {
 			if n > 0 {
 				wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
 			}
-			if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
+			// UC has no ACK: the sender's completion says the WRITE
+			// left, not that it landed. A SEND behind it on the same QP
+			// is received after it (in order), so its receive
+			// completion says the WRITE has landed.
+			if err := b.qp.PostRecv([]qp.RecvWR{{ID: 203}}); err != nil {
 				t.Fatal(err)
 			}
-			if w := a.waitOK(t, 1)[0]; w.Opcode.String() != "RDMA_WRITE" {
-				t.Errorf("completion opcode %v", w.Opcode)
+			if err := a.qp.PostSend([]qp.SendWR{wr, {ID: 18, Opcode: qp.OpSend, Flags: qp.Signaled}}); err != nil {
+				t.Fatal(err)
 			}
-			// UC has no ACK: the sender's completion says the WRITE
-			// left, not that it landed. It lands within the deadline.
+			if w := a.waitOK(t, 2); w[0].Opcode.String() != "RDMA_WRITE" || w[1].Opcode.String() != "SEND" {
+				t.Errorf("completion opcodes %v, %v", w[0].Opcode, w[1].Opcode)
+			}
+			if rw := b.waitOK(t, 1)[0]; rw.ID != 203 || rw.ByteLen != 0 {
+				t.Errorf("receive completion %+v, want id 203, 0 bytes", rw)
+			}
 			want := a.mem.Bytes()[srcOff : srcOff+n]
-			deadline := time.Now().Add(20 * time.Second)
-			for !bytes.Equal(dst[:n], want) && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
 			if !bytes.Equal(dst[:n], want) || !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, 8)) {
 				t.Errorf("remote memory differs after RDMA WRITE")
 			}
