@@ -557,6 +557,9 @@ func (a *Allocator) fullErr(size int) error {
 }
 
 func (a *Allocator) newRegion(size int) (*region, error) {
+	// Alloc aligns to 64 KiB at least (2 MiB for multiples of 2 MiB),
+	// huge pages or not: chunks are granule-aligned, so buffers of classes
+	// up to 64 KiB are naturally aligned.
 	mem, err := Alloc(size)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -63,23 +64,62 @@ const hugePage = 2 << 20
 
 // Alloc maps size bytes of zeroed anonymous memory outside the Go heap.
 // Sizes that are a multiple of 2 MiB try huge pages first and fall back to
-// normal pages when the system has none reserved.
+// normal pages when the system has none reserved; either way that memory is
+// 2 MiB-aligned. Other sizes are 64 KiB-aligned.
 func Alloc(size int) (*Memory, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("mr: alloc %d bytes: size must be positive", size)
 	}
-	prot := unix.PROT_READ | unix.PROT_WRITE
-	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	align := granule
 	if size%hugePage == 0 {
-		if b, err := unix.Mmap(-1, 0, size, prot, flags|unix.MAP_HUGETLB); err == nil {
-			return &Memory{buf: b, huge: true}, nil
+		// hugetlb mappings are aligned to the huge page size.
+		if p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), prot, anon|unix.MAP_HUGETLB); err == nil {
+			return &Memory{buf: unsafe.Slice((*byte)(p), size), huge: true}, nil
 		}
+		align = hugePage
 	}
-	b, err := unix.Mmap(-1, 0, size, prot, flags)
+	p, err := mmapAligned(size, align)
 	if err != nil {
 		return nil, fmt.Errorf("mr: alloc %d bytes: %w", size, err)
 	}
-	return &Memory{buf: b}, nil
+	return &Memory{buf: unsafe.Slice((*byte)(p), size)}, nil
+}
+
+const (
+	prot = unix.PROT_READ | unix.PROT_WRITE
+	anon = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+)
+
+// mmapAligned maps size bytes of plain pages at an address aligned to
+// align, a power of two. mmap only promises page alignment (without
+// reserved huge pages, a 2 MiB-multiple mapping is 4 KiB-aligned on most
+// kernels), so it maps align more than needed and unmaps the ends.
+func mmapAligned(size, align int) (unsafe.Pointer, error) {
+	page := unix.Getpagesize()
+	length := roundUp(size, page)
+	if align <= page {
+		return unix.MmapPtr(-1, 0, nil, uintptr(length), prot, anon)
+	}
+	total := length + align - page
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(total), prot, anon)
+	if err != nil {
+		return nil, err
+	}
+	head := (align - int(uintptr(p)%uintptr(align))) % align
+	if head > 0 {
+		if err := unix.MunmapPtr(p, uintptr(head)); err != nil {
+			unix.MunmapPtr(p, uintptr(total))
+			return nil, err
+		}
+	}
+	q := unsafe.Add(p, head)
+	if tail := total - head - length; tail > 0 {
+		if err := unix.MunmapPtr(unsafe.Add(q, length), uintptr(tail)); err != nil {
+			unix.MunmapPtr(q, uintptr(total-head))
+			return nil, err
+		}
+	}
+	return q, nil
 }
 
 // Bytes returns the memory, or nil after Close.
@@ -99,7 +139,8 @@ func (m *Memory) Close() error {
 	if m.buf == nil {
 		return nil
 	}
-	err := unix.Munmap(m.buf)
+	// Alloc's mappings are not in x/sys/unix's table of Mmap'ed slices.
+	err := unix.MunmapPtr(unsafe.Pointer(&m.buf[0]), uintptr(len(m.buf)))
 	m.buf = nil
 	return err
 }
@@ -112,8 +153,8 @@ type MR struct {
 	handle uint32
 	lkey   uint32
 	rkey   uint32
-	mu     sync.Mutex
-	closed bool
+	mu     sync.Mutex // serialises Close
+	closed atomic.Bool
 }
 
 // Register registers buf in pd. buf must stay mapped, and must not be
@@ -184,8 +225,12 @@ func (m *MR) Contains(addr uint64, n int) bool {
 }
 
 // SGE returns the SGE for n bytes at offset off, or an error if that range
-// is outside the region.
+// is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
+// longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
+	if m.closed.Load() {
+		return uverbs.SGE{}, errMRClosed
+	}
 	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
 		return uverbs.SGE{}, fmt.Errorf("mr: SGE [%d, %d) outside the %d-byte region", off, off+n, len(m.buf))
 	}
@@ -201,17 +246,23 @@ func (m *MR) destroy() error {
 	})
 }
 
+var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
+
+// IsClosed reports whether the MR was closed (by Close, or by closing its
+// Context).
+func (m *MR) IsClosed() bool { return m.closed.Load() }
+
 // Close deregisters the region. Idempotent.
 func (m *MR) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return nil
 	}
 	if err := m.destroy(); err != nil {
 		return fmt.Errorf("mr: deregister: %w", err)
 	}
-	m.closed = true
+	m.closed.Store(true)
 	m.pd.Context().Untrack(m)
 	return nil
 }

@@ -207,10 +207,35 @@ func TestUseAfterCloseAndDoubleClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pd2, err := c.AllocPD() // stays open: a closed CQ alone must stop qp.Create
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.SGE(0, 64); err != nil {
+		t.Fatalf("SGE before Close: %v", err)
+	}
 	for _, cl := range []interface{ Close() error }{q, q, ccq, ccq, m, m, pd, pd} {
 		if err := cl.Close(); err != nil {
 			t.Fatalf("Close %T: %v", cl, err)
 		}
+	}
+	if g, err := m.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("MR.SGE after Close: %+v, %v", g, err)
+	}
+	if !m.IsClosed() || !q.IsClosed() || !ccq.IsClosed() {
+		t.Errorf("IsClosed after Close: MR %v, QP %v, CQ %v", m.IsClosed(), q.IsClosed(), ccq.IsClosed())
+	}
+	if err := q.Connect(qp.Remote{QPN: 1}, qp.ConnectOptions{}); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("Connect after Close: %v", err)
+	}
+	if err := ccq.Notify(false); !errors.Is(err, cq.ErrClosed) {
+		t.Errorf("Notify after Close: %v", err)
+	}
+	if _, err := qp.Create(pd2, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("Create with a closed CQ: %v", err)
+	}
+	if err := pd2.Close(); err != nil {
+		t.Fatal(err)
 	}
 	if err := q.PostSend([]qp.SendWR{{Opcode: qp.OpSend}}); !errors.Is(err, qp.ErrClosed) {
 		t.Errorf("PostSend after Close: %v", err)
@@ -233,11 +258,36 @@ func TestUseAfterCloseAndDoubleClose(t *testing.T) {
 	if _, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) {
 		t.Errorf("Create on a closed PD: %v", err)
 	}
+	// Closing the context closes what is left open on it: an MR too.
+	if _, err := mr.Register(pd2, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) {
+		t.Errorf("Register on the closed PD2: %v", err)
+	}
+	pd3, err := c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := mr.Register(pd3, mem.Bytes(), mr.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close of the context: %v", err)
+	}
+	if _, err := m2.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) || !m2.IsClosed() {
+		t.Errorf("MR.SGE after closing its context: %v (IsClosed %v)", err, m2.IsClosed())
+	}
+	if err := m2.Close(); err != nil {
+		t.Errorf("MR.Close after its context's Close: %v", err)
+	}
+	if b := mem.Bytes(); b == nil {
+		t.Error("Memory.Bytes is nil before Memory.Close")
+	}
+	mem.Close()
+	if b := mem.Bytes(); b != nil {
+		t.Errorf("Memory.Bytes after Close: %d bytes", len(b))
 	}
 	if _, err := c.AllocPD(); !errors.Is(err, uverbs.ErrClosed) {
 		t.Errorf("AllocPD after Close: %v", err)

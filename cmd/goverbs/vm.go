@@ -86,6 +86,7 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 	cpus := fs.String("cpus", envOr("GOVERBS_VM_CPUS", "auto"), "vCPUs per guest, or auto (up to 2 free host cores; 1 per node)")
 	timeout := fs.String("timeout", "0", "stop CMD after this many seconds (or a duration like 5m); exit status 124")
 	fs.StringVar(&o.Mem, "mem", "", "guest memory, qemu syntax (default 2G, or 1G per node; env GOVERBS_VM_MEM)")
+	hugePages := fs.String("hugepages", "", "2 MiB huge pages each guest reserves, 0 for none like most machines (default 64; env GOVERBS_VM_HUGEPAGES)")
 	fs.StringVar(&o.Kernel, "kernel", os.Getenv("GOVERBS_VM_KERNEL"), "guest kernel: a linux-image .deb, a folder with boot/vmlinuz-V and lib/modules/V, a vmlinuz (modules from /lib/modules/V); default Debian's linux-image-amd64")
 	fs.IntVar(&o.Devices, "devices", 0, "rxe devices per guest (default 2 in one guest, 1 per node)")
 	fs.IntVar(&o.Nodes, "nodes", 1, "number of guests on a private virtual L2 network")
@@ -123,6 +124,13 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 		o.Timeout = d.Round(time.Second)
 	} else {
 		return o, nil, bad("--timeout wants whole seconds, not %q", *timeout)
+	}
+	if *hugePages != "" {
+		n, err := vm.ParseHugePages(*hugePages)
+		if err != nil {
+			return o, nil, bad("--hugepages: %v", err)
+		}
+		o.HugePages = n
 	}
 	for _, r := range rw {
 		o.RW = append(o.RW, r)

@@ -50,6 +50,9 @@ func TestVMBadInput(t *testing.T) {
 		{nil, []string{"vm", "--loss", "1=5", "true"}, 2, "needs --nodes"},
 		{nil, []string{"vm", "--devices", "3", "true"}, 2, "--devices 3"},
 		{nil, []string{"vm", "--nodes", "99", "true"}, 2, "at most"},
+		{nil, []string{"vm", "--hugepages", "-1", "true"}, 2, "--hugepages: huge pages: want a count"},
+		{nil, []string{"vm", "--hugepages", "many", "true"}, 2, "--hugepages"},
+		{[]string{"GOVERBS_VM_HUGEPAGES=x"}, []string{"vm", "true"}, 2, "GOVERBS_VM_HUGEPAGES"},
 		{nil, []string{"vm", "--nosuchflag", "true"}, 2, "not defined"},
 		{nil, []string{"vm", "--kernel", "/nonexistent/vmlinuz", "true"}, 2, "--kernel wants"},
 		{[]string{"GOVERBS_VM_QEMU=/nonexistent/qemu-system-x86_64"}, []string{"vm", "true"}, 125, "qemu not found"},
@@ -81,6 +84,28 @@ func TestVMSingle(t *testing.T) {
 		`echo "out $GOVERBS_VM_GUEST $(hostname) $(cat /sys/class/infiniband/rxe*/ports/1/state | grep -c ACTIVE)"; echo err >&2; exit 7`)
 	if r.code != 7 || r.stdout != "out 1 goverbs-vm 2\n" || r.stderr != "err\n" {
 		t.Fatalf("exit %d (want 7), stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// --hugepages and GOVERBS_VM_HUGEPAGES set the guest's nr_hugepages (64
+// unless told; 0 boots a guest like most machines); the flag wins.
+func TestVMHugePages(t *testing.T) {
+	needGuests(t)
+	t.Parallel()
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"GOVERBS_VM_HUGEPAGES=", nil, "64"},
+		{"GOVERBS_VM_HUGEPAGES=0", nil, "0"},
+		{"GOVERBS_VM_HUGEPAGES=0", []string{"--hugepages", "8"}, "8"},
+	} {
+		args := append(append([]string{}, tc.args...), "--", "bash", "-c", `echo "$(</proc/sys/vm/nr_hugepages) $(grep -c ' hugetlbfs ' /proc/mounts)"`)
+		r := vmRun(t, 5*time.Minute, []string{tc.env}, args...)
+		if r.code != 0 || r.stdout != tc.want+" 1\n" {
+			t.Errorf("%s goverbs vm %q: exit %d, nr_hugepages and hugetlbfs mounts %q, want %q\n%s", tc.env, tc.args, r.code, r.stdout, tc.want+" 1", r.stderr)
+		}
 	}
 }
 

@@ -42,26 +42,34 @@ const (
 // MaxNodes is the largest cluster Run boots.
 const MaxNodes = 8
 
+// DefaultHugePages is how many 2 MiB huge pages a guest reserves unless
+// Options.HugePages or GOVERBS_VM_HUGEPAGES say otherwise.
+const DefaultHugePages = 64
+
+// NoHugePages as Options.HugePages boots guests without huge pages.
+const NoHugePages = -1
+
 // Options configure Run. The zero value (plus Stdout/Stderr) is one guest
 // with defaults.
 type Options struct {
-	Prog     string        // name used in messages ("goverbs vm")
-	Mem      string        // guest memory, qemu syntax; "" = 2G (1 guest) or 1G per node
-	CPUs     int           // vCPUs per guest; 0 = auto (slot logic)
-	Timeout  time.Duration // 0 = none; whole seconds
-	Kernel   string        // "" = Debian's linux-image-amd64; or a .deb, a folder, a vmlinuz
-	Devices  int           // rxe devices per guest; 0 = 2 (one guest) or 1 (cluster)
-	Nodes    int           // guests; 0 or 1 = one
-	Keep     bool          // keep the run folder
-	Verbose  bool          // timing line, and the guests' consoles on stderr
-	RW       []string      // extra writable host folders
-	Loss     map[int]float64
-	Down     map[int]bool // nodes whose link starts cut (partition)
-	Selftest bool         // run the embedded selftest instead of a command
-	Setup    bool         // only install dependencies and build the cache
-	Refresh  bool         // re-resolve the Debian kernel package
-	Stdout   io.Writer
-	Stderr   io.Writer
+	Prog      string          // name used in messages ("goverbs vm")
+	Mem       string          // guest memory, qemu syntax; "" = 2G (1 guest) or 1G per node
+	HugePages int             // 2 MiB huge pages per guest; 0 = GOVERBS_VM_HUGEPAGES or 64; NoHugePages = none
+	CPUs      int             // vCPUs per guest; 0 = auto (slot logic)
+	Timeout   time.Duration   // 0 = none; whole seconds
+	Kernel    string          // "" = Debian's linux-image-amd64; or a .deb, a folder, a vmlinuz
+	Devices   int             // rxe devices per guest; 0 = 2 (one guest) or 1 (cluster)
+	Nodes     int             // guests; 0 or 1 = one
+	Keep      bool            // keep the run folder
+	Verbose   bool            // timing line, and the guests' consoles on stderr
+	RW        []string        // extra writable host folders
+	Loss      map[int]float64 // nodes whose link starts lossy (percent)
+	Down      map[int]bool    // nodes whose link starts cut (partition)
+	Selftest  bool            // run the embedded selftest instead of a command
+	Setup     bool            // only install dependencies and build the cache
+	Refresh   bool            // re-resolve the Debian kernel package
+	Stdout    io.Writer
+	Stderr    io.Writer
 }
 
 // runner is one Run.
@@ -126,6 +134,22 @@ func Run(o Options, argv []string) int {
 	return code
 }
 
+// ParseHugePages parses a huge page count as --hugepages and
+// GOVERBS_VM_HUGEPAGES give it: "" is DefaultHugePages, "0" NoHugePages.
+func ParseHugePages(s string) (int, error) {
+	if s == "" {
+		return DefaultHugePages, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("huge pages: want a count of 2 MiB pages (0 for none), not %q", s)
+	}
+	if n == 0 {
+		return NoHugePages, nil
+	}
+	return n, nil
+}
+
 // HostHasRDMA reports whether the host has an ACTIVE RDMA port.
 func HostHasRDMA() bool {
 	states, _ := filepath.Glob("/sys/class/infiniband/*/ports/*/state")
@@ -151,6 +175,17 @@ func Passthrough(nodes int) (bool, error) {
 	default:
 		return false, fmt.Errorf("GOVERBS_VM must be auto, force or off (is %q)", m)
 	}
+}
+
+// hugePages is the count the guest's init2 writes to nr_hugepages.
+func (r *runner) hugePages() int {
+	switch r.HugePages {
+	case 0:
+		return DefaultHugePages
+	case NoHugePages:
+		return 0
+	}
+	return r.HugePages
 }
 
 func (r *runner) say(format string, a ...any) {
@@ -196,6 +231,16 @@ func (r *runner) run(argv []string) (int, error) {
 		if r.Nodes > 1 {
 			r.Mem = "1G"
 		}
+	}
+	if r.HugePages == 0 {
+		n, err := ParseHugePages(os.Getenv("GOVERBS_VM_HUGEPAGES"))
+		if err != nil {
+			return 0, fail(ExitUsage, "GOVERBS_VM_HUGEPAGES: %v", err)
+		}
+		r.HugePages = n
+	}
+	if r.HugePages < NoHugePages {
+		return 0, fail(ExitUsage, "huge pages %d: want a count, or NoHugePages", r.HugePages)
 	}
 	if r.Selftest {
 		argv = []string{"/run/vm/selftest"}

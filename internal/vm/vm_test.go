@@ -62,6 +62,25 @@ func TestParseNode(t *testing.T) {
 	}
 }
 
+func TestParseHugePages(t *testing.T) {
+	for s, want := range map[string]int{"": DefaultHugePages, "0": NoHugePages, "8": 8, "64": 64} {
+		if n, err := ParseHugePages(s); err != nil || n != want {
+			t.Errorf("ParseHugePages(%q) = %d, %v; want %d", s, n, err, want)
+		}
+	}
+	for _, s := range []string{"-1", "x", "2M", " 8"} {
+		if n, err := ParseHugePages(s); err == nil {
+			t.Errorf("ParseHugePages(%q) = %d, no error", s, n)
+		}
+	}
+	// What init2 writes to nr_hugepages.
+	for o, want := range map[int]int{0: DefaultHugePages, NoHugePages: 0, 8: 8} {
+		if n := (&runner{Options: Options{HugePages: o}}).hugePages(); n != want {
+			t.Errorf("HugePages %d: guest reserves %d, want %d", o, n, want)
+		}
+	}
+}
+
 // The init scripts configure routing and mount over /: they must refuse to
 // run anywhere but as PID 1 of the guest.
 func TestInitRefusesOnHost(t *testing.T) {
