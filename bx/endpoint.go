@@ -127,7 +127,7 @@ type Endpoint struct {
 	large *mr.Allocator // LocalWrite|RemoteWrite: rendezvous targets, the only remotely accessible memory
 	rndv  *mr.Allocator // LocalWrite: rendezvous sources
 
-	ctsHook func(*cts) // tests: forge the CTS we send
+	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send (set while progress runs)
 	srq     *qp.SRQ
 	cq      *cq.CQ
 	win     *flow.Window

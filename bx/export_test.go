@@ -40,7 +40,8 @@ func (p *Peer) SendFinForTest(stream uint32, ref uint64) error {
 // ForgeCTSForTest makes the endpoint alter every clear-to-send it sends
 // (target address, key, length) before it goes out.
 func (e *Endpoint) ForgeCTSForTest(f func(addr *uint64, rkey, n *uint32)) {
-	e.ctsHook = func(c *cts) { f(&c.Addr, &c.RKey, &c.Len) }
+	h := func(c *cts) { f(&c.Addr, &c.RKey, &c.Len) }
+	e.ctsHook.Store(&h)
 }
 
 // ActiveForTest reports whether the peer is connected and not recovering.

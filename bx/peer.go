@@ -822,8 +822,8 @@ func (l *lane) finished(ref uint64) error {
 // its own goroutine: it may wait for a credit, and the progress goroutine
 // must not.
 func (p *Peer) sendCTS(l *lane, stream uint32, c cts) {
-	if p.e.ctsHook != nil {
-		p.e.ctsHook(&c)
+	if h := p.e.ctsHook.Load(); h != nil {
+		(*h)(&c)
 	}
 	b, err := p.e.eager.Alloc(HeaderSize + ctsSize)
 	if err != nil {
