@@ -48,7 +48,8 @@ func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, _ := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
+	ctx, wd := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
 	if p, err = cli.Dial(ctx, addr.String()); err != nil {
 		t.Fatal(err)
 	}
