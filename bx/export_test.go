@@ -46,3 +46,7 @@ func (e *Endpoint) ForgeCTSForTest(f func(addr *uint64, rkey, n *uint32)) {
 
 // ActiveForTest reports whether the peer is connected and not recovering.
 func (p *Peer) ActiveForTest() bool { return p.state.Load() == stateActive }
+
+// OnServeReleaseForTest makes every RPC serve call f right after it released
+// the request's buffer to the receive queue, before it sends the response.
+func OnServeReleaseForTest(f func()) { serveReleased.Store(&f) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goverbs/goverbs/mr"
@@ -265,7 +266,6 @@ func (p *Peer) serve(h Handler, req *Msg) {
 		resp, err = h(p.e.stopCh, p, req)
 	}
 	stream, call := req.Stream, req.call
-	req.Release()
 	flags := uint16(flagResponse)
 	if err != nil {
 		flags |= flagError
@@ -276,12 +276,24 @@ func (p *Peer) serve(h Handler, req *Msg) {
 		flags |= flagError
 		resp = []byte(aerr.Error())
 		if b, aerr = p.e.Alloc(len(resp)); aerr != nil {
+			req.Release()
 			return
 		}
 	}
+	// The response may alias the request (an echo): it is copied out
+	// before the request's buffer goes back to the receive queue, where
+	// the device may refill it at once.
 	copy(b.Payload(), resp)
+	req.Release()
+	if f := serveReleased.Load(); f != nil {
+		(*f)()
+	}
 	p.sendMsg(context.Background(), stream, flags, call, b)
 }
+
+// serveReleased is a test hook (export_test.go): it runs once a request's
+// buffer is back in the receive queue, so a test can let the device refill it.
+var serveReleased atomic.Pointer[func()]
 
 // Call sends req on the stream as an RPC request and waits for the
 // response, which the caller must Release. Errors: *RemoteError from the

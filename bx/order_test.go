@@ -1,0 +1,106 @@
+package bx_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+)
+
+// TestEchoBufferOrder checks that a response is built before its request's
+// buffer goes back to the shared receive queue. The handler echoes its
+// request (the response aliases the receive buffer); with a handful of
+// buffers and other traffic keeping them cycling, a buffer released too
+// early is refilled by the device while the response is copied out of it.
+// The hook widens that window: once the request is released it waits until
+// every receive buffer has been refilled (or a while), then the response
+// goes out and must still be the request.
+func TestEchoBufferOrder(t *testing.T) {
+	const credits = 4
+	srv, _, p, sp := pair(t, func(c *bx.Config) { c.MaxPeers, c.Credits = 1, credits })
+	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return req.Data(), nil
+	})
+	var noiseIn atomic.Int64
+	bx.OnServeReleaseForTest(func() {
+		start := noiseIn.Load()
+		for deadline := time.Now().Add(200 * time.Millisecond); noiseIn.Load() < start+2*credits && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Microsecond)
+		}
+	})
+	defer bx.OnServeReleaseForTest(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const callers, calls, size = 4, 50, 4 << 10
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	// Other traffic: a stream the server drains and releases at once.
+	noise := bytes.Repeat([]byte{0xee}, size)
+	var noiseWG sync.WaitGroup
+	for range 2 {
+		noiseWG.Add(1)
+		go func() {
+			defer noiseWG.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := p.Stream(2).Send(ctx, noise); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	noiseWG.Add(1)
+	go func() {
+		defer noiseWG.Done()
+		for {
+			m, err := sp.Stream(2).Recv(ctx)
+			if err != nil {
+				return
+			}
+			noiseIn.Add(1)
+			m.Release()
+		}
+	}()
+	errs := make(chan error, callers)
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := make([]byte, size)
+			for i := range calls {
+				for k := 0; k < size; k += 8 {
+					binary.LittleEndian.PutUint64(req[k:], uint64(g)<<48|uint64(i)<<24|uint64(k))
+				}
+				m, err := p.Call(ctx, 1, req)
+				if err != nil {
+					errs <- fmt.Errorf("caller %d call %d: %w", g, i, err)
+					return
+				}
+				ok := bytes.Equal(m.Data(), req)
+				m.Release()
+				if !ok {
+					errs <- fmt.Errorf("caller %d call %d: the echo differs from the request", g, i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	cancel()
+	noiseWG.Wait()
+}
