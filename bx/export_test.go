@@ -49,4 +49,11 @@ func (p *Peer) ActiveForTest() bool { return p.state.Load() == stateActive }
 
 // OnServeReleaseForTest makes every RPC serve call f right after it released
 // the request's buffer to the receive queue, before it sends the response.
-func OnServeReleaseForTest(f func()) { serveReleased.Store(&f) }
+// A nil f removes the hook.
+func OnServeReleaseForTest(f func()) {
+	if f == nil {
+		serveReleased.Store(nil)
+		return
+	}
+	serveReleased.Store(&f)
+}
