@@ -1,6 +1,7 @@
 package qp_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -202,5 +203,33 @@ func (s *side) noMore(t testing.TB, d time.Duration) {
 func fill(b []byte, seed byte) {
 	for i := range b {
 		b[i] = byte(i*7) + seed
+	}
+}
+
+// writeWithImm RDMA-WRITEs n bytes (a pattern from seed) from a's memory
+// at srcOff to b's at dstOff with immediate data imm: the write completes
+// at a, b's receive recvID completes with imm and n bytes, and b's memory
+// holds the bytes.
+func writeWithImm(t *testing.T, a, b *side, srcOff, dstOff, n int, seed byte, wrID, recvID uint64, imm uint32) {
+	t.Helper()
+	fill(a.mem.Bytes()[srcOff:srcOff+n], seed)
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: recvID}}); err != nil {
+		t.Fatal(err)
+	}
+	wr := qp.SendWR{ID: wrID, Opcode: qp.OpRDMAWriteWithImm, Flags: qp.Signaled, Imm: imm,
+		RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
+	if n > 0 {
+		wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
+	}
+	if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOK(t, 1)
+	rw := b.waitOK(t, 1)[0]
+	if rw.ID != recvID || rw.Imm != imm || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV_RDMA_WITH_IMM" {
+		t.Errorf("target completion %+v", rw)
+	}
+	if !bytes.Equal(b.mem.Bytes()[dstOff:dstOff+n], a.mem.Bytes()[srcOff:srcOff+n]) {
+		t.Errorf("remote memory differs after RDMA WRITE WITH IMM")
 	}
 }

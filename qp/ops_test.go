@@ -159,26 +159,7 @@ func TestRDMAWriteRead(t *testing.T) {
 			}
 		})
 		t.Run(fmt.Sprintf("write-imm/size=%d", n), func(t *testing.T) {
-			fill(a.mem.Bytes()[srcOff:srcOff+n], byte(n)+2)
-			if err := b.qp.PostRecv([]qp.RecvWR{{ID: 77}}); err != nil {
-				t.Fatal(err)
-			}
-			wr := qp.SendWR{ID: 4, Opcode: qp.OpRDMAWriteWithImm, Flags: qp.Signaled, Imm: 0x01020304,
-				RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
-			if n > 0 {
-				wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-			}
-			if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
-				t.Fatal(err)
-			}
-			a.waitOK(t, 1)
-			rw := b.waitOK(t, 1)[0]
-			if rw.ID != 77 || rw.Imm != 0x01020304 || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV_RDMA_WITH_IMM" {
-				t.Errorf("target completion %+v", rw)
-			}
-			if !bytes.Equal(b.mem.Bytes()[dstOff:dstOff+n], a.mem.Bytes()[srcOff:srcOff+n]) {
-				t.Errorf("remote memory differs after RDMA WRITE WITH IMM")
-			}
+			writeWithImm(t, a, b, srcOff, dstOff, n, byte(n)+2, 4, 77, 0x01020304)
 		})
 		t.Run(fmt.Sprintf("read/size=%d", n), func(t *testing.T) {
 			fill(b.mem.Bytes()[dstOff:dstOff+n], byte(n)+3)
