@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // TestEchoBufferOrder checks that a response is built before its request's
@@ -35,8 +36,7 @@ func TestEchoBufferOrder(t *testing.T) {
 		}
 	})
 	defer bx.OnServeReleaseForTest(nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
 	const callers, calls, size = 4, 50, 4 << 10
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -83,11 +83,12 @@ func TestEchoBufferOrder(t *testing.T) {
 				}
 				m, err := p.Call(ctx, 1, req)
 				if err != nil {
-					errs <- fmt.Errorf("caller %d call %d: %w", g, i, err)
+					errs <- fmt.Errorf("caller %d call %d: %w", g, i, hang.Cause(ctx, err))
 					return
 				}
 				ok := bytes.Equal(m.Data(), req)
 				m.Release()
+				wd.Progress()
 				if !ok {
 					errs <- fmt.Errorf("caller %d call %d: the echo differs from the request", g, i)
 					return
@@ -101,6 +102,6 @@ func TestEchoBufferOrder(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	cancel()
+	wd.Stop() // ends the noise goroutines
 	noiseWG.Wait()
 }
