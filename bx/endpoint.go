@@ -56,11 +56,19 @@ type Config struct {
 	// PeerTimeout is how long a peer may stay unreachable before its calls
 	// fail with ErrPeerGone (default 10 s).
 	PeerTimeout time.Duration
-	// Spin is how long the progress goroutine keeps polling an idle CQ
-	// before it arms it and sleeps in the netpoller (default 0: it sleeps
-	// at once). Spinning trades CPU for latency while traffic flows; an
-	// idle endpoint sleeps either way.
+	// Spin is how long the progress goroutine keeps polling the CQ after
+	// its last completion before it arms it and sleeps in the netpoller
+	// (default 1 ms); while Calls wait for responses, 10 times as long.
+	// One endpoint per process polls at a time; the others sleep. A wake-up through the completion channel costs far more
+	// than a poll (hundreds of microseconds under emulation), so polling
+	// while traffic flows trades CPU for latency; an idle endpoint sleeps
+	// after Spin either way. Negative: never poll an empty CQ, sleep at
+	// once (the event-driven setting).
 	Spin time.Duration
+	// Workers bounds the goroutines that run blocking handlers (Handle)
+	// (default 64); requests beyond them queue. HandleInline handlers run
+	// on the progress goroutine instead.
+	Workers int
 }
 
 func (c *Config) defaults() error {
@@ -99,6 +107,10 @@ func (c *Config) defaults() error {
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = 10 * time.Second
 	}
+	if c.Spin == 0 {
+		c.Spin = time.Millisecond
+	}
+	def(&c.Workers, 64)
 	switch {
 	case c.Lanes < 1 || c.Lanes > 4:
 		return fmt.Errorf("bx: Lanes %d outside 1..4", c.Lanes)
@@ -108,6 +120,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: MaxPeers %d", c.MaxPeers)
 	case c.EagerSize < 64 || c.EagerSize+HeaderSize > 1<<20:
 		return fmt.Errorf("bx: EagerSize %d outside 64..1 MiB-header", c.EagerSize)
+	case c.Workers < 1:
+		return fmt.Errorf("bx: Workers %d", c.Workers)
 	case c.MaxMessage < c.EagerSize:
 		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
 	}
@@ -132,17 +146,30 @@ type Endpoint struct {
 	cq      *cq.CQ
 	win     *flow.Window
 
-	srqMu   sync.Mutex // the SRQ's receive side has one owner at a time
-	srqGone bool       // under srqMu: Close is destroying the SRQ
+	srqMu   sync.Mutex   // the SRQ's receive side has one owner at a time
+	srqGone bool         // under srqMu: Close is destroying the SRQ
+	rwr     [1]qp.RecvWR // under srqMu: repost's work request, off the heap
+	rsge    [1]qp.SGE
+	msgs    []Msg // the progress goroutine's slab (newMsg)
 
 	mu       sync.RWMutex
 	peers    map[*Peer]struct{}
 	byQPN    map[uint32]*lane
-	handlers map[uint32]Handler
+	handlers map[uint32]handler
 	accepted chan *Peer
 	lns      []net.Listener
 	dialed   map[string]*Peer
 	conns    chan *Conn
+
+	// waiting counts Calls waiting for their response: the progress
+	// goroutine polls while there are any.
+	waiting atomic.Int64
+	// work is the queue of requests for blocking handlers. Every queued
+	// request holds a receive buffer or a rendezvous target the peer's
+	// window admitted, so the queue, sized to both, never fills and the
+	// progress goroutine never blocks on it.
+	work              chan work
+	workers, idleWork atomic.Int32
 
 	stop   context.CancelFunc
 	stopCh context.Context
@@ -168,7 +195,8 @@ func New(cfg Config) (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
-		handlers: map[uint32]Handler{}, accepted: make(chan *Peer, cfg.MaxPeers)}
+		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers),
+		work: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -315,28 +343,50 @@ func (e *Endpoint) peerList() []*Peer {
 
 // repost returns a receive buffer to the shared receive queue.
 func (e *Endpoint) repost(b mr.Buf) error {
-	sge := b.SGE(b.Cap())
-	wr := [1]qp.RecvWR{{ID: b.Handle(), SGEs: []qp.SGE{sge}}}
 	e.srqMu.Lock()
 	defer e.srqMu.Unlock()
 	if e.srqGone {
 		return ErrClosed
 	}
-	return e.srq.PostRecv(wr[:])
+	e.rsge[0] = b.SGE(b.Cap())
+	e.rwr[0] = qp.RecvWR{ID: b.Handle(), SGEs: e.rsge[:]}
+	return e.srq.PostRecv(e.rwr[:])
+}
+
+// newMsg returns a zero Msg carved from a slab: one allocation per 64
+// messages. A Msg is never reused (Release is idempotent, so a released
+// Msg must stay what it was); the slab goes when all of its are
+// unreferenced. Only the progress goroutine calls it.
+func (e *Endpoint) newMsg() *Msg {
+	if len(e.msgs) == 0 {
+		e.msgs = make([]Msg, 64)
+	}
+	m := &e.msgs[0]
+	e.msgs = e.msgs[1:]
+	return m
 }
 
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
 	t := time.NewTicker(2 * time.Millisecond)
 	defer t.Stop()
+	var peers []*Peer
 	for {
 		select {
 		case <-e.stopCh.Done():
 			return
 		case now := <-t.C:
-			for _, p := range e.peerList() {
+			// The slice is reused: an idle endpoint allocates nothing.
+			e.mu.RLock()
+			peers = peers[:0]
+			for p := range e.peers {
+				peers = append(peers, p)
+			}
+			e.mu.RUnlock()
+			for _, p := range peers {
 				p.maybeUpdate(now)
 			}
+			clear(peers)
 		}
 	}
 }
@@ -347,10 +397,19 @@ const (
 	tagSend  = 1 << 62
 )
 
+// progress polls the CQ and completes what it finds. It keeps polling
+// while Calls wait and for Config.Spin after the last completion; then it
+// arms the CQ and sleeps in the netpoller until an event.
 func (e *Endpoint) progress() {
 	defer e.wg.Done()
 	wc := make([]cq.WC, 64)
 	var idle time.Time
+	spinner := false // we hold the process's spinning token
+	defer func() {
+		if spinner {
+			spinning.Store(false)
+		}
+	}()
 	for {
 		n, err := e.cq.Poll(wc)
 		if err != nil {
@@ -363,20 +422,83 @@ func (e *Endpoint) progress() {
 			idle = time.Time{}
 			continue
 		}
-		if e.cfg.Spin > 0 {
+		if e.cfg.Spin > 0 && (spinner || spinning.CompareAndSwap(false, true)) {
+			spinner = true
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
 			}
-			if now.Sub(idle) < e.cfg.Spin {
+			// While Calls wait, longer: up to 10 Spins, so that a slow
+			// handler or a recovering peer does not keep a core busy.
+			spin := e.cfg.Spin
+			if e.waiting.Load() > 0 {
+				spin *= 10
+			}
+			if now.Sub(idle) < spin {
 				runtime.Gosched() // let the goroutines we just woke run
 				continue
 			}
+		}
+		if spinner {
+			spinner = false
+			spinning.Store(false)
+		}
+		if e.stopCh.Err() != nil {
+			return
 		}
 		if err := e.cq.Wait(e.stopCh); err != nil {
 			return
 		}
 		idle = time.Time{}
+	}
+}
+
+// spinning is held by the one progress goroutine of the process that
+// polls an empty CQ: with several endpoints in a process (tests, a client
+// and a server side by side) the others sleep on events instead of taking
+// every core.
+var spinning atomic.Bool
+
+// work is a request for a blocking handler.
+type work struct {
+	p   *Peer
+	h   Handler
+	req *Msg
+	// resp, when set, is an inline handler's response that could not go
+	// out without waiting: the worker sends it (stream, flags, call).
+	resp   Buffer
+	reply  bool
+	stream uint32
+	flags  uint16
+	call   uint64
+}
+
+// queue hands w to the worker pool, starting a worker when none is idle
+// and the pool is not full. It never blocks (see Endpoint.work).
+func (e *Endpoint) queue(w work) {
+	if int(e.idleWork.Load()) <= len(e.work) && int(e.workers.Load()) < e.cfg.Workers {
+		e.workers.Add(1)
+		go e.worker()
+	}
+	e.work <- w
+}
+
+func (e *Endpoint) worker() {
+	defer e.workers.Add(-1)
+	for {
+		e.idleWork.Add(1)
+		select {
+		case w := <-e.work:
+			e.idleWork.Add(-1)
+			if w.reply {
+				w.p.sendMsg(context.Background(), w.stream, w.flags, w.call, &w.resp)
+				continue
+			}
+			w.p.serve(w.h, w.req)
+		case <-e.stopCh.Done():
+			e.idleWork.Add(-1)
+			return
+		}
 	}
 }
 
