@@ -59,11 +59,12 @@ type Config struct {
 	// Spin is how long the progress goroutine keeps polling the CQ after
 	// its last completion before it arms it and sleeps in the netpoller
 	// (default 1 ms); while Calls wait for responses, 10 times as long.
-	// One endpoint per process polls at a time; the others sleep. A wake-up through the completion channel costs far more
-	// than a poll (hundreds of microseconds under emulation), so polling
-	// while traffic flows trades CPU for latency; an idle endpoint sleeps
-	// after Spin either way. Negative: never poll an empty CQ, sleep at
-	// once (the event-driven setting).
+	// A wake-up through the completion channel costs far more than a poll
+	// (hundreds of microseconds under emulation), so polling while
+	// traffic flows trades CPU for latency; an idle endpoint sleeps after
+	// Spin either way. Only a process's only endpoint polls, and only with
+	// GOMAXPROCS > 1 (see liveEndpoints); otherwise, and with a negative
+	// Spin, the endpoint is event-driven: it sleeps at once.
 	Spin time.Duration
 	// Workers bounds the goroutines that run blocking handlers (Handle)
 	// (default 64); requests beyond them queue. HandleInline handlers run
@@ -270,6 +271,7 @@ func New(cfg Config) (*Endpoint, error) {
 		}
 	}
 	e.stopCh, e.stop = context.WithCancel(context.Background())
+	liveEndpoints.Add(1)
 	e.wg.Add(2)
 	go e.progress()
 	go e.ticker()
@@ -319,6 +321,7 @@ func (e *Endpoint) Close() error {
 	}
 	e.stop()
 	e.wg.Wait()
+	liveEndpoints.Add(-1)
 	e.win.Close()
 	// A peer shutting down on its own, or a Msg released late, may still
 	// return a buffer: from now on it goes nowhere.
@@ -404,12 +407,6 @@ func (e *Endpoint) progress() {
 	defer e.wg.Done()
 	wc := make([]cq.WC, 64)
 	var idle time.Time
-	spinner := false // we hold the process's spinning token
-	defer func() {
-		if spinner {
-			spinning.Store(false)
-		}
-	}()
 	for {
 		n, err := e.cq.Poll(wc)
 		if err != nil {
@@ -422,8 +419,7 @@ func (e *Endpoint) progress() {
 			idle = time.Time{}
 			continue
 		}
-		if e.cfg.Spin > 0 && (spinner || spinning.CompareAndSwap(false, true)) {
-			spinner = true
+		if e.cfg.Spin > 0 && liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1 {
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
@@ -439,10 +435,6 @@ func (e *Endpoint) progress() {
 				continue
 			}
 		}
-		if spinner {
-			spinner = false
-			spinning.Store(false)
-		}
 		if e.stopCh.Err() != nil {
 			return
 		}
@@ -453,11 +445,13 @@ func (e *Endpoint) progress() {
 	}
 }
 
-// spinning is held by the one progress goroutine of the process that
-// polls an empty CQ: with several endpoints in a process (tests, a client
-// and a server side by side) the others sleep on events instead of taking
-// every core.
-var spinning atomic.Bool
+// liveEndpoints counts the process's open endpoints. Polling an empty CQ
+// keeps a goroutine runnable, and while every P is busy the scheduler
+// looks at the netpoller only every 10 ms (sysmon): goroutines sleeping
+// there (another endpoint's progress, TCP connections) would wait that
+// long. So an endpoint polls only when it is the process's only one and
+// GOMAXPROCS leaves a P for the rest; otherwise it is event-driven.
+var liveEndpoints atomic.Int32
 
 // work is a request for a blocking handler.
 type work struct {
