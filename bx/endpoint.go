@@ -57,14 +57,14 @@ type Config struct {
 	// fail with ErrPeerGone (default 10 s).
 	PeerTimeout time.Duration
 	// Spin is how long the progress goroutine keeps polling the CQ after
-	// its last completion before it arms it and sleeps in the netpoller
-	// (default 1 ms); while Calls wait for responses, 10 times as long.
-	// A wake-up through the completion channel costs far more than a poll
-	// (hundreds of microseconds under emulation), so polling while
-	// traffic flows trades CPU for latency; an idle endpoint sleeps after
+	// its last completion before it arms it and sleeps in the netpoller;
+	// while Calls wait for responses, 10 times as long. Default 0: it
+	// sleeps at once (event-driven). Polling saves the completion-event
+	// wake-up but takes a core: measured in the rxe guest (2 vCPUs, two
+	// processes; docs/perf.md) it made calls slower, the polling
+	// processes starving rxe's kernel work. An idle endpoint sleeps after
 	// Spin either way. Only a process's only endpoint polls, and only with
-	// GOMAXPROCS > 1 (see liveEndpoints); otherwise, and with a negative
-	// Spin, the endpoint is event-driven: it sleeps at once.
+	// GOMAXPROCS > 1 (see liveEndpoints).
 	Spin time.Duration
 	// Workers bounds the goroutines that run blocking handlers (Handle)
 	// (default 64); requests beyond them queue. HandleInline handlers run
@@ -107,9 +107,6 @@ func (c *Config) defaults() error {
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = 10 * time.Second
-	}
-	if c.Spin == 0 {
-		c.Spin = time.Millisecond
 	}
 	def(&c.Workers, 64)
 	switch {
