@@ -162,12 +162,18 @@ type Endpoint struct {
 	// waiting counts Calls waiting for their response: the progress
 	// goroutine polls while there are any.
 	waiting atomic.Int64
-	// work is the queue of requests for blocking handlers. Every queued
-	// request holds a receive buffer or a rendezvous target the peer's
-	// window admitted, so the queue, sized to both, never fills and the
-	// progress goroutine never blocks on it.
-	work              chan work
-	workers, idleWork atomic.Int32
+	// work hands a request for a blocking handler to an idle worker
+	// (unbuffered: a send succeeds only if one waits); backlog holds what
+	// arrives while all Config.Workers are busy. Every queued request holds
+	// a receive buffer or a rendezvous target the peer's window admitted,
+	// so the backlog, sized to both, never fills and the progress
+	// goroutine never blocks on it.
+	work    chan work
+	backlog chan work
+	workers atomic.Int32
+
+	kick  chan struct{} // poke: wake the ticker
+	ticks atomic.Uint64 // the ticker's rounds (tests)
 
 	stop   context.CancelFunc
 	stopCh context.Context
@@ -193,8 +199,8 @@ func New(cfg Config) (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
-		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers),
-		work: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
+		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers), kick: make(chan struct{}, 1),
+		work: make(chan work), backlog: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -366,25 +372,63 @@ func (e *Endpoint) newMsg() *Msg {
 	return m
 }
 
+// tick is how often the ticker looks for credit and acknowledgement
+// updates that are due while it runs.
+const tick = 2 * time.Millisecond
+
+// poke tells the ticker that a message arrived or a buffer was released:
+// an update may become due. It never blocks.
+func (e *Endpoint) poke() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ticker sends the explicit credit and acknowledgement updates that
+// piggybacking did not. It runs every tick only while some peer has
+// something to tell that could become due (flow.Returner.Quiet, an
+// acknowledgement not sent); then it sleeps until poke, so an idle
+// endpoint costs no CPU.
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
+	t := time.NewTimer(tick)
+	t.Stop()
 	var peers []*Peer
 	for {
 		select {
 		case <-e.stopCh.Done():
 			return
-		case now := <-t.C:
-			// The slice is reused: an idle endpoint allocates nothing.
+		case <-e.kick:
+		}
+		for busy := true; busy; {
+			t.Reset(tick)
+			select {
+			case <-e.stopCh.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			e.ticks.Add(1)
+			// Take the kick before looking: an event after this look
+			// pokes again.
+			select {
+			case <-e.kick:
+			default:
+			}
+			now := time.Now()
+			// The slice is reused: the ticker allocates nothing.
 			e.mu.RLock()
 			peers = peers[:0]
 			for p := range e.peers {
 				peers = append(peers, p)
 			}
 			e.mu.RUnlock()
+			busy = false
 			for _, p := range peers {
-				p.maybeUpdate(now)
+				if p.maybeUpdate(now) {
+					busy = true
+				}
 			}
 			clear(peers)
 		}
@@ -464,30 +508,44 @@ type work struct {
 	call   uint64
 }
 
-// queue hands w to the worker pool, starting a worker when none is idle
-// and the pool is not full. It never blocks (see Endpoint.work).
+// queue hands w to the worker pool and never blocks: to a worker waiting
+// for work if there is one, else to a new worker while the pool is below
+// Config.Workers, else to the backlog, which the workers drain as they
+// finish (see Endpoint.backlog).
 func (e *Endpoint) queue(w work) {
-	if int(e.idleWork.Load()) <= len(e.work) && int(e.workers.Load()) < e.cfg.Workers {
-		e.workers.Add(1)
-		go e.worker()
+	select {
+	case e.work <- w:
+		return
+	default:
 	}
-	e.work <- w
+	if e.workers.Add(1) <= int32(e.cfg.Workers) {
+		go e.worker(w)
+		return
+	}
+	e.workers.Add(-1)
+	e.backlog <- w
 }
 
-func (e *Endpoint) worker() {
+// worker runs w, then whatever comes next, until the endpoint closes.
+func (e *Endpoint) worker(w work) {
 	defer e.workers.Add(-1)
 	for {
-		e.idleWork.Add(1)
-		select {
-		case w := <-e.work:
-			e.idleWork.Add(-1)
-			if w.reply {
-				w.p.sendMsg(context.Background(), w.stream, w.flags, w.call, &w.resp)
-				continue
-			}
+		if w.reply {
+			w.p.sendMsg(context.Background(), w.stream, w.flags, w.call, &w.resp)
+		} else {
 			w.p.serve(w.h, w.req)
+		}
+		// The backlog first: what waits there queued before anything
+		// that could come through e.work now.
+		select {
+		case w = <-e.backlog:
+			continue
+		default:
+		}
+		select {
+		case w = <-e.backlog:
+		case w = <-e.work:
 		case <-e.stopCh.Done():
-			e.idleWork.Add(-1)
 			return
 		}
 	}

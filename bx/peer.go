@@ -678,18 +678,28 @@ func (p *Peer) ack(l *lane, seq uint64) {
 }
 
 // maybeUpdate sends an explicit credit/acknowledgement update when flow
-// says one is due, or when acknowledgements have waited.
-func (p *Peer) maybeUpdate(now time.Time) {
-	if p.state.Load() != stateActive {
-		return
+// says one is due, or when acknowledgements have waited. It reports
+// whether the peer still has something to tell that may become due with
+// no new event: the ticker keeps running while any peer has.
+func (p *Peer) maybeUpdate(now time.Time) bool {
+	switch p.state.Load() {
+	case stateDead:
+		return false
+	case stateRecovering:
+		return true // look again once it is active
 	}
 	due := p.ret.NeedsUpdate(now)
+	busy := false
 	for _, l := range p.lanes {
 		if due || l.deliveredSeq() > l.ackSent.Load() {
 			p.sendUpdate(l)
 			due = false
 		}
+		if l.deliveredSeq() > l.ackSent.Load() {
+			busy = true
+		}
 	}
+	return busy || !p.ret.Quiet()
 }
 
 func (p *Peer) sendUpdate(l *lane) {
@@ -723,6 +733,7 @@ func (p *Peer) sendUpdate(l *lane) {
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
 func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
+	p.e.poke() // an acknowledgement or credits to return, sooner or later
 	var h header
 	data := b.Bytes()[:n]
 	l.rmu.Lock()

@@ -41,6 +41,7 @@ func (m *Msg) Release() {
 		}
 		e.repost(m.buf)
 		m.p.ret.Released(1)
+		e.poke()
 	})
 }
 
