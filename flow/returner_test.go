@@ -30,7 +30,7 @@ func TestReturnerTable(t *testing.T) {
 			{op: "needs", want: false},
 			{op: "consume", n: 3},
 			{op: "release", n: 1, pending: 1},
-			{op: "quiet", want: false, pending: 1}, // a data credit to return: due some time
+			{op: "quiet", want: false, pending: 1},        // a data credit to return: due some time
 			{op: "needs", at: 0, want: false, pending: 1}, // idle clock starts
 			{op: "needs", at: ms / 2, want: false, pending: 1},
 			{op: "needs", at: ms, want: true, pending: 1}, // idle
@@ -54,7 +54,7 @@ func TestReturnerTable(t *testing.T) {
 			{op: "quiet", want: true, pending: 1},              // ... and none will be due without an event
 			{op: "consume", n: 3, pending: 1},                  // the peer is down to its reserve
 			{op: "quiet", want: false, pending: 1},
-			{op: "needs", at: 6 * ms, want: true, pending: 1},  // give it its stranded credit back
+			{op: "needs", at: 6 * ms, want: true, pending: 1}, // give it its stranded credit back
 			{op: "release", n: 4, pending: 5},
 			{op: "needs", at: 5 * ms, want: true, pending: 5}, // threshold
 			{op: "resync", epoch: 1, n: 19, c: 13},
