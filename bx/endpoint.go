@@ -159,6 +159,8 @@ type Endpoint struct {
 	dialed   map[string]*Peer
 	conns    chan *Conn
 
+	listeners int // under mu: open Listeners; with none, DialConn is refused
+
 	// waiting counts Calls waiting for their response: the progress
 	// goroutine polls while there are any.
 	waiting atomic.Int64
@@ -191,6 +193,10 @@ type Stats struct {
 	// Unrouted counts completions of QPs no peer owns (a QP already
 	// destroyed by recovery or shutdown); their buffers are reposted.
 	Unrouted atomic.Uint64
+	// ClosedDrops counts messages released on arrival because their
+	// stream was closed (sent before the peer learned of the close), and
+	// close answers that could not be sent (no buffer).
+	ClosedDrops atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.

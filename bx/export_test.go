@@ -71,3 +71,19 @@ func (p *Peer) UnackedForTest() int {
 	}
 	return n
 }
+
+// HeldForTest is how many of our receive buffers the peer's messages hold
+// now: consumed and not yet released (queued in streams, being read,
+// waiting for a handler).
+func (p *Peer) HeldForTest() uint64 {
+	st := p.ret.Stats()
+	return st.Consumed - st.Released - st.Control
+}
+
+// QPsForTest is how many QPs the endpoint routes completions for: its
+// peers' lanes.
+func (e *Endpoint) QPsForTest() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return len(e.byQPN)
+}
