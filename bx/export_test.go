@@ -1,5 +1,7 @@
 package bx
 
+import "crypto/tls"
+
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
 // an outside `ibv_modify_qp` would.
 func (p *Peer) BreakLanesForTest() error {
@@ -86,4 +88,11 @@ func (e *Endpoint) QPsForTest() int {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return len(e.byQPN)
+}
+
+// ControlTLSForTest reports whether the peer's control connection runs
+// over TLS.
+func (p *Peer) ControlTLSForTest() bool {
+	_, ok := p.ctl.(*tls.Conn)
+	return ok
 }

@@ -130,6 +130,9 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
 	}
+	if c, err = e.secureClient(ctx, c, addr); err != nil {
+		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
+	}
 	p, err := e.handshake(ctx, c, true)
 	if err != nil {
 		c.Close()
@@ -141,6 +144,9 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
 // Listen accepts peers on addr (the TCP control plane). Accepted peers are
 // served by the endpoint's handlers and returned by Accept.
 func (e *Endpoint) Listen(addr string) (net.Addr, error) {
+	if err := e.checkServerTLS(); err != nil {
+		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
@@ -159,6 +165,10 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 			go func() {
 				ctx, cancel := context.WithTimeout(e.stopCh, e.cfg.HandshakeTimeout)
 				defer cancel()
+				c, err := e.secureServer(ctx, c)
+				if err != nil {
+					return
+				}
 				p, err := e.handshake(ctx, c, false)
 				if err != nil {
 					c.Close()
