@@ -216,3 +216,16 @@ func (p *Peer) StreamCount() int {
 	defer p.mu.Unlock()
 	return len(p.streams)
 }
+
+// checkCall validates a Call's arguments; buffer says b is CallBuffer's.
+func (p *Peer) checkCall(ctx context.Context, stream uint32, b *Buffer, buffer bool) error {
+	switch {
+	case p == nil || p.e == nil:
+		return errors.New("bx: Call on a nil Peer")
+	case ctx == nil:
+		return fmt.Errorf("bx: Call on stream %d: nil context", stream)
+	case buffer && (b == nil || b.e == nil):
+		return fmt.Errorf("bx: CallBuffer on stream %d: a Buffer not from Endpoint.Alloc", stream)
+	}
+	return nil
+}

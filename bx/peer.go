@@ -122,6 +122,9 @@ type inbound struct {
 // Dial connects to the endpoint listening at addr (host:port of its
 // control plane).
 func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
+	if e == nil || ctx == nil {
+		return nil, fmt.Errorf("bx: dial %s: nil Endpoint or context", addr)
+	}
 	if e.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -433,6 +436,9 @@ func (p *Peer) writeCtl(typ uint8, body []byte) error {
 
 // Close disconnects from the peer.
 func (p *Peer) Close() error {
+	if p == nil {
+		return errors.New("bx: Close of a nil Peer")
+	}
 	p.shutdown(ErrClosed, true)
 	return nil
 }

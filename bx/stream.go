@@ -28,11 +28,19 @@ type Msg struct {
 }
 
 // Data is the payload. It is valid until Release.
-func (m *Msg) Data() []byte { return m.data }
+func (m *Msg) Data() []byte {
+	if m == nil {
+		return nil
+	}
+	return m.data
+}
 
 // Release returns the message's buffer: to the shared receive queue (and a
 // receive credit to the peer), or to the pool. It is idempotent.
 func (m *Msg) Release() {
+	if m == nil || m.p == nil {
+		return
+	}
 	m.once.Do(func() {
 		e := m.p.e
 		if m.large {
@@ -93,6 +101,9 @@ func (e *Endpoint) alloc(n int) (Buffer, error) {
 
 // Payload is where the message goes.
 func (b *Buffer) Payload() []byte {
+	if b == nil || b.e == nil {
+		return nil
+	}
 	if b.big {
 		return b.rv.Bytes()
 	}
@@ -101,6 +112,9 @@ func (b *Buffer) Payload() []byte {
 
 // Free returns a buffer that was not sent.
 func (b *Buffer) Free() {
+	if b == nil || b.e == nil {
+		return
+	}
 	b.e.eager.Free(b.head)
 	if b.big {
 		b.e.rndv.Free(b.rv)
@@ -410,6 +424,9 @@ var serveReleased atomic.Pointer[func()]
 // handler, the context's error (wrapped with ErrRecovering if the peer was
 // recovering), ErrPeerGone, ErrClosed.
 func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error) {
+	if err := p.checkCall(ctx, stream, nil, false); err != nil {
+		return nil, err
+	}
 	b, err := p.e.alloc(len(req))
 	if err != nil {
 		return nil, err
@@ -420,6 +437,9 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 
 // CallBuffer is Call with a zero-copy request.
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+	if err := p.checkCall(ctx, stream, b, true); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	m, err := p.callBuffer(ctx, stream, b)
 	p.e.met.observeCall(stream, start, err)
