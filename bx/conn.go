@@ -207,17 +207,15 @@ func (l *listener) Close() error {
 	l.once.Do(func() {
 		close(l.done)
 		e := l.e
+		var pending []*Conn
 		e.mu.Lock()
 		e.listeners--
-		last := e.listeners == 0
+		for e.listeners == 0 && len(e.conns) > 0 {
+			pending = append(pending, <-e.conns)
+		}
 		e.mu.Unlock()
-		for last {
-			select {
-			case c := <-e.conns:
-				c.Close()
-			default:
-				last = false
-			}
+		for _, c := range pending {
+			c.Close()
 		}
 	})
 	return nil
@@ -242,24 +240,27 @@ func (p *Peer) opened(m *Msg) {
 	id, call, req := m.Stream, m.call, m.flags&flagRequest != 0
 	m.Release()
 	e := p.e
-	e.mu.RLock()
-	ch, n := e.conns, e.listeners
-	e.mu.RUnlock()
+	c := &Conn{s: p.Stream(id)}
 	var refuse string
-	if ch == nil || n == 0 {
+	// Queued under the lock Listener.Close drains under: a Conn is
+	// never queued behind the last Listener's back.
+	e.mu.RLock()
+	if e.conns == nil || e.listeners == 0 {
 		refuse = "no Listener open on " + e.cfg.Device
 	} else {
-		c := &Conn{s: p.Stream(id)}
 		select {
-		case ch <- c:
+		case e.conns <- c:
 		default:
-			refuse = fmt.Sprintf("accept queue full (%d Conns waiting for Accept on %s)", cap(ch), e.cfg.Device)
-			c.s.mu.Lock()
-			c.s.cl.sent = true // the dialer forgets its side itself
-			c.s.mu.Unlock()
-			c.closed.Store(true)
-			c.s.Close()
+			refuse = fmt.Sprintf("accept queue full (%d Conns waiting for Accept on %s)", cap(e.conns), e.cfg.Device)
 		}
+	}
+	e.mu.RUnlock()
+	if refuse != "" {
+		c.s.mu.Lock()
+		c.s.cl.sent = true // the dialer forgets its side itself
+		c.s.mu.Unlock()
+		c.closed.Store(true)
+		c.s.Close()
 	}
 	if !req {
 		return // an old dialer that waits for no answer
