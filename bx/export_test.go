@@ -96,3 +96,13 @@ func (p *Peer) ControlTLSForTest() bool {
 	_, ok := p.ctl.(*tls.Conn)
 	return ok
 }
+
+// CreditsForTest is the credit conservation sum of one direction: the
+// credits this side may still use to send to the peer (the control
+// reserve included) plus those the peer re-posted and has not told yet.
+// With every message of the direction arrived and released, it is the
+// peer's grant: a credit lost on the way lowers it.
+func (p *Peer) CreditsForTest(peer *Peer) uint64 {
+	_, granted, consumed := p.credits.State()
+	return granted - consumed + peer.ret.Pending()
+}

@@ -453,7 +453,11 @@ func (p *Peer) shutdown(why error, bye bool) {
 	p.err = why
 	calls := p.calls
 	p.calls = map[uint64]chan *Msg{}
-	streams := p.streams
+	// A copy: streams come and go (Stream, Close) while we fail them.
+	streams := make([]*Stream, 0, len(p.streams))
+	for _, s := range p.streams {
+		streams = append(streams, s)
+	}
 	p.mu.Unlock()
 	if bye {
 		p.writeCtl(ctlBye, nil)

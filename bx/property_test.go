@@ -225,9 +225,9 @@ func TestOpenCloseProperty(t *testing.T) {
 			}
 			return true
 		})
-		eventually(t, what+": receive buffers released", func() bool {
+		eventually(t, what+": receive buffers released, sends acknowledged", func() bool {
 			for _, q := range peers {
-				if q.HeldForTest() != 0 {
+				if q.HeldForTest() != 0 || q.UnackedForTest() != 0 {
 					return false
 				}
 			}
