@@ -304,3 +304,58 @@ func TestManyWaitersFewThreads(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitAllocs: a CQ with a channel of its own is woken without a reader
+// goroutine in between (Wait reads the channel itself), and a round of
+// post, Wait and Poll on it allocates nothing once Wait has seen its ctx.
+// Every wake-up reads exactly one event: the channel's event count and the
+// CQ's wake-ups move together.
+func TestWaitAllocs(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	ctx, wd := hang.For(t, "send/Wait rounds", 20*time.Second)
+	defer wd.Stop()
+	var ferr error
+	round := func() {
+		if err := l.rqp.PostRecv(l.recvWR); err != nil {
+			ferr = err
+			return
+		}
+		if err := l.sqp.PostSend(l.sendWR); err != nil {
+			ferr = err
+			return
+		}
+		for _, c := range []*cq.CQ{l.rcq, l.scq} {
+			for {
+				n, err := c.Poll(l.wc)
+				if err == nil && n > 0 {
+					err = l.wc[0].Err()
+				}
+				if err != nil {
+					ferr = err
+					return
+				}
+				if n > 0 {
+					break
+				}
+				if err := c.Wait(ctx); err != nil {
+					ferr = hang.Cause(ctx, err)
+					return
+				}
+			}
+		}
+		wd.Progress()
+	}
+	for range 10 {
+		round()
+	}
+	if a := testing.AllocsPerRun(50, round); a != 0 {
+		t.Errorf("%v allocations per post/Wait/Poll round", a)
+	}
+	if ferr != nil {
+		t.Fatal(ferr)
+	}
+	st := l.rcq.Stats()
+	if st.Wakeups == 0 || st.ChannelEvents != st.Wakeups {
+		t.Errorf("stats %+v: want wake-ups, each from one channel event", st)
+	}
+}
