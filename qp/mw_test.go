@@ -155,25 +155,48 @@ func TestMWWriteThenLocalInv(t *testing.T) {
 	}
 }
 
-// TestMWOutOfRange: WRITEs that begin before the window or end past it are
-// refused even though the MR around it is registered for remote write.
+// TestMWOutOfRange: rxe checks a window's rkey (QP, state, access) but
+// then checks the offset range against the window's MR, not against the
+// window (rxe_resp.c check_rkey calls mr_check_range(mw->mr, ...) and no
+// code compares with mw->addr/length). A window therefore confines writes
+// to its range only when its MR is exactly that range: the MR here is the
+// target and nothing else, registered without remote access of its own
+// (LocalWrite|MWBind), so its rkey opens nothing and the window only the
+// target. WRITEs that begin before it or end past it are refused.
 func TestMWOutOfRange(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		off  int // from the window start
 		n    int
+		mr   bool // use the MR's own rkey instead of the window's
 	}{
-		{"past-end", mwLen - 32, 64},
-		{"before-start", -1, 16},
-		{"one-byte-past", mwLen, 1},
+		{"past-end", mwLen - 32, 64, false},
+		{"before-start", -1, 16, false},
+		{"one-byte-past", mwLen, 1, false},
+		{"mr-rkey", 0, 16, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := mwPair(t)
+			target, err := mr.Register(b.pd, b.mem.Bytes()[mwOff:mwOff+mwLen], mr.LocalWrite|mr.MWBind)
+			if err != nil {
+				t.Fatal(err)
+			}
 			w := allocMW(t, b, mr.MWType2)
-			rkey := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x42)
-			// In range first: the window works.
-			if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+mwLen-16), rkey, 16, 1); c.Status != provider.WCSuccess {
+			req, err := w.Bind(target, 0, mwLen, mr.RemoteWrite, 0x42)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.qp.PostSend([]qp.SendWR{{ID: 1, Opcode: qp.OpBindMW, Flags: qp.Signaled, Bind: req}}); err != nil {
+				t.Fatal(err)
+			}
+			b.waitOK(t, 1)
+			// In range first: the window works, to its last byte.
+			if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+mwLen-16), req.RKey, 16, 1); c.Status != provider.WCSuccess {
 				t.Fatalf("WRITE of the window's last 16 bytes: %v", c.Err())
+			}
+			rkey := req.RKey
+			if tc.mr {
+				rkey = target.RKey()
 			}
 			around := bytes.Clone(b.mem.Bytes()[mwOff-4096 : mwOff+mwLen+4096])
 			c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+tc.off), rkey, tc.n, 7)
@@ -183,6 +206,35 @@ func TestMWOutOfRange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMWRangeWithinMROnRxe pins down the rxe behaviour TestMWOutOfRange
+// works around: a WRITE through a type 2 window that lies outside the
+// window but inside the window's MR lands. The IBA requires a remote
+// access error here (a window's bounds are checked like an MR's); if this
+// test starts failing, the kernel has started enforcing window bounds and
+// docs/mw.md should say so.
+func TestMWRangeWithinMROnRxe(t *testing.T) {
+	a, b := mwPair(t)
+	w := allocMW(t, b, mr.MWType2)
+	rkey := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x43)
+	for _, tc := range []struct {
+		name   string
+		off, n int // from the window start
+	}{
+		{"past-end", mwLen - 32, 64},
+		{"before-start", -64, 16},
+		{"far-away", mwLen + 1<<20, 128},
+	} {
+		c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+tc.off), rkey, tc.n, byte(tc.n))
+		if c.Status != provider.WCSuccess {
+			t.Fatalf("%s: WRITE outside the window, inside its MR: %v: rxe enforces window bounds now", tc.name, c.Err())
+		}
+		if !bytes.Equal(b.mem.Bytes()[mwOff+tc.off:mwOff+tc.off+tc.n], a.mem.Bytes()[srcOff:srcOff+tc.n]) {
+			t.Fatalf("%s: the WRITE completed but did not land", tc.name)
+		}
+	}
+	t.Logf("rxe: WRITEs outside the window [%#x, %#x) but inside its MR land", b.addr(mwOff), b.addr(mwOff+mwLen))
 }
 
 // TestMWReadOnlyWindow: a window bound for remote read refuses WRITEs.
