@@ -440,6 +440,9 @@ const (
 	SizeofRegMR                                    = 0x28
 	SizeofRegMRResp                                = 0xc
 	SizeofDeregMR                                  = 0x4
+	SizeofAllocMW                                  = 0x10
+	SizeofAllocMWResp                              = 0x8
+	SizeofDeallocMW                                = 0x4
 	SizeofCreateCompChannel                        = 0x8
 	SizeofCreateCompChannelResp                    = 0x4
 	SizeofCreateCQ                                 = 0x20
@@ -479,6 +482,7 @@ const (
 	SizeofRxeWrRDMA                                = 0x10
 	SizeofRxeWrAtomic                              = 0x20
 	SizeofRxeWrUD                                  = 0x78
+	SizeofRxeWrMW                                  = 0x20
 	SizeofRxeAV                                    = 0x58
 	SizeofRxeGlobalRoute                           = 0x18
 	SizeofRxeSGE                                   = 0x10
@@ -631,6 +635,19 @@ type RegMRResp struct {
 	Rkey   uint32
 }
 type DeregMR struct {
+	Handle uint32
+}
+type AllocMW struct {
+	Response  uint64
+	Pd_handle uint32
+	Mw_type   uint8
+	Reserved  [3]uint8
+}
+type AllocMWResp struct {
+	Handle uint32
+	Rkey   uint32
+}
+type DeallocMW struct {
 	Handle uint32
 }
 type CreateCompChannel struct {
@@ -958,6 +975,14 @@ type RxeWrUD struct {
 	Ah_num      uint32
 	Pad         [4]uint32
 	Av          RxeAV
+}
+type RxeWrMW struct {
+	Addr    uint64
+	Length  uint64
+	Mr_lkey uint32
+	Mw_rkey uint32
+	Rkey    uint32
+	Access  uint32
 }
 type RxeAV struct {
 	Port_num     uint8

@@ -28,6 +28,8 @@ const (
 	RemoteWrite  Access = ioctl.IB_UVERBS_ACCESS_REMOTE_WRITE
 	RemoteRead   Access = ioctl.IB_UVERBS_ACCESS_REMOTE_READ
 	RemoteAtomic Access = ioctl.IB_UVERBS_ACCESS_REMOTE_ATOMIC
+	// MWBind lets memory windows be bound to the region (see MW).
+	MWBind Access = ioctl.IB_UVERBS_ACCESS_MW_BIND
 )
 
 func (a Access) String() string {
@@ -35,7 +37,7 @@ func (a Access) String() string {
 	for _, f := range []struct {
 		a Access
 		n string
-	}{{LocalWrite, "LocalWrite"}, {RemoteWrite, "RemoteWrite"}, {RemoteRead, "RemoteRead"}, {RemoteAtomic, "RemoteAtomic"}} {
+	}{{LocalWrite, "LocalWrite"}, {RemoteWrite, "RemoteWrite"}, {RemoteRead, "RemoteRead"}, {RemoteAtomic, "RemoteAtomic"}, {MWBind, "MWBind"}} {
 		if a&f.a != 0 {
 			s = append(s, f.n)
 			a &^= f.a
@@ -50,7 +52,7 @@ func (a Access) String() string {
 	return strings.Join(s, "|")
 }
 
-const known = LocalWrite | RemoteWrite | RemoteRead | RemoteAtomic
+const known = LocalWrite | RemoteWrite | RemoteRead | RemoteAtomic | MWBind
 
 // Memory is a block of memory outside the Go heap.
 type Memory struct {

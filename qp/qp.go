@@ -27,6 +27,7 @@ type (
 	RecvWR    = uverbs.RecvWR
 	Opcode    = uverbs.Opcode
 	SendFlags = uverbs.SendFlags
+	MWBind    = uverbs.MWBind
 )
 
 // Send opcodes.
@@ -38,6 +39,9 @@ const (
 	OpRDMARead          = provider.OpRDMARead
 	OpAtomicCmpAndSwp   = provider.OpAtomicCmpAndSwp
 	OpAtomicFetchAndAdd = provider.OpAtomicFetchAndAdd
+	OpLocalInv          = provider.OpLocalInv
+	OpBindMW            = provider.OpBindMW
+	OpSendWithInv       = provider.OpSendWithInv
 )
 
 // Send flags.

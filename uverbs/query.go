@@ -31,6 +31,7 @@ type DeviceAttr struct {
 	MaxCQ           uint32
 	MaxCQE          uint32
 	MaxMR           uint32
+	MaxMW           uint32
 	MaxPD           uint32
 	MaxQPRdAtom     uint32
 	MaxQPInitRdAtom uint32
@@ -61,7 +62,7 @@ func (c *Context) queryDevice() (DeviceAttr, error) {
 		MaxMRSize: r.Max_mr_size, PageSizeCap: r.Page_size_cap, VendorID: r.Vendor_id,
 		VendorPartID: r.Vendor_part_id, HWVersion: r.Hw_ver, MaxQP: r.Max_qp, MaxQPWR: r.Max_qp_wr,
 		DeviceCapFlags: r.Device_cap_flags, MaxSGE: r.Max_sge, MaxSGERd: r.Max_sge_rd,
-		MaxCQ: r.Max_cq, MaxCQE: r.Max_cqe, MaxMR: r.Max_mr, MaxPD: r.Max_pd,
+		MaxCQ: r.Max_cq, MaxCQE: r.Max_cqe, MaxMR: r.Max_mr, MaxMW: r.Max_mw, MaxPD: r.Max_pd,
 		MaxQPRdAtom: r.Max_qp_rd_atom, MaxQPInitRdAtom: r.Max_qp_init_rd_atom,
 		MaxResRdAtom: r.Max_res_rd_atom, AtomicCap: r.Atomic_cap, MaxAH: r.Max_ah,
 		MaxSRQ: r.Max_srq, MaxSRQWR: r.Max_srq_wr, MaxSRQSGE: r.Max_srq_sge,

@@ -5,6 +5,7 @@ import "github.com/goverbs/goverbs/uverbs/provider"
 // Work request and completion types, shared by every provider.
 type (
 	SGE       = provider.SGE
+	MWBind    = provider.MWBind
 	SendWR    = provider.SendWR
 	RecvWR    = provider.RecvWR
 	WC        = provider.WC

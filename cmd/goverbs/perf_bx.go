@@ -49,6 +49,7 @@ type perfBXOptions struct {
 	window  int
 	port    int
 	spin    time.Duration
+	idle    time.Duration
 	json    bool
 	cpuprof string
 	server  string
@@ -76,6 +77,10 @@ type perfBXReport struct {
 	// Counts is bx's per-call counters of the measured loop, for the
 	// process that printed the report (bx tests only).
 	Counts map[string]float64 `json:"counts_per_call,omitempty"`
+	// IdleCPU is the client's CPU time over --idle, connected and idle
+	// after the warm-up calls, in percent of one core.
+	IdleCPU *float64 `json:"idle_cpu_percent,omitempty"`
+	Idle    string   `json:"idle,omitempty"`
 }
 
 // perfBXResult is what each side sends the other at the end barrier.
@@ -102,6 +107,9 @@ Options:
   -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
                          (default 18515)
       --spin=<dur>       bx Config.Spin (default bx's; negative: event-driven)
+      --idle=<dur>       client: before the measured calls, stay connected and
+                         idle for <dur> and report this process's CPU time
+                         over it (percent of a core)
       --json             print the results as one JSON object
       --cpuprofile=<f>   CPU profile of the measured loop
 `
@@ -124,6 +132,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fs.DurationVar(&o.spin, "spin", 0, "")
+	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
 	fs.Usage = func() { fmt.Fprint(stderr, perfBXUsage) }
@@ -153,6 +162,10 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("-t %d: outstanding calls must be 1..1024", o.window)
 	case o.port < 1 || o.port > 65534:
 		return usageError("-p %d: TCP port must be 1..65534 (the data plane uses port+1)", o.port)
+	case o.idle < 0 || o.idle > time.Hour:
+		return usageError("--idle %v: must be 0..1h", o.idle)
+	case o.idle > 0 && o.server == "":
+		return usageError("--idle is the client's (it needs a HOST)")
 	}
 	if !o.bw {
 		o.window = 1
@@ -297,6 +310,15 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 			done()
 		}
 	}
+	var idleCPU *float64
+	if client && o.idle > 0 {
+		// Both endpoints connected, nothing to do: what does it cost?
+		// (The server waits for the start barrier meanwhile.)
+		c0, t0 := cpuNow(), time.Now()
+		time.Sleep(o.idle)
+		pct := 100 * float64(cpuNow()-c0) / float64(time.Since(t0))
+		idleCPU = &pct
+	}
 	if o.cpuprof != "" {
 		f, err := os.Create(o.cpuprof)
 		if err != nil {
@@ -374,7 +396,10 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	if err := json.Unmarshal(peerB, &peer); err != nil {
 		return fmt.Errorf("the peer's results %q: %v", peerB, err)
 	}
-	rep := perfBXReport{Test: o.test, Role: "server", MeasuredBy: "client", Device: o.dev, Transport: "bx", Window: o.window, Counts: counts}
+	rep := perfBXReport{Test: o.test, Role: "server", MeasuredBy: "client", Device: o.dev, Transport: "bx", Window: o.window, Counts: counts, IdleCPU: idleCPU}
+	if idleCPU != nil {
+		rep.Idle = o.idle.String()
+	}
 	if o.tcp {
 		rep.Transport, rep.Device = "tcp", ""
 	} else if o.spin != 0 {
@@ -412,6 +437,9 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	pr.printLast(stdout)
 	fmt.Fprint(stdout, perfLine)
 	fmt.Fprintf(stdout, " CPU per call [usec]: client %.2f, server %.2f\n", rep.CPU.Client, rep.CPU.Server)
+	if idleCPU != nil {
+		fmt.Fprintf(stdout, " idle for %v, connected: client CPU %.2f%% of a core\n", o.idle, *idleCPU)
+	}
 	return nil
 }
 

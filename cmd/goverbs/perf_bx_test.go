@@ -17,19 +17,21 @@ func TestPerfBX(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, _ := serverTarget(t, srv)
 	for _, tc := range []struct {
-		args  string
-		iters int
+		args    string
+		iters   int
+		cliArgs string // the client's only
 	}{
-		{"bx_lat", 50},
-		{"bx_lat -s 4096", 50},
-		{"bx_lat -s 100000", 10},
-		{"bx_lat --spin=-1ns", 20},
-		{"tcp_lat", 50},
-		{"tcp_lat -s 100000", 10},
-		{"bx_bw -s 4096 -t 8", 200},
-		{"tcp_bw -s 4096 -t 8", 200},
+		{"bx_lat", 50, ""},
+		{"bx_lat", 20, "--idle 1s"},
+		{"bx_lat -s 4096", 50, ""},
+		{"bx_lat -s 100000", 10, ""},
+		{"bx_lat --spin=-1ns", 20, ""},
+		{"tcp_lat", 50, ""},
+		{"tcp_lat -s 100000", 10, ""},
+		{"bx_bw -s 4096 -t 8", 200, ""},
+		{"tcp_bw -s 4096 -t 8", 200, ""},
 	} {
-		t.Run(tc.args, func(t *testing.T) {
+		t.Run(strings.TrimSpace(tc.args+" "+tc.cliArgs), func(t *testing.T) {
 			port := perfPort
 			perfPort += 2
 			common := append([]string{"perf"}, strings.Fields(tc.args)...)
@@ -41,7 +43,7 @@ func TestPerfBX(t *testing.T) {
 				rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", srv})...)
 			}()
 			waitListen(t, port, done)
-			rc := goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", cli, host})...)
+			rc := goverbs(t, 4*time.Minute, slices.Concat(common, strings.Fields(tc.cliArgs), []string{"-d", cli, host})...)
 			<-done
 			test := strings.Fields(tc.args)[0]
 			for _, x := range []struct {
@@ -62,6 +64,16 @@ func TestPerfBX(t *testing.T) {
 				}
 				if rep.CPU.Client <= 0 || rep.CPU.Server <= 0 {
 					t.Errorf("%s: CPU per call %+v", x.who, rep.CPU)
+				}
+				if idle := tc.cliArgs != "" && x.who == "client"; idle != (rep.IdleCPU != nil) {
+					t.Errorf("%s: idle CPU %v, want it reported: %v", x.who, rep.IdleCPU, idle)
+				} else if idle {
+					// An idle endpoint sleeps: a bound on CPU time, not on
+					// speed (a busy loop would show ~100%).
+					if *rep.IdleCPU < 0 || *rep.IdleCPU > 50 {
+						t.Errorf("client: %.1f%% of a core while idle", *rep.IdleCPU)
+					}
+					t.Logf("client idle for %s: %.2f%% of a core", rep.Idle, *rep.IdleCPU)
 				}
 				if strings.HasSuffix(test, "_lat") {
 					if len(rep.Latency) != 1 {

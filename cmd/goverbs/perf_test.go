@@ -37,6 +37,8 @@ func TestPerfBadFlags(t *testing.T) {
 		{[]string{"perf", "atomic_lat", "-A", "XOR"}, "-A XOR"},
 		{[]string{"perf", "send_lat", "--bogus"}, "flag provided but not defined"},
 		{[]string{"perf", "send_lat", "a", "b"}, "at most one HOST"},
+		{[]string{"perf", "bx_lat", "--idle", "-1s", "h"}, "--idle -1s"},
+		{[]string{"perf", "bx_lat", "--idle", "1s"}, "--idle is the client's"},
 	} {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
 			r := goverbs(t, time.Minute, tc.args...)

@@ -260,7 +260,7 @@ reach && echo "reachable"
 $gv vm link 1 down && { reach && echo "down but reachable" || echo "partitioned"; }
 $gv vm link 1 up && reach && echo "reachable again"
 $gv vm link 1 loss 5 && echo "loss set"
-SELFTEST_ITERS=100 bash /run/vm/selftest
+SELFTEST_ITERS=100 SELFTEST_LINGER=10s bash /run/vm/selftest
 `
 	r := vmRun(t, 8*time.Minute, nil, "--nodes", "2", "--", "bash", "-c", script)
 	t.Logf("\n%s\n%s", r.stdout, r.stderr)

@@ -83,6 +83,9 @@ type WCFlags uint32
 const (
 	WCWithGRH WCFlags = 1
 	WCWithImm WCFlags = 2
+	// WCWithInv marks a receive of a SEND_WITH_INV: the rkey in InvRKey
+	// was invalidated before the completion was written.
+	WCWithInv WCFlags = 4
 )
 
 // WC is a work completion.
@@ -93,7 +96,9 @@ type WC struct {
 	VendorErr uint32
 	ByteLen   uint32
 	// Imm is the immediate data in host order when Flags has WCWithImm.
-	Imm          uint32
+	Imm uint32
+	// InvRKey is the rkey the sender invalidated when Flags has WCWithInv.
+	InvRKey      uint32
 	QPNum        uint32
 	SrcQP        uint32
 	Flags        WCFlags

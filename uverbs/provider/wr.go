@@ -22,12 +22,21 @@ const (
 	OpRDMARead          Opcode = 4
 	OpAtomicCmpAndSwp   Opcode = 5
 	OpAtomicFetchAndAdd Opcode = 6
+	// OpLocalInv invalidates a local memory window (or MR) by its rkey.
+	OpLocalInv Opcode = 7
+	// OpBindMW binds a type 2 memory window (rxe also binds type 1
+	// windows with it) to a range of a memory region.
+	OpBindMW Opcode = 8
+	// OpSendWithInv is a SEND that also invalidates the peer's rkey
+	// InvRKey when it arrives.
+	OpSendWithInv Opcode = 9
 )
 
 var opcodeNames = map[Opcode]string{
 	OpRDMAWrite: "RDMA_WRITE", OpRDMAWriteWithImm: "RDMA_WRITE_WITH_IMM",
 	OpSend: "SEND", OpSendWithImm: "SEND_WITH_IMM", OpRDMARead: "RDMA_READ",
 	OpAtomicCmpAndSwp: "ATOMIC_CMP_AND_SWP", OpAtomicFetchAndAdd: "ATOMIC_FETCH_AND_ADD",
+	OpLocalInv: "LOCAL_INV", OpBindMW: "BIND_MW", OpSendWithInv: "SEND_WITH_INV",
 }
 
 func (o Opcode) String() string {
@@ -69,6 +78,24 @@ type SendWR struct {
 	AH         AH
 	RemoteQPN  uint32
 	RemoteQKey uint32
+	// LOCAL_INV: the local rkey to invalidate; SEND_WITH_INV: the peer's.
+	InvRKey uint32
+	// BIND_MW: the window, the range and the rkey it gets.
+	Bind MWBind
+}
+
+// MWBind is what a BIND_MW work request binds: Length bytes at Addr of the
+// memory region whose local key is LKey, with remote access Access
+// (IB_ACCESS_REMOTE_*), to the window whose rkey is now MWRKey. After the
+// bind the window answers to RKey: the same window index (the upper 24
+// bits), a new key in the low 8 bits. mr.MW.Bind fills one in.
+type MWBind struct {
+	MWRKey uint32
+	RKey   uint32
+	LKey   uint32
+	Access uint32
+	Addr   uint64
+	Length uint64
 }
 
 // RecvWR is a receive work request.

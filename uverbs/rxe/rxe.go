@@ -100,6 +100,11 @@ func (c *cq) Poll(wc []provider.WC) int {
 		w.VendorErr = k.Vendor_err
 		w.ByteLen = k.Byte_len
 		w.Imm = binary.BigEndian.Uint32(k.Ex[:])
+		w.InvRKey = 0
+		if k.Wc_flags&uint32(provider.WCWithInv) != 0 {
+			// The union holds invalidate_rkey in host order.
+			w.InvRKey, w.Imm = binary.NativeEndian.Uint32(k.Ex[:]), 0
+		}
 		w.QPNum = k.Qp_num
 		w.SrcQP = k.Src_qp
 		w.Flags = provider.WCFlags(k.Wc_flags)
@@ -274,7 +279,7 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 		if total > q.caps.MaxInline {
 			return fmt.Errorf("rxe: send work request %d (id %d): %d bytes inline, the QP takes %d", i, wr.ID, total, q.caps.MaxInline)
 		}
-		if wr.Opcode != provider.OpSend && wr.Opcode != provider.OpSendWithImm &&
+		if wr.Opcode != provider.OpSend && wr.Opcode != provider.OpSendWithImm && wr.Opcode != provider.OpSendWithInv &&
 			wr.Opcode != provider.OpRDMAWrite && wr.Opcode != provider.OpRDMAWriteWithImm {
 			return fmt.Errorf("rxe: send work request %d (id %d): %v cannot carry inline data", i, wr.ID, wr.Opcode)
 		}
@@ -302,8 +307,45 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 		if wr.RemoteAddr%8 != 0 {
 			return fmt.Errorf("rxe: send work request %d (id %d): atomic remote address %#x is not 8-byte aligned", i, wr.ID, wr.RemoteAddr)
 		}
+	case provider.OpSendWithInv:
+		// rxe has SEND_WITH_INVALIDATE packets for RC only.
+		if q.typ != ioctl.IB_UVERBS_QPT_RC {
+			return fmt.Errorf("rxe: send work request %d (id %d): SEND_WITH_INV needs an RC QP", i, wr.ID)
+		}
+	case provider.OpLocalInv:
+		if q.typ != ioctl.IB_UVERBS_QPT_RC {
+			return fmt.Errorf("rxe: send work request %d (id %d): LOCAL_INV needs an RC QP", i, wr.ID)
+		}
+		if len(wr.SGEs) != 0 {
+			return fmt.Errorf("rxe: send work request %d (id %d): LOCAL_INV takes no SGEs", i, wr.ID)
+		}
+	case provider.OpBindMW:
+		return validBind(i, q.typ, wr)
 	default:
 		return fmt.Errorf("rxe: send work request %d (id %d): opcode %v not supported", i, wr.ID, wr.Opcode)
+	}
+	return nil
+}
+
+// mwAccess are the access flags a window may grant (rxe also knows zero
+// based windows, which goverbs does not offer).
+const mwAccess = ioctl.IB_UVERBS_ACCESS_REMOTE_READ | ioctl.IB_UVERBS_ACCESS_REMOTE_WRITE | ioctl.IB_UVERBS_ACCESS_REMOTE_ATOMIC
+
+// validBind checks what the kernel would otherwise answer with a bind
+// error completion that moves the QP to ERR.
+func validBind(i int, typ uint32, wr *provider.SendWR) error {
+	b := &wr.Bind
+	switch {
+	case typ != ioctl.IB_UVERBS_QPT_RC && typ != ioctl.IB_UVERBS_QPT_UC:
+		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW needs an RC or UC QP", i, wr.ID)
+	case len(wr.SGEs) != 0 || wr.Flags&provider.SendInline != 0:
+		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW takes no SGEs or inline data", i, wr.ID)
+	case b.RKey>>8 != b.MWRKey>>8:
+		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW new rkey %#x names another window than the window's rkey %#x (only the low 8 bits may change)", i, wr.ID, b.RKey, b.MWRKey)
+	case b.Access&^mwAccess != 0:
+		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW access %#x: a window grants only remote read, write and atomic access", i, wr.ID, b.Access)
+	case b.Addr+b.Length < b.Addr:
+		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW range %#x+%d wraps around", i, wr.ID, b.Addr, b.Length)
 	}
 	return nil
 }
@@ -334,9 +376,19 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 	// The work-request part is ours; status, state, PSNs and the rest
 	// belong to the kernel and are left alone except state.
 	w.Wr = ioctl.RxeSendWr{Wr_id: wr.ID, Opcode: uint32(wr.Opcode), Send_flags: uint32(wr.Flags)}
-	binary.BigEndian.PutUint32(w.Wr.Ex[:], wr.Imm)
 	u := unsafe.Pointer(&w.Wr.Wr[0])
 	switch wr.Opcode {
+	case provider.OpLocalInv, provider.OpSendWithInv:
+		// ex.invalidate_rkey shares the union with imm_data but is in
+		// host order.
+		binary.NativeEndian.PutUint32(w.Wr.Ex[:], wr.InvRKey)
+	default:
+		binary.BigEndian.PutUint32(w.Wr.Ex[:], wr.Imm)
+	}
+	switch wr.Opcode {
+	case provider.OpBindMW:
+		b := &wr.Bind
+		*(*ioctl.RxeWrMW)(u) = ioctl.RxeWrMW{Addr: b.Addr, Length: b.Length, Mr_lkey: b.LKey, Mw_rkey: b.MWRKey, Rkey: b.RKey, Access: b.Access}
 	case provider.OpRDMAWrite, provider.OpRDMAWriteWithImm, provider.OpRDMARead:
 		*(*ioctl.RxeWrRDMA)(u) = ioctl.RxeWrRDMA{Addr: wr.RemoteAddr, Rkey: wr.RKey}
 	case provider.OpAtomicCmpAndSwp, provider.OpAtomicFetchAndAdd:

@@ -68,6 +68,9 @@ var types = [][2]string{
 	{"RegMR", "struct ib_uverbs_reg_mr"},
 	{"RegMRResp", "struct ib_uverbs_reg_mr_resp"},
 	{"DeregMR", "struct ib_uverbs_dereg_mr"},
+	{"AllocMW", "struct ib_uverbs_alloc_mw"},
+	{"AllocMWResp", "struct ib_uverbs_alloc_mw_resp"},
+	{"DeallocMW", "struct ib_uverbs_dealloc_mw"},
 	{"CreateCompChannel", "struct ib_uverbs_create_comp_channel"},
 	{"CreateCompChannelResp", "struct ib_uverbs_create_comp_channel_resp"},
 	{"CreateCQ", "struct ib_uverbs_create_cq"},
@@ -109,6 +112,7 @@ var types = [][2]string{
 	{"RxeWrRDMA", "goverbs_rxe_wr_rdma"},
 	{"RxeWrAtomic", "goverbs_rxe_wr_atomic"},
 	{"RxeWrUD", "goverbs_rxe_wr_ud"},
+	{"RxeWrMW", "goverbs_rxe_wr_mw"},
 	{"RxeAV", "struct rxe_av"},
 	{"RxeGlobalRoute", "struct rxe_global_route"},
 	{"RxeSGE", "struct rxe_sge"},
@@ -193,6 +197,7 @@ func run(include, out string) error {
 	in.WriteString(`typedef typeof(((struct rxe_send_wr *)0)->wr.rdma) goverbs_rxe_wr_rdma;
 typedef typeof(((struct rxe_send_wr *)0)->wr.atomic) goverbs_rxe_wr_atomic;
 typedef typeof(((struct rxe_send_wr *)0)->wr.ud) goverbs_rxe_wr_ud;
+typedef typeof(((struct rxe_send_wr *)0)->wr.mw) goverbs_rxe_wr_mw;
 enum {
 `)
 	for _, o := range offsets {
