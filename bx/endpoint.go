@@ -56,11 +56,22 @@ type Config struct {
 	// PeerTimeout is how long a peer may stay unreachable before its calls
 	// fail with ErrPeerGone (default 10 s).
 	PeerTimeout time.Duration
-	// Spin is how long the progress goroutine keeps polling an idle CQ
-	// before it arms it and sleeps in the netpoller (default 0: it sleeps
-	// at once). Spinning trades CPU for latency while traffic flows; an
-	// idle endpoint sleeps either way.
+	// Spin is how long the progress goroutine keeps polling the CQ after
+	// its last completion before it arms it and sleeps in the netpoller;
+	// while Calls wait for responses, 10 times as long (adaptive polling,
+	// as perftest and eRPC poll). Default DefaultSpin; negative: never
+	// poll (event-driven). An idle endpoint sleeps after Spin either way.
+	// Measured in the rxe guest (two processes, 2 vCPUs, quiet host;
+	// docs/perf.md) a 64 B call took 92 us polling and 1.38 ms
+	// event-driven: with the peer's CQ armed, the kernel wakes the waiter
+	// from inside the sender's doorbell, which then costs several times
+	// as much. Only a process's only endpoint polls, and only with
+	// GOMAXPROCS > 1 (see liveEndpoints).
 	Spin time.Duration
+	// Workers bounds the goroutines that run blocking handlers (Handle)
+	// (default 64); requests beyond them queue. HandleInline handlers run
+	// on the progress goroutine instead.
+	Workers int
 }
 
 func (c *Config) defaults() error {
@@ -99,6 +110,13 @@ func (c *Config) defaults() error {
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = 10 * time.Second
 	}
+	def(&c.Workers, 64)
+	switch {
+	case c.Spin == 0:
+		c.Spin = DefaultSpin
+	case c.Spin < 0:
+		c.Spin = 0
+	}
 	switch {
 	case c.Lanes < 1 || c.Lanes > 4:
 		return fmt.Errorf("bx: Lanes %d outside 1..4", c.Lanes)
@@ -108,6 +126,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: MaxPeers %d", c.MaxPeers)
 	case c.EagerSize < 64 || c.EagerSize+HeaderSize > 1<<20:
 		return fmt.Errorf("bx: EagerSize %d outside 64..1 MiB-header", c.EagerSize)
+	case c.Workers < 1:
+		return fmt.Errorf("bx: Workers %d", c.Workers)
 	case c.MaxMessage < c.EagerSize:
 		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
 	}
@@ -132,17 +152,36 @@ type Endpoint struct {
 	cq      *cq.CQ
 	win     *flow.Window
 
-	srqMu   sync.Mutex // the SRQ's receive side has one owner at a time
-	srqGone bool       // under srqMu: Close is destroying the SRQ
+	srqMu   sync.Mutex   // the SRQ's receive side has one owner at a time
+	srqGone bool         // under srqMu: Close is destroying the SRQ
+	rwr     [1]qp.RecvWR // under srqMu: repost's work request, off the heap
+	rsge    [1]qp.SGE
+	msgs    []Msg // the progress goroutine's slab (newMsg)
 
 	mu       sync.RWMutex
 	peers    map[*Peer]struct{}
 	byQPN    map[uint32]*lane
-	handlers map[uint32]Handler
+	handlers map[uint32]handler
 	accepted chan *Peer
 	lns      []net.Listener
 	dialed   map[string]*Peer
 	conns    chan *Conn
+
+	// waiting counts Calls waiting for their response: the progress
+	// goroutine polls while there are any.
+	waiting atomic.Int64
+	// work hands a request for a blocking handler to an idle worker
+	// (unbuffered: a send succeeds only if one waits); backlog holds what
+	// arrives while all Config.Workers are busy. Every queued request holds
+	// a receive buffer or a rendezvous target the peer's window admitted,
+	// so the backlog, sized to both, never fills and the progress
+	// goroutine never blocks on it.
+	work    chan work
+	backlog chan work
+	workers atomic.Int32
+
+	kick  chan struct{} // poke: wake the ticker
+	ticks atomic.Uint64 // the ticker's rounds (tests)
 
 	stop   context.CancelFunc
 	stopCh context.Context
@@ -168,7 +207,8 @@ func New(cfg Config) (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
-		handlers: map[uint32]Handler{}, accepted: make(chan *Peer, cfg.MaxPeers)}
+		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers), kick: make(chan struct{}, 1),
+		work: make(chan work), backlog: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -242,6 +282,7 @@ func New(cfg Config) (*Endpoint, error) {
 		}
 	}
 	e.stopCh, e.stop = context.WithCancel(context.Background())
+	liveEndpoints.Add(1)
 	e.wg.Add(2)
 	go e.progress()
 	go e.ticker()
@@ -291,6 +332,7 @@ func (e *Endpoint) Close() error {
 	}
 	e.stop()
 	e.wg.Wait()
+	liveEndpoints.Add(-1)
 	e.win.Close()
 	// A peer shutting down on its own, or a Msg released late, may still
 	// return a buffer: from now on it goes nowhere.
@@ -315,28 +357,88 @@ func (e *Endpoint) peerList() []*Peer {
 
 // repost returns a receive buffer to the shared receive queue.
 func (e *Endpoint) repost(b mr.Buf) error {
-	sge := b.SGE(b.Cap())
-	wr := [1]qp.RecvWR{{ID: b.Handle(), SGEs: []qp.SGE{sge}}}
 	e.srqMu.Lock()
 	defer e.srqMu.Unlock()
 	if e.srqGone {
 		return ErrClosed
 	}
-	return e.srq.PostRecv(wr[:])
+	e.rsge[0] = b.SGE(b.Cap())
+	e.rwr[0] = qp.RecvWR{ID: b.Handle(), SGEs: e.rsge[:]}
+	return e.srq.PostRecv(e.rwr[:])
 }
 
+// newMsg returns a zero Msg carved from a slab: one allocation per 64
+// messages. A Msg is never reused (Release is idempotent, so a released
+// Msg must stay what it was); the slab goes when all of its are
+// unreferenced. Only the progress goroutine calls it.
+func (e *Endpoint) newMsg() *Msg {
+	if len(e.msgs) == 0 {
+		e.msgs = make([]Msg, 64)
+	}
+	m := &e.msgs[0]
+	e.msgs = e.msgs[1:]
+	return m
+}
+
+// tick is how often the ticker looks for credit and acknowledgement
+// updates that are due while it runs.
+const tick = 2 * time.Millisecond
+
+// poke tells the ticker that a message arrived or a buffer was released:
+// an update may become due. It never blocks.
+func (e *Endpoint) poke() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ticker sends the explicit credit and acknowledgement updates that
+// piggybacking did not. It runs every tick only while some peer has
+// something to tell that could become due (flow.Returner.Quiet, an
+// acknowledgement not sent); then it sleeps until poke, so an idle
+// endpoint costs no CPU.
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
+	t := time.NewTimer(tick)
+	t.Stop()
+	var peers []*Peer
 	for {
 		select {
 		case <-e.stopCh.Done():
 			return
-		case now := <-t.C:
-			for _, p := range e.peerList() {
-				p.maybeUpdate(now)
+		case <-e.kick:
+		}
+		for busy := true; busy; {
+			t.Reset(tick)
+			select {
+			case <-e.stopCh.Done():
+				t.Stop()
+				return
+			case <-t.C:
 			}
+			e.ticks.Add(1)
+			// Take the kick before looking: an event after this look
+			// pokes again.
+			select {
+			case <-e.kick:
+			default:
+			}
+			now := time.Now()
+			// The slice is reused: the ticker allocates nothing.
+			e.mu.RLock()
+			peers = peers[:0]
+			for p := range e.peers {
+				peers = append(peers, p)
+			}
+			e.mu.RUnlock()
+			busy = false
+			for _, p := range peers {
+				if p.maybeUpdate(now) {
+					busy = true
+				}
+			}
+			clear(peers)
 		}
 	}
 }
@@ -347,10 +449,22 @@ const (
 	tagSend  = 1 << 62
 )
 
+// DefaultSpin is Config.Spin's default: long enough to keep polling
+// between the request and response of a ping-pong under TCG emulation
+// (60-90 us there), short enough that an endpoint whose traffic stopped
+// sleeps at once.
+const DefaultSpin = 250 * time.Microsecond
+
+// progress polls the CQ and completes what it finds. It keeps polling
+// while Calls wait and for Config.Spin after the last completion; then it
+// arms the CQ and sleeps in the netpoller until an event. While it polls
+// it reads the clock and yields the processor only every few empty polls
+// (each costs more than a poll, many times more under emulation).
 func (e *Endpoint) progress() {
 	defer e.wg.Done()
 	wc := make([]cq.WC, 64)
 	var idle time.Time
+	empty := 0
 	for {
 		n, err := e.cq.Poll(wc)
 		if err != nil {
@@ -360,23 +474,111 @@ func (e *Endpoint) progress() {
 			e.complete(&wc[i])
 		}
 		if n > 0 {
-			idle = time.Time{}
+			idle, empty = time.Time{}, 0
+			if e.cfg.Spin > 0 {
+				runtime.Gosched() // run the goroutines we just woke on this P
+			}
 			continue
 		}
-		if e.cfg.Spin > 0 {
+		empty++
+		if e.cfg.Spin > 0 && (empty%16 != 1 || e.mayPoll()) {
+			if empty%16 != 1 {
+				if empty%4 == 0 {
+					runtime.Gosched()
+				}
+				continue
+			}
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
 			}
-			if now.Sub(idle) < e.cfg.Spin {
-				runtime.Gosched() // let the goroutines we just woke run
+			// While Calls wait, longer: up to 10 Spins, so that a slow
+			// handler or a recovering peer does not keep a core busy.
+			spin := e.cfg.Spin
+			if e.waiting.Load() > 0 {
+				spin *= 10
+			}
+			if now.Sub(idle) < spin {
 				continue
 			}
+		}
+		if e.stopCh.Err() != nil {
+			return
 		}
 		if err := e.cq.Wait(e.stopCh); err != nil {
 			return
 		}
-		idle = time.Time{}
+		idle, empty = time.Time{}, 0
+	}
+}
+
+// mayPoll reports whether this endpoint may poll (liveEndpoints).
+func (e *Endpoint) mayPoll() bool {
+	return liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1
+}
+
+// liveEndpoints counts the process's open endpoints. Polling an empty CQ
+// keeps a goroutine runnable, and while every P is busy the scheduler
+// looks at the netpoller only every 10 ms (sysmon): goroutines sleeping
+// there (another endpoint's progress, TCP connections) would wait that
+// long. So an endpoint polls only when it is the process's only one and
+// GOMAXPROCS leaves a P for the rest; otherwise it is event-driven.
+var liveEndpoints atomic.Int32
+
+// work is a request for a blocking handler.
+type work struct {
+	p   *Peer
+	h   Handler
+	req *Msg
+	// resp, when set, is an inline handler's response that could not go
+	// out without waiting: the worker sends it (stream, flags, call).
+	resp   Buffer
+	reply  bool
+	stream uint32
+	flags  uint16
+	call   uint64
+}
+
+// queue hands w to the worker pool and never blocks: to a worker waiting
+// for work if there is one, else to a new worker while the pool is below
+// Config.Workers, else to the backlog, which the workers drain as they
+// finish (see Endpoint.backlog).
+func (e *Endpoint) queue(w work) {
+	select {
+	case e.work <- w:
+		return
+	default:
+	}
+	if e.workers.Add(1) <= int32(e.cfg.Workers) {
+		go e.worker(w)
+		return
+	}
+	e.workers.Add(-1)
+	e.backlog <- w
+}
+
+// worker runs w, then whatever comes next, until the endpoint closes.
+func (e *Endpoint) worker(w work) {
+	defer e.workers.Add(-1)
+	for {
+		if w.reply {
+			w.p.sendMsg(context.Background(), w.stream, w.flags, w.call, &w.resp)
+		} else {
+			w.p.serve(w.h, w.req)
+		}
+		// The backlog first: what waits there queued before anything
+		// that could come through e.work now.
+		select {
+		case w = <-e.backlog:
+			continue
+		default:
+		}
+		select {
+		case w = <-e.backlog:
+		case w = <-e.work:
+		case <-e.stopCh.Done():
+			return
+		}
 	}
 }
 

@@ -57,3 +57,17 @@ func OnServeReleaseForTest(f func()) {
 	}
 	serveReleased.Store(&f)
 }
+
+// TicksForTest is how many rounds the endpoint's credit/ack ticker ran.
+func (e *Endpoint) TicksForTest() uint64 { return e.ticks.Load() }
+
+// UnackedForTest is how many sent messages the peer has not acknowledged.
+func (p *Peer) UnackedForTest() int {
+	n := 0
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		n += len(l.outs)
+		l.mu.Unlock()
+	}
+	return n
+}

@@ -41,6 +41,7 @@ type Peer struct {
 	mu      sync.Mutex
 	streams map[uint32]*Stream
 	calls   map[uint64]chan *Msg
+	chans   []chan *Msg // empty call channels for reuse
 	state   atomic.Int32
 	down    chan struct{} // closed when the peer is shut down
 	err     error
@@ -72,6 +73,8 @@ type lane struct {
 	nextSeq uint64
 	outs    []out // unacknowledged, in sequence order
 	sends   int
+	swr     [2]qp.SendWR // under mu: the work requests of a post, kept off the heap
+	ssge    [2]qp.SGE
 
 	live bool // under mu: the QP is connected and resends are done; else sends only queue
 
@@ -79,6 +82,8 @@ type lane struct {
 	rqpn      uint32     // the QP whose receives count; older ones' are dropped
 	delivered uint64     // highest sequence delivered in order
 	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
+	free      []*inbound // under rmu: flushed entries for reuse
+	ready     []*Msg     // the progress goroutine's: what flush took, to deliver
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
 	scratch   [HeaderSize]byte // credit updates, sent inline
@@ -553,6 +558,38 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 		release()
 		return p.sendErr(err)
 	}
+	return p.postOut(l, s, h, o, epoch)
+}
+
+// trySendOut is sendOut for the progress goroutine: it sends o only if
+// that needs no waiting (the peer active, window and credit available
+// now) and reports whether it did; otherwise o is untouched.
+func (p *Peer) trySendOut(l *lane, s uint32, h header, o out) (bool, error) {
+	if p.state.Load() != stateActive {
+		return false, nil
+	}
+	if !o.ctl && !l.win.TryAcquire(o.bytes) {
+		return false, nil
+	}
+	epoch, ok := p.credits.TryAcquireEpoch(1)
+	if !ok {
+		if !o.ctl {
+			l.win.Release(o.bytes)
+		}
+		return false, nil
+	}
+	return true, p.postOut(l, s, h, o, epoch)
+}
+
+// postOut sequences and posts o once its window share and credit
+// (consumed in epoch) are taken.
+func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
+	release := func() {
+		if !o.ctl {
+			l.win.Release(o.bytes)
+		}
+	}
+	var err error
 	o.paid = epoch + 1
 	l.mu.Lock()
 	if p.state.Load() == stateDead {
@@ -608,14 +645,14 @@ func (p *Peer) post(l *lane, h header, buf mr.Buf, w *writeOp) error {
 	}
 	if w != nil {
 		// Unsignaled like most sends; an error still completes (tagWrite).
-		wr := [2]qp.SendWR{
-			{ID: tagWrite, Opcode: qp.OpRDMAWrite, SGEs: []qp.SGE{w.sge}, RemoteAddr: w.addr, RKey: w.rkey},
-			{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{buf.SGE(buf.Len())}},
-		}
-		return l.qp.PostSend(wr[:])
+		l.ssge[0], l.ssge[1] = w.sge, buf.SGE(buf.Len())
+		l.swr[0] = qp.SendWR{ID: tagWrite, Opcode: qp.OpRDMAWrite, SGEs: l.ssge[0:1], RemoteAddr: w.addr, RKey: w.rkey}
+		l.swr[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[1:2]}
+		return l.qp.PostSend(l.swr[:2])
 	}
-	wr := [1]qp.SendWR{{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{buf.SGE(buf.Len())}}}
-	return l.qp.PostSend(wr[:])
+	l.ssge[0] = buf.SGE(buf.Len())
+	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[0:1]}
+	return l.qp.PostSend(l.swr[:1])
 }
 
 func (l *lane) deliveredSeq() uint64 {
@@ -641,18 +678,28 @@ func (p *Peer) ack(l *lane, seq uint64) {
 }
 
 // maybeUpdate sends an explicit credit/acknowledgement update when flow
-// says one is due, or when acknowledgements have waited.
-func (p *Peer) maybeUpdate(now time.Time) {
-	if p.state.Load() != stateActive {
-		return
+// says one is due, or when acknowledgements have waited. It reports
+// whether the peer still has something to tell that may become due with
+// no new event: the ticker keeps running while any peer has.
+func (p *Peer) maybeUpdate(now time.Time) bool {
+	switch p.state.Load() {
+	case stateDead:
+		return false
+	case stateRecovering:
+		return true // look again once it is active
 	}
 	due := p.ret.NeedsUpdate(now)
+	busy := false
 	for _, l := range p.lanes {
 		if due || l.deliveredSeq() > l.ackSent.Load() {
 			p.sendUpdate(l)
 			due = false
 		}
+		if l.deliveredSeq() > l.ackSent.Load() {
+			busy = true
+		}
 	}
+	return busy || !p.ret.Quiet()
 }
 
 func (p *Peer) sendUpdate(l *lane) {
@@ -670,9 +717,9 @@ func (p *Peer) sendUpdate(l *lane) {
 	h.Epoch = p.ret.Epoch()
 	l.ackSent.Store(h.Ack)
 	h.encode(l.scratch[:])
-	wr := [1]qp.SendWR{{ID: tagSend, Opcode: qp.OpSend, Flags: qp.Inline,
-		SGEs: []qp.SGE{{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}}}}
-	err := l.qp.PostSend(wr[:])
+	l.ssge[0] = qp.SGE{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}
+	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: qp.Inline, SGEs: l.ssge[0:1]}
+	err := l.qp.PostSend(l.swr[:1])
 	l.mu.Unlock()
 	p.e.stats.CreditUpdates.Add(1)
 	if err != nil {
@@ -686,6 +733,7 @@ func (p *Peer) sendUpdate(l *lane) {
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
 func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
+	p.e.poke() // an acknowledgement or credits to return, sooner or later
 	var h header
 	data := b.Bytes()[:n]
 	l.rmu.Lock()
@@ -740,7 +788,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		fail(fmt.Errorf("lane %d sequence %d, expected %d", l.idx, h.Seq, held+1), true)
 		return
 	}
-	in := &inbound{h: h}
+	in := l.newInbound(h)
 	switch h.Type {
 	case typRndv:
 		var d rndv
@@ -756,7 +804,8 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
 			return
 		}
-		in.msg = &Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
+		in.msg = p.e.newMsg()
+		*in.msg = Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
 		l.pending = append(l.pending, in)
 		l.rmu.Unlock()
 		// The request's buffer goes back at once; the payload will land
@@ -794,7 +843,8 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.deliverAll(ready)
 		return
 	}
-	in.msg = &Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+	in.msg = p.e.newMsg()
+	*in.msg = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
 	in.done = true
 	l.pending = append(l.pending, in)
 	ready := l.flush()
@@ -871,8 +921,22 @@ func (p *Peer) sendFin(l *lane, stream uint32, c cts) {
 	}
 }
 
-// flush takes the delivered prefix of the pending list. l.rmu is held.
-func (l *lane) flush() []*inbound {
+// newInbound is a pending entry for h, reused when one is free. l.rmu is
+// held.
+func (l *lane) newInbound(h header) *inbound {
+	if n := len(l.free); n > 0 {
+		in := l.free[n-1]
+		l.free = l.free[:n-1]
+		*in = inbound{h: h}
+		return in
+	}
+	return &inbound{h: h}
+}
+
+// flush takes the delivered prefix of the pending list: its messages go
+// into l.ready (the progress goroutine's, the only caller), its entries
+// back to the free list. l.rmu is held.
+func (l *lane) flush() []*Msg {
 	n := 0
 	for n < len(l.pending) && l.pending[n].done {
 		n++
@@ -880,17 +944,26 @@ func (l *lane) flush() []*inbound {
 	if n == 0 {
 		return nil
 	}
-	ready := append([]*inbound(nil), l.pending[:n]...)
-	l.pending = append(l.pending[:0], l.pending[n:]...)
+	ready := l.ready[:0]
+	for _, in := range l.pending[:n] {
+		if in.msg != nil {
+			ready = append(ready, in.msg)
+		}
+		*in = inbound{}
+		l.free = append(l.free, in)
+	}
+	l.ready = ready
+	k := copy(l.pending, l.pending[n:])
+	clear(l.pending[k:])
+	l.pending = l.pending[:k]
 	l.delivered += uint64(n)
 	return ready
 }
 
-func (p *Peer) deliverAll(ready []*inbound) {
-	for _, in := range ready {
-		if in.msg != nil {
-			p.deliver(in.msg)
-		}
+func (p *Peer) deliverAll(ready []*Msg) {
+	for i, m := range ready {
+		ready[i] = nil
+		p.deliver(m)
 	}
 }
 

@@ -140,6 +140,7 @@ func (p *Peer) setActive() {
 		return // shut down meanwhile: stays dead
 	}
 	p.state.Store(stateActive)
+	p.e.poke() // updates held back while recovering may be due
 	close(p.recovered)
 }
 

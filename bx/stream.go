@@ -41,6 +41,7 @@ func (m *Msg) Release() {
 		}
 		e.repost(m.buf)
 		m.p.ret.Released(1)
+		e.poke()
 	})
 }
 
@@ -58,26 +59,36 @@ type Buffer struct {
 // use rendezvous memory, written from there straight into the receiver's
 // buffer.
 func (e *Endpoint) Alloc(n int) (*Buffer, error) {
+	b, err := e.alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// alloc is Alloc without the heap: Call, Send and responses keep their
+// Buffer on the stack.
+func (e *Endpoint) alloc(n int) (Buffer, error) {
 	if n < 0 || n > e.cfg.MaxMessage {
-		return nil, fmt.Errorf("%w: %d bytes, MaxMessage %d", ErrTooLarge, n, e.cfg.MaxMessage)
+		return Buffer{}, fmt.Errorf("%w: %d bytes, MaxMessage %d", ErrTooLarge, n, e.cfg.MaxMessage)
 	}
 	if n <= e.cfg.EagerSize {
 		h, err := e.eager.Alloc(HeaderSize + n)
 		if err != nil {
-			return nil, err
+			return Buffer{}, err
 		}
-		return &Buffer{e: e, head: h, n: n}, nil
+		return Buffer{e: e, head: h, n: n}, nil
 	}
 	h, err := e.eager.Alloc(HeaderSize + rndvSize)
 	if err != nil {
-		return nil, err
+		return Buffer{}, err
 	}
 	rv, err := e.rndv.Alloc(n)
 	if err != nil {
 		e.eager.Free(h)
-		return nil, err
+		return Buffer{}, err
 	}
-	return &Buffer{e: e, head: h, rv: rv, n: n, big: true}, nil
+	return Buffer{e: e, head: h, rv: rv, n: n, big: true}, nil
 }
 
 // Payload is where the message goes.
@@ -131,12 +142,12 @@ func (s *Stream) Peer() *Peer { return s.p }
 
 // Send sends a copy of data.
 func (s *Stream) Send(ctx context.Context, data []byte) error {
-	b, err := s.p.e.Alloc(len(data))
+	b, err := s.p.e.alloc(len(data))
 	if err != nil {
 		return err
 	}
 	copy(b.Payload(), data)
-	return s.SendBuffer(ctx, b)
+	return s.p.sendMsg(ctx, s.id, 0, 0, &b)
 }
 
 // SendBuffer sends b without a copy. bx owns b from then on, whatever the
@@ -166,14 +177,36 @@ func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call ui
 	return nil
 }
 
+// trySendMsg is sendMsg without waiting: it reports false, and keeps b,
+// when the message cannot go out at once.
+func (p *Peer) trySendMsg(stream uint32, flags uint16, call uint64, b *Buffer) bool {
+	h := header{Type: typData, Flags: flags, CallID: call, Length: uint32(b.n)}
+	o := out{buf: b.head, bytes: int64(b.head.Len())}
+	if b.big {
+		h.Type, h.Length = typRndv, rndvSize
+		d := rndv{Len: uint32(b.n)}
+		d.encode(b.head.Bytes()[HeaderSize:])
+		o.rndv, o.hasRV = b.rv, true
+		o.bytes += int64(b.rv.Len())
+	}
+	sent, err := p.trySendOut(p.lanes[int(stream)%len(p.lanes)], stream, h, o)
+	if sent && err != nil {
+		b.Free()
+	}
+	return sent
+}
+
 // Recv returns the next message of the stream.
 func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 	for {
 		s.mu.Lock()
 		if len(s.q) > 0 {
+			// Shift rather than reslice, so that the queue keeps its
+			// capacity and a push allocates nothing.
 			m := s.q[0]
-			s.q[0] = nil
-			s.q = s.q[1:]
+			n := copy(s.q, s.q[1:])
+			s.q[n] = nil
+			s.q = s.q[:n]
 			s.mu.Unlock()
 			return m, nil
 		}
@@ -214,14 +247,34 @@ func (s *Stream) fail(err error) {
 
 // Handler serves RPC requests of one stream id: it returns the response
 // payload or an error, whose text the caller receives as a RemoteError.
-// The request is released after the handler returns.
+// The response is copied out before the request is released, after the
+// handler returns, so it may alias the request.
 type Handler func(ctx context.Context, p *Peer, req *Msg) ([]byte, error)
 
+type handler struct {
+	h      Handler
+	inline bool
+}
+
 // Handle registers the handler for requests on a stream id, for every peer.
+// It runs on a bounded pool of goroutines (Config.Workers) and may block.
 func (e *Endpoint) Handle(stream uint32, h Handler) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.handlers[stream] = h
+	e.handlers[stream] = handler{h: h}
+}
+
+// HandleInline registers a handler that runs on the endpoint's progress
+// goroutine as soon as its request is complete, and whose response is
+// posted from there: no goroutine hand-off on either side of it. It must
+// be quick and must not block (no Call, no Send, no waiting on locks held
+// across such), or every peer of the endpoint stalls behind it. A
+// response that cannot go out at once (no credit or window yet) goes
+// through the worker pool.
+func (e *Endpoint) HandleInline(stream uint32, h Handler) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handlers[stream] = handler{h: h, inline: true}
 }
 
 // RemoteError is a handler's error, as the caller sees it.
@@ -248,7 +301,11 @@ func (p *Peer) deliver(m *Msg) {
 		p.e.mu.RLock()
 		h := p.e.handlers[m.Stream]
 		p.e.mu.RUnlock()
-		go p.serve(h, m)
+		if h.inline {
+			p.serveInline(h.h, m)
+			return
+		}
+		p.e.queue(work{p: p, h: h.h, req: m})
 	case m.flags&flagOpen != 0:
 		m.Release()
 		p.opened(m.Stream)
@@ -258,6 +315,30 @@ func (p *Peer) deliver(m *Msg) {
 }
 
 func (p *Peer) serve(h Handler, req *Msg) {
+	stream, call := req.Stream, req.call
+	b, flags, ok := p.respond(h, req)
+	if !ok {
+		return
+	}
+	p.sendMsg(context.Background(), stream, flags, call, &b)
+}
+
+// serveInline runs h on the progress goroutine and posts its response
+// without waiting; one that would wait goes to a worker.
+func (p *Peer) serveInline(h Handler, req *Msg) {
+	stream, call := req.Stream, req.call
+	b, flags, ok := p.respond(h, req)
+	if !ok {
+		return
+	}
+	if !p.trySendMsg(stream, flags, call, &b) {
+		p.e.queue(work{p: p, resp: b, reply: true, stream: stream, flags: flags, call: call})
+	}
+}
+
+// respond runs the handler and builds the response in a buffer of ours,
+// then releases the request.
+func (p *Peer) respond(h Handler, req *Msg) (Buffer, uint16, bool) {
 	var resp []byte
 	var err error
 	if h == nil {
@@ -265,19 +346,18 @@ func (p *Peer) serve(h Handler, req *Msg) {
 	} else {
 		resp, err = h(p.e.stopCh, p, req)
 	}
-	stream, call := req.Stream, req.call
 	flags := uint16(flagResponse)
 	if err != nil {
 		flags |= flagError
 		resp = []byte(err.Error())
 	}
-	b, aerr := p.e.Alloc(len(resp))
+	b, aerr := p.e.alloc(len(resp))
 	if aerr != nil {
 		flags |= flagError
 		resp = []byte(aerr.Error())
-		if b, aerr = p.e.Alloc(len(resp)); aerr != nil {
+		if b, aerr = p.e.alloc(len(resp)); aerr != nil {
 			req.Release()
-			return
+			return Buffer{}, 0, false
 		}
 	}
 	// The response may alias the request (an echo): it is copied out
@@ -288,7 +368,7 @@ func (p *Peer) serve(h Handler, req *Msg) {
 	if f := serveReleased.Load(); f != nil {
 		(*f)()
 	}
-	p.sendMsg(context.Background(), stream, flags, call, b)
+	return b, flags, true
 }
 
 // serveReleased is a test hook (export_test.go): it runs once a request's
@@ -300,12 +380,12 @@ var serveReleased atomic.Pointer[func()]
 // handler, the context's error (wrapped with ErrRecovering if the peer was
 // recovering), ErrPeerGone, ErrClosed.
 func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error) {
-	b, err := p.e.Alloc(len(req))
+	b, err := p.e.alloc(len(req))
 	if err != nil {
 		return nil, err
 	}
 	copy(b.Payload(), req)
-	return p.CallBuffer(ctx, stream, b)
+	return p.CallBuffer(ctx, stream, &b)
 }
 
 // CallBuffer is Call with a zero-copy request.
@@ -318,17 +398,26 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 
 func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	id := p.callID.Add(1)
-	ch := make(chan *Msg, 1)
 	p.mu.Lock()
 	if p.state.Load() == stateDead {
 		p.mu.Unlock()
 		b.Free()
 		return nil, p.Err()
 	}
+	var ch chan *Msg
+	if n := len(p.chans); n > 0 {
+		ch = p.chans[n-1]
+		p.chans = p.chans[:n-1]
+	} else {
+		ch = make(chan *Msg, 1)
+	}
 	p.calls[id] = ch
 	p.mu.Unlock()
+	// The progress goroutine polls while we wait.
+	p.e.waiting.Add(1)
+	defer p.e.waiting.Add(-1)
 	if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
-		p.forget(id)
+		p.forget(id, ch)
 		return nil, err
 	}
 	select {
@@ -336,6 +425,7 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		if !ok {
 			return nil, p.Err()
 		}
+		p.putChan(ch)
 		if m.remote != "" || m.flags&flagError != 0 {
 			err := &RemoteError{Msg: m.remote}
 			m.Release()
@@ -343,7 +433,7 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		}
 		return m, nil
 	case <-ctx.Done():
-		p.forget(id)
+		p.forget(id, ch)
 		if p.state.Load() == stateRecovering {
 			return nil, fmt.Errorf("%w: %w", ErrRecovering, ctx.Err())
 		}
@@ -351,9 +441,30 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 	}
 }
 
-func (p *Peer) forget(id uint64) {
+// forget withdraws a call that gives up. A response that deliver already
+// took from the table is on its way into ch: it is released here, and ch
+// is empty again for the next call (unless shutdown closed it).
+func (p *Peer) forget(id uint64, ch chan *Msg) {
 	p.mu.Lock()
+	_, ours := p.calls[id]
 	delete(p.calls, id)
+	p.mu.Unlock()
+	if !ours {
+		m, ok := <-ch
+		if !ok {
+			return
+		}
+		m.Release()
+	}
+	p.putChan(ch)
+}
+
+// putChan keeps an empty call channel for the next call.
+func (p *Peer) putChan(ch chan *Msg) {
+	p.mu.Lock()
+	if len(p.chans) < 64 {
+		p.chans = append(p.chans, ch)
+	}
 	p.mu.Unlock()
 }
 

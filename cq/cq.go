@@ -148,7 +148,14 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		q.destroy()
 		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
 	}
-	if ch != nil {
+	if ownCh {
+		// The channel is this CQ's alone: Wait reads it itself.
+		if err = ch.Own(); err != nil {
+			q.destroy()
+			drv.Close()
+			return nil, fmt.Errorf("cq: create: %w", err)
+		}
+	} else if ch != nil {
 		if q.ready, err = ch.Register(user); err != nil {
 			q.destroy()
 			drv.Close()

@@ -75,6 +75,17 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if !q.drv.Empty() {
 		return nil
 	}
+	if q.ownCh {
+		// No reader goroutine between the channel and us (Options.Events).
+		if _, err := q.ch.Next(ctx); err != nil {
+			if q.closed.Load() {
+				return ErrClosed
+			}
+			return err
+		}
+		q.wakeups.Add(1)
+		return nil
+	}
 	select {
 	case <-q.ready:
 		q.wakeups.Add(1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -302,5 +303,86 @@ func TestManyWaitersFewThreads(t *testing.T) {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestWaitAllocs: a CQ with a channel of its own is woken without a reader
+// goroutine in between (Wait reads the channel itself), and a round of
+// Wait and Poll on it allocates nothing once Wait has seen its ctx. Every
+// wake-up reads exactly one event: the channel's event count and the CQ's
+// wake-ups move together. The send comes from another goroutine a moment
+// after the receiver parks, so that Wait really sleeps (in one process
+// rxe completes a send inside the sender's doorbell).
+func TestWaitAllocs(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	ctx, wd := hang.For(t, "send/Wait rounds", 20*time.Second)
+	defer wd.Stop()
+	trigger, sent := make(chan struct{}), make(chan error)
+	defer close(trigger)
+	go func() {
+		for range trigger {
+			time.Sleep(2 * time.Millisecond) // let the receiver park
+			sent <- l.sqp.PostSend(l.sendWR)
+		}
+	}()
+	var ferr error
+	wait := func(c *cq.CQ) bool {
+		for {
+			n, err := c.Poll(l.wc)
+			if err == nil && n > 0 {
+				err = l.wc[0].Err()
+			}
+			if err != nil {
+				ferr = err
+				return false
+			}
+			if n > 0 {
+				return true
+			}
+			if err := c.Wait(ctx); err != nil {
+				ferr = hang.Cause(ctx, err)
+				return false
+			}
+		}
+	}
+	round := func() {
+		if ferr != nil {
+			return
+		}
+		if err := l.rqp.PostRecv(l.recvWR); err != nil {
+			ferr = err
+			return
+		}
+		trigger <- struct{}{}
+		if !wait(l.rcq) {
+			return
+		}
+		if err := <-sent; err != nil {
+			ferr = err
+			return
+		}
+		if wait(l.scq) {
+			wd.Progress()
+		}
+	}
+	for range 10 {
+		round()
+	}
+	if a := testing.AllocsPerRun(50, round); a != 0 {
+		t.Errorf("%v allocations per Wait/Poll round", a)
+	}
+	if ferr != nil {
+		t.Fatal(ferr)
+	}
+	// No goroutine reads the channels: each Wait reads its own.
+	var stacks strings.Builder
+	pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+	if strings.Contains(stacks.String(), "CompChannel).read") {
+		t.Errorf("a channel reader goroutine runs for CQs with a channel of their own:\n%s", stacks.String())
+	}
+	st := l.rcq.Stats()
+	t.Logf("receiver CQ: %+v", st)
+	if st.Wakeups < 30 || st.ChannelEvents != st.Wakeups {
+		t.Errorf("stats %+v after 60 rounds: want most rounds woken by an event, each wake-up from one channel event", st)
 	}
 }

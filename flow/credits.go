@@ -121,6 +121,20 @@ func (c *Credits) TryAcquire(n uint64) bool {
 	return ok
 }
 
+// TryAcquireEpoch is TryAcquire that also returns the epoch the credits
+// were consumed in (see AcquireEpoch).
+func (c *Credits) TryAcquireEpoch(n uint64) (uint32, bool) {
+	c.mu.Lock()
+	ok := !c.closed && c.q.n == 0 && c.data() >= n
+	if ok {
+		c.consumed += n
+		c.st.Acquired += n
+	}
+	epoch := c.epoch
+	c.mu.Unlock()
+	return epoch, ok
+}
+
 // TryAcquireControl takes one credit for a control message (an explicit
 // credit update), which may use the reserve. It never waits behind data.
 func (c *Credits) TryAcquireControl() bool {

@@ -202,6 +202,21 @@ func (r *Returner) NeedsUpdate(now time.Time) bool {
 	return due
 }
 
+// Quiet reports whether no explicit update can become due without a new
+// event (a Consumed or a release): nothing is waiting to be told, or only
+// re-posted control buffers are and the peer still has more than the
+// control reserve. A caller that runs NeedsUpdate on a timer may stop the
+// timer while Quiet holds and start it again on the next event.
+func (r *Returner) Quiet() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pending := r.granted() - r.told
+	if pending == 0 {
+		return true
+	}
+	return pending == r.ctlUntold && r.told-r.consumed > ControlReserve
+}
+
 // State returns the epoch and the cumulative granted, told and consumed
 // counters.
 func (r *Returner) State() (epoch uint32, granted, told, consumed uint64) {

@@ -2,18 +2,19 @@ package flow
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
 
 // rop is one step of a Returner table test; pending is Pending() after it.
 type rop struct {
-	op      string        // consume, release, ctl, piggy, needs, resync, reset
+	op      string        // consume, release, ctl, piggy, needs, quiet, resync, reset
 	n       uint64        // consume/release/ctl: count; piggy: want cumulative; resync: want granted; reset: grant
 	c       uint64        // resync: want consumed
 	at      time.Duration // needs: now - t0
 	epoch   uint32        // resync, reset
-	want    bool          // piggy: fresh; needs: due
+	want    bool          // piggy: fresh; needs, quiet: the result
 	err     error
 	pending uint64
 }
@@ -29,11 +30,13 @@ func TestReturnerTable(t *testing.T) {
 			{op: "needs", want: false},
 			{op: "consume", n: 3},
 			{op: "release", n: 1, pending: 1},
+			{op: "quiet", want: false, pending: 1},        // a data credit to return: due some time
 			{op: "needs", at: 0, want: false, pending: 1}, // idle clock starts
 			{op: "needs", at: ms / 2, want: false, pending: 1},
 			{op: "needs", at: ms, want: true, pending: 1}, // idle
 			{op: "piggy", n: 9, want: true},
 			{op: "piggy", n: 9, want: false},
+			{op: "quiet", want: true},
 			{op: "release", n: 2, pending: 2},
 			{op: "release", n: 1, err: ErrOverRelease, pending: 2},
 			{op: "needs", at: 2 * ms, want: false, pending: 2},
@@ -48,8 +51,10 @@ func TestReturnerTable(t *testing.T) {
 			{op: "ctl", n: 1, pending: 1},
 			{op: "needs", at: 4 * ms, want: false, pending: 1},
 			{op: "needs", at: 6 * ms, want: false, pending: 1}, // control credits alone: no ping-pong
+			{op: "quiet", want: true, pending: 1},              // ... and none will be due without an event
 			{op: "consume", n: 3, pending: 1},                  // the peer is down to its reserve
-			{op: "needs", at: 6 * ms, want: true, pending: 1},  // give it its stranded credit back
+			{op: "quiet", want: false, pending: 1},
+			{op: "needs", at: 6 * ms, want: true, pending: 1}, // give it its stranded credit back
 			{op: "release", n: 4, pending: 5},
 			{op: "needs", at: 5 * ms, want: true, pending: 5}, // threshold
 			{op: "resync", epoch: 1, n: 19, c: 13},
@@ -98,6 +103,10 @@ func TestReturnerTable(t *testing.T) {
 					if g != o.n || fresh != o.want {
 						t.Fatalf("step %d %+v: Piggyback = %d, %v", i, o, g, fresh)
 					}
+				case "quiet":
+					if got := r.Quiet(); got != o.want {
+						t.Fatalf("step %d %+v: Quiet = %v", i, o, got)
+					}
 				case "needs":
 					if got := r.NeedsUpdate(t0.Add(o.at)); got != o.want {
 						t.Fatalf("step %d %+v: NeedsUpdate = %v", i, o, got)
@@ -128,6 +137,43 @@ func TestReturnerConfig(t *testing.T) {
 	for _, cfg := range []ReturnerConfig{{Grant: 2}, {Grant: 0}, {Grant: 4, IdleTimeout: -1}} {
 		if _, err := NewReturner(cfg); err == nil {
 			t.Errorf("NewReturner(%+v) accepted", cfg)
+		}
+	}
+}
+
+// TestReturnerQuiet checks Quiet's promise on random histories: while it
+// holds, no explicit update becomes due however long nothing happens, and
+// whenever it does not, one becomes due after the idle timeout (so a timer
+// stopped on Quiet never strands a credit or a starved peer).
+func TestReturnerQuiet(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for run := range 200 {
+		r, err := NewReturner(ReturnerConfig{Grant: MinGrant + uint64(rng.IntN(10)), IdleTimeout: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Unix(1000, 0)
+		for step := range 60 {
+			_, _, told, consumed := r.State()
+			switch k := rng.IntN(4); {
+			case k == 0 && told > consumed:
+				r.Consumed(1)
+			case k == 1:
+				r.Released(1) // refused when nothing is left to re-post
+			case k == 2:
+				r.ReleasedControl(1)
+			default:
+				r.Piggyback()
+			}
+			quiet := r.Quiet()
+			// Probe a copy: NeedsUpdate moves the idle clock.
+			c := &Returner{epoch: r.epoch, grant: r.grant, threshold: r.threshold, idle: r.idle,
+				consumed: r.consumed, released: r.released, ctlReleased: r.ctlReleased, told: r.told, ctlUntold: r.ctlUntold}
+			c.NeedsUpdate(now)
+			due := c.NeedsUpdate(now.Add(time.Hour))
+			if quiet == due {
+				t.Fatalf("run %d step %d: Quiet %v but an update due after an hour of nothing: %v (%+v)", run, step, quiet, due, c)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package uverbs
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -29,10 +31,16 @@ type CompChannel struct {
 	mu      sync.Mutex
 	waiters map[uint64]chan struct{}
 	started bool
+	owned   bool // Own: no reader goroutine, Next reads the events
 	closed  bool
 	done    chan struct{}
 	events  atomic.Uint64
 	err     atomic.Pointer[error]
+
+	// Next's: the ctx it was last given and how to stop watching it.
+	nctx  context.Context
+	nstop func() bool
+	nbuf  [ioctl.SizeofCompEventDesc]byte
 }
 
 // CreateCompChannel creates a completion channel.
@@ -90,6 +98,9 @@ func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
 	if ch.closed {
 		return nil, ErrClosed
 	}
+	if ch.owned {
+		return nil, errors.New("uverbs: completion channel: owned by one reader (Own), Register is not possible")
+	}
 	if _, dup := ch.waiters[userHandle]; dup {
 		return nil, fmt.Errorf("uverbs: completion channel: user handle %d registered twice", userHandle)
 	}
@@ -100,6 +111,77 @@ func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
 		go ch.read()
 	}
 	return w, nil
+}
+
+// Own makes the caller the channel's only reader: no goroutine reads it,
+// and Next reads its events directly, one goroutine hop less per event.
+// It is for a channel with one CQ on it (cq.Options.Events). It fails once
+// Register was called.
+func (ch *CompChannel) Own() error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	switch {
+	case ch.closed:
+		return ErrClosed
+	case ch.started || len(ch.waiters) > 0:
+		return errors.New("uverbs: completion channel: Own after Register")
+	}
+	ch.owned = true
+	return nil
+}
+
+// Next parks the calling goroutine in the netpoller until the channel has
+// an event, reads it and returns the CQ user handle it names; or returns
+// ctx's error once ctx is done, or ErrClosed after Close. Only for an
+// owned channel (Own), from one goroutine at a time. It allocates nothing
+// while it is given the same ctx as the time before.
+func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
+	if !ch.owned {
+		return 0, errors.New("uverbs: completion channel: Next without Own")
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if ctx != ch.nctx {
+		// A done ctx cuts the read short by a deadline in the past. One
+		// registration per ctx: the progress loop of a transport passes
+		// the same one every time.
+		ch.mu.Lock()
+		if ch.closed {
+			ch.mu.Unlock()
+			return 0, ErrClosed
+		}
+		if ch.nstop != nil {
+			ch.nstop()
+		}
+		ch.nctx, ch.nstop = ctx, nil
+		ch.file.SetReadDeadline(time.Time{})
+		if ctx.Done() != nil {
+			f := ch.file
+			ch.nstop = context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Unix(1, 0)) })
+		}
+		ch.mu.Unlock()
+	}
+	for {
+		n, err := ch.file.Read(ch.nbuf[:])
+		switch {
+		case err == nil && n == len(ch.nbuf):
+			ch.events.Add(1)
+			return binary.NativeEndian.Uint64(ch.nbuf[:]), nil
+		case err == nil:
+			continue // a short read: not an event
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			// A deadline set for a ctx given before this one.
+			ch.file.SetReadDeadline(time.Time{})
+		case errors.Is(err, os.ErrClosed) || errors.Is(err, io.EOF):
+			return 0, ErrClosed
+		default:
+			return 0, fmt.Errorf("uverbs: completion channel read: %w", err)
+		}
+	}
 }
 
 // Unregister forgets a CQ's user handle.
@@ -160,6 +242,9 @@ func (ch *CompChannel) Close() error {
 	}
 	ch.closed = true
 	started := ch.started
+	if ch.nstop != nil {
+		ch.nstop()
+	}
 	ch.mu.Unlock()
 	err := ch.file.Close()
 	if started {

@@ -179,6 +179,8 @@ const perfUsage = `Usage:
 TEST is send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw,
 read_bw or atomic_bw: perftest's ib_TEST, with its flags, defaults and
 report. The TCP exchange is goverbs' own: run goverbs perf on both sides.
+bx_lat, tcp_lat, bx_bw and tcp_bw compare ByteExpress calls with the same
+framing over kernel TCP (goverbs perf bx_lat --help).
 
 Options:
   -d, --ib-dev=<dev>        use IB device <dev> (default first device found)
@@ -360,6 +362,11 @@ func (o *perfOptions) resolve() error {
 }
 
 func runPerf(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && perfBXTests[args[0]] {
+		// Go's own scheduling, not perftest's one thread: bx runs a
+		// progress goroutine next to the caller.
+		return runPerfBX(args[0], args[1:], stdout, stderr)
+	}
 	// One busy-polling goroutine, like perftest's one thread (docs/perf.md).
 	if os.Getenv("GOMAXPROCS") == "" {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))

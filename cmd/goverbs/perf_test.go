@@ -39,6 +39,8 @@ func TestPerfBadFlags(t *testing.T) {
 		{[]string{"perf", "atomic_lat", "-A", "XOR"}, "-A XOR"},
 		{[]string{"perf", "send_lat", "--bogus"}, "flag provided but not defined"},
 		{[]string{"perf", "send_lat", "a", "b"}, "at most one HOST"},
+		{[]string{"perf", "bx_lat", "--idle", "-1s", "h"}, "--idle -1s"},
+		{[]string{"perf", "bx_lat", "--idle", "1s"}, "--idle is the client's"},
 	} {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
 			r := goverbs(t, time.Minute, tc.args...)
@@ -219,7 +221,7 @@ func TestPerfDeviceChecks(t *testing.T) {
 // what matches and tells the client why it gives up on a mismatch or on a
 // message without parameters (over a pipe: no device involved).
 func TestPerfClientParams(t *testing.T) {
-	want := perfParams{Version: perfWireVersion, Test: "send_lat", Conn: "RC", Sizes: []int{64}, Iters: 100, QPs: 1, PostList: 1, TxDepth: 1}
+	want := perfParams{Version: perfWireVersion, Test: "bx_lat", Conn: "RC", Sizes: []int{64}, Iters: 100, QPs: 1, PostList: 1, TxDepth: 1}
 	other := want
 	other.Sizes = []int{128}
 	for _, tc := range []struct {

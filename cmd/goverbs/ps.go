@@ -116,7 +116,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "", "RDMA device (default: the one whose GID is the listen IP)")
 	nan := fs.String("nan", "reject", "NaN/Inf gradients: reject the push, or skip the rows")
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
-	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
@@ -308,7 +308,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, "measured time")
 	device := fs.String("device", "", "RDMA device")
 	seed := fs.Uint64("seed", 1, "random seed")
-	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
@@ -457,7 +457,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	addrs := fs.String("addrs", "", "existing servers (IP:PORT,...); default: start --servers children")
 	device := fs.String("device", "", "workers' RDMA device (default: the first ACTIVE one)")
 	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
-	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (CPU for latency; default 0)")
+	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err

@@ -1,0 +1,612 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// goverbs perf bx_lat, tcp_lat, bx_bw, tcp_bw: request/response calls of
+// SIZE bytes each way between two processes, over ByteExpress (bx.Peer.Call
+// to an echo handler) or over one kernel TCP connection with the same
+// framing (a 4-byte length, bx's 48-byte header, the payload). The _lat
+// tests make one call at a time and report the full round trip (t_typical
+// is the median); the _bw tests keep --tx-depth calls outstanding (bx: that
+// many goroutines calling; TCP: pipelined on the one connection). Both
+// report the CPU time (user + system, getrusage) each process spent per
+// call between the start and end barriers.
+//
+// The exchange is goverbs perf's (JSON lines on --port); the data plane is
+// on --port + 1: bx's control plane (Listen/Dial) or the TCP connection.
+
+var perfBXTests = map[string]bool{"bx_lat": true, "tcp_lat": true, "bx_bw": true, "tcp_bw": true}
+
+// perfToken authenticates the two bx endpoints; both sides run goverbs
+// perf, so a fixed token (or GOVERBS_PERF_TOKEN) is enough for a benchmark.
+const perfToken = "goverbs-perf-bx-token"
+
+type perfBXOptions struct {
+	test    string
+	dev     string
+	size    int
+	iters   int
+	window  int
+	port    int
+	spin    time.Duration
+	idle    time.Duration
+	json    bool
+	cpuprof string
+	server  string
+	bw, tcp bool
+}
+
+// perfBXCPU is one process's CPU time per call, in usec.
+type perfBXCPU struct {
+	Client float64 `json:"client_usec_per_call"`
+	Server float64 `json:"server_usec_per_call"`
+}
+
+type perfBXReport struct {
+	Test       string            `json:"test"`
+	Role       string            `json:"role"`
+	MeasuredBy string            `json:"measured_by"`
+	Device     string            `json:"device,omitempty"`
+	Transport  string            `json:"transport"`
+	Window     int               `json:"window"`
+	Spin       string            `json:"spin,omitempty"`
+	Units      map[string]string `json:"units"`
+	Latency    []perfLatResult   `json:"latency,omitempty"`
+	Bandwidth  []perfBWResult    `json:"bandwidth,omitempty"`
+	CPU        perfBXCPU         `json:"cpu"`
+	// Counts is bx's per-call counters of the measured loop, for the
+	// process that printed the report (bx tests only).
+	Counts map[string]float64 `json:"counts_per_call,omitempty"`
+	// IdleCPU is the client's CPU time over --idle, connected and idle
+	// after the warm-up calls, in percent of one core.
+	IdleCPU *float64 `json:"idle_cpu_percent,omitempty"`
+	Idle    string   `json:"idle,omitempty"`
+}
+
+// perfBXResult is what each side sends the other at the end barrier.
+type perfBXResult struct {
+	Latency   *perfLatResult `json:"latency,omitempty"`
+	Bandwidth *perfBWResult  `json:"bandwidth,omitempty"`
+	CPU       float64        `json:"cpu_usec_per_call"`
+}
+
+const perfBXUsage = `Usage:
+  goverbs perf bx_lat|tcp_lat|bx_bw|tcp_bw [options]          server
+  goverbs perf bx_lat|tcp_lat|bx_bw|tcp_bw [options] <host>   client
+
+Calls of SIZE bytes each way to an echo server: over ByteExpress (bx) or
+the same framing over one kernel TCP connection (tcp). _lat: one call at a
+time, full round trip; _bw: --tx-depth calls outstanding. Both sides report
+the CPU time per call of each process.
+
+Options:
+  -d, --ib-dev=<dev>     RDMA device (bx tests; default the first device)
+  -s, --size=<size>      payload bytes each way (default 64)
+  -n, --iters=<iters>    calls (default 1000 lat, 5000 bw; >= 5)
+  -t, --tx-depth=<n>     outstanding calls (bw tests, default 16)
+  -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
+                         (default 18515)
+      --spin=<dur>       bx Config.Spin (default bx's; negative: event-driven)
+      --idle=<dur>       client: before the measured calls, stay connected and
+                         idle for <dur> and report this process's CPU time
+                         over it (percent of a core)
+      --json             print the results as one JSON object
+      --cpuprofile=<f>   CPU profile of the measured loop
+`
+
+func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
+	o := &perfBXOptions{test: test, bw: test == "bx_bw" || test == "tcp_bw", tcp: test == "tcp_lat" || test == "tcp_bw"}
+	fs := flag.NewFlagSet("goverbs perf "+test, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, n := range []string{"d", "ib-dev"} {
+		fs.StringVar(&o.dev, n, "", "")
+	}
+	for _, f := range []struct {
+		p     *int
+		names []string
+		def   int
+	}{{&o.size, []string{"s", "size"}, 64}, {&o.iters, []string{"n", "iters"}, 0}, {&o.window, []string{"t", "tx-depth"}, 16},
+		{&o.port, []string{"p", "port"}, 18515}} {
+		for _, n := range f.names {
+			fs.IntVar(f.p, n, f.def, "")
+		}
+	}
+	fs.DurationVar(&o.spin, "spin", 0, "")
+	fs.DurationVar(&o.idle, "idle", 0, "")
+	fs.BoolVar(&o.json, "json", false, "")
+	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
+	fs.Usage = func() { fmt.Fprint(stderr, perfBXUsage) }
+	rest, err := parseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	switch len(rest) {
+	case 0:
+	case 1:
+		o.server = rest[0]
+	default:
+		return usageError("want at most one HOST argument, have %q", rest)
+	}
+	if o.iters == 0 {
+		o.iters = 1000
+		if o.bw {
+			o.iters = 5000
+		}
+	}
+	switch {
+	case o.size < 0 || o.size > perfMaxSize:
+		return usageError("-s %d: message size must be 0..%d", o.size, perfMaxSize)
+	case o.iters < perfMinIters:
+		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
+	case o.window < 1 || o.window > 1024:
+		return usageError("-t %d: outstanding calls must be 1..1024", o.window)
+	case o.port < 1 || o.port > 65534:
+		return usageError("-p %d: TCP port must be 1..65534 (the data plane uses port+1)", o.port)
+	case o.idle < 0 || o.idle > time.Hour:
+		return usageError("--idle %v: must be 0..1h", o.idle)
+	case o.idle > 0 && o.server == "":
+		return usageError("--idle is the client's (it needs a HOST)")
+	}
+	if !o.bw {
+		o.window = 1
+	}
+	if !o.tcp && o.dev == "" {
+		devs, err := uverbs.List()
+		if err != nil || len(devs) == 0 {
+			return fmt.Errorf("no RDMA device found (-d): %v", err)
+		}
+		o.dev = devs[0].Name
+	}
+	return perfBXMain(o, stdout, stderr)
+}
+
+// cpuNow is this process's user + system CPU time.
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// perfCaller makes one call of the test's transport.
+type perfCaller interface {
+	call(req []byte) ([]byte, func(), error)
+}
+
+func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
+	info := stdout
+	if o.json {
+		info = stderr
+	}
+	params := perfParams{Version: perfWireVersion, Test: o.test, Conn: "RC", Sizes: []int{o.size}, Iters: o.iters, QPs: 1, PostList: 1, TxDepth: o.window}
+	var pc *perfConn
+	var err error
+	client := o.server != ""
+	if client {
+		pc, err = perfDial(o.server, o.port)
+	} else {
+		fmt.Fprintf(info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		pc, err = perfListen(o.port)
+	}
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	fail := func(err error) error { pc.fail(err); return err }
+	if client {
+		if err := pc.send(perfMsg{Params: &params}); err != nil {
+			return fmt.Errorf("couldn't send the parameters: %v", err)
+		}
+		if _, err := pc.recv(); err != nil {
+			return err
+		}
+	} else {
+		if _, err := pc.clientParams(params); err != nil {
+			return err
+		}
+	}
+	dataAddr := net.JoinHostPort(o.server, strconv.Itoa(o.port+1))
+	var caller perfCaller
+	var ep *bx.Endpoint
+	token := []byte(perfToken)
+	if t := os.Getenv("GOVERBS_PERF_TOKEN"); t != "" {
+		token = []byte(t)
+	}
+	if !o.tcp {
+		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, MaxMessage: max(4<<20, o.size),
+			LaneMsgs: int64(max(64, 2*o.window))})
+		if err != nil {
+			return fail(err)
+		}
+		defer ep.Close()
+		ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+	}
+	var tl net.Listener
+	if client {
+		// The server listens before it answers the hello.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if o.tcp {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", dataAddr)
+			if err != nil {
+				cancel()
+				return fail(err)
+			}
+			defer c.Close()
+			caller = &perfTCPCaller{t: newPerfTCP(c)}
+		} else {
+			p, err := ep.Dial(ctx, dataAddr)
+			if err != nil {
+				cancel()
+				return fail(err)
+			}
+			caller = &perfBXCaller{p: p}
+		}
+		cancel()
+	} else {
+		laddr := ":" + strconv.Itoa(o.port+1)
+		if o.tcp {
+			if tl, err = net.Listen("tcp", laddr); err != nil {
+				return fail(err)
+			}
+			defer tl.Close()
+			go perfTCPEcho(tl)
+		} else if _, err := ep.Listen(laddr); err != nil {
+			return fail(err)
+		}
+		if err := pc.send(perfMsg{Params: &params}); err != nil {
+			return fmt.Errorf("couldn't send the parameters: %v", err)
+		}
+	}
+	if !client {
+		// bx: the peer is accepted (its handshake done) before the start.
+		if ep != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, err := ep.Accept(ctx)
+			cancel()
+			if err != nil {
+				return fail(err)
+			}
+		}
+	}
+	req := make([]byte, o.size)
+	for i := range req {
+		req[i] = byte(i)
+	}
+	if client {
+		// A few calls so that both ends have their buffers and
+		// connections in steady state; not measured.
+		for range 10 {
+			_, done, err := caller.call(req)
+			if err != nil {
+				return fail(err)
+			}
+			done()
+		}
+	}
+	var idleCPU *float64
+	if client && o.idle > 0 {
+		// Both endpoints connected, nothing to do: what does it cost?
+		// (The server waits for the start barrier meanwhile.)
+		c0, t0 := cpuNow(), time.Now()
+		time.Sleep(o.idle)
+		pct := 100 * float64(cpuNow()-c0) / float64(time.Since(t0))
+		idleCPU = &pct
+	}
+	if o.cpuprof != "" {
+		f, err := os.Create(o.cpuprof)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if _, err := pc.barrier("start", nil); err != nil {
+		return err
+	}
+	var before bx.Snapshot
+	if ep != nil {
+		before = ep.Snapshot()
+	}
+	cpu0 := cpuNow()
+	var mine perfBXResult
+	if client {
+		if o.bw {
+			res, err := perfBXBW(caller, req, o.iters, o.window)
+			if err != nil {
+				return fail(err)
+			}
+			mine.Bandwidth = &res
+		} else {
+			t := make([]int64, o.iters+1)
+			base := time.Now()
+			for i := range o.iters {
+				t[i] = int64(time.Since(base))
+				resp, done, err := caller.call(req)
+				if err != nil {
+					return fail(fmt.Errorf("call %d: %v", i, err))
+				}
+				if len(resp) != o.size {
+					return fail(fmt.Errorf("call %d: response of %d bytes, want %d", i, len(resp), o.size))
+				}
+				done()
+			}
+			t[o.iters] = int64(time.Since(base))
+			res := latStats(t, o.size, 1)
+			res.Iterations = o.iters
+			mine.Latency = &res
+		}
+	}
+	var peerB json.RawMessage
+	if !client {
+		// The server's share ends when the client is done: wait for its
+		// end of the barrier, then answer with ours.
+		m, err := pc.recv()
+		if err != nil {
+			return fmt.Errorf("barrier \"end\": %v", err)
+		}
+		if m.Sync != "end" {
+			return fmt.Errorf("barrier \"end\": the peer is at %q", m.Sync)
+		}
+		peerB = m.Results
+	}
+	mine.CPU = float64(cpuNow()-cpu0) / 1e3 / float64(o.iters)
+	var counts map[string]float64
+	if ep != nil {
+		counts = perfBXCounts(before, ep.Snapshot(), o.iters)
+	}
+	b, _ := json.Marshal(mine)
+	if client {
+		if peerB, err = pc.barrier("end", b); err != nil {
+			return err
+		}
+	} else if err := pc.send(perfMsg{Sync: "end", Results: b}); err != nil {
+		return fmt.Errorf("barrier \"end\": %v", err)
+	}
+	var peer perfBXResult
+	if err := json.Unmarshal(peerB, &peer); err != nil {
+		return fmt.Errorf("the peer's results %q: %v", peerB, err)
+	}
+	rep := perfBXReport{Test: o.test, Role: "server", MeasuredBy: "client", Device: o.dev, Transport: "bx", Window: o.window, Counts: counts, IdleCPU: idleCPU}
+	if idleCPU != nil {
+		rep.Idle = o.idle.String()
+	}
+	if o.tcp {
+		rep.Transport, rep.Device = "tcp", ""
+	} else if o.spin != 0 {
+		rep.Spin = o.spin.String()
+	}
+	meas := peer
+	if client {
+		rep.Role = "client"
+		meas = mine
+		rep.CPU = perfBXCPU{Client: mine.CPU, Server: peer.CPU}
+	} else {
+		rep.CPU = perfBXCPU{Client: peer.CPU, Server: mine.CPU}
+	}
+	if o.bw {
+		rep.Units = map[string]string{"bw_peak": "MiB/s", "bw_avg": "MiB/s", "msg_rate": "Mpps", "cpu": "usec/call"}
+		if meas.Bandwidth != nil {
+			rep.Bandwidth = []perfBWResult{*meas.Bandwidth}
+		}
+	} else {
+		rep.Units = map[string]string{"t": "usec (full round trip)", "cpu": "usec/call"}
+		if meas.Latency != nil {
+			rep.Latency = []perfLatResult{*meas.Latency}
+		}
+	}
+	if o.json {
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "%s\n", b)
+		return err
+	}
+	fmt.Fprintf(stdout, "%s %s: %d bytes each way, full round trip, %d outstanding\n", rep.Test, rep.Transport, o.size, o.window)
+	pr := perfReport{bw: o.bw, Latency: rep.Latency, Bandwidth: rep.Bandwidth}
+	pr.printLast(stdout)
+	fmt.Fprint(stdout, perfLine)
+	fmt.Fprintf(stdout, " CPU per call [usec]: client %.2f, server %.2f\n", rep.CPU.Client, rep.CPU.Server)
+	if idleCPU != nil {
+		fmt.Fprintf(stdout, " idle for %v, connected: client CPU %.2f%% of a core\n", o.idle, *idleCPU)
+	}
+	return nil
+}
+
+// perfBXCounts is what the bx snapshot counted per call of the loop.
+func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
+	n := float64(iters)
+	return map[string]float64{
+		"sent":           float64(b.Counters.Sent-a.Counters.Sent) / n,
+		"received":       float64(b.Counters.Received-a.Counters.Received) / n,
+		"credit_updates": float64(b.Counters.CreditUpdates-a.Counters.CreditUpdates) / n,
+	}
+}
+
+// perfBXBW keeps window calls outstanding until iters are done.
+func perfBXBW(c perfCaller, req []byte, iters, window int) (perfBWResult, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, window)
+	start := time.Now()
+	if tc, ok := c.(*perfTCPCaller); ok {
+		if err := tc.t.pipeline(req, iters, window); err != nil {
+			return perfBWResult{}, err
+		}
+	} else {
+		for range window {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(iters) {
+					resp, done, err := c.call(req)
+					if err != nil {
+						errc <- err
+						return
+					}
+					if len(resp) != len(req) {
+						errc <- fmt.Errorf("response of %d bytes, want %d", len(resp), len(req))
+						return
+					}
+					done()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	el := time.Since(start)
+	select {
+	case err := <-errc:
+		return perfBWResult{}, err
+	default:
+	}
+	const mib = 1 << 20
+	bw := float64(len(req)) * float64(iters) / el.Seconds() / mib
+	return perfBWResult{Bytes: len(req), Iterations: iters, BWPeak: bw, BWAvg: bw, MsgRate: float64(iters) / el.Seconds() / 1e6}, nil
+}
+
+type perfBXCaller struct{ p *bx.Peer }
+
+func (c *perfBXCaller) call(req []byte) ([]byte, func(), error) {
+	m, err := c.p.Call(context.Background(), 1, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m.Data(), m.Release, nil
+}
+
+type perfTCPCaller struct{ t *perfTCP }
+
+func (c *perfTCPCaller) call(req []byte) ([]byte, func(), error) {
+	resp, err := c.t.call(req)
+	return resp, func() {}, err
+}
+
+// perfTCP is the framing: a 4-byte length (header + payload), bx's
+// header, the payload.
+type perfTCP struct {
+	c    net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+	hdr  [4 + bx.HeaderSize]byte
+	resp []byte
+}
+
+func newPerfTCP(c net.Conn) *perfTCP {
+	return &perfTCP{c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
+}
+
+func (t *perfTCP) write(hdr []byte, req []byte) error {
+	binary.LittleEndian.PutUint32(hdr[:4], uint32(bx.HeaderSize+len(req)))
+	t.w.Write(hdr)
+	t.w.Write(req)
+	return t.w.Flush()
+}
+
+func (t *perfTCP) read() ([]byte, error) {
+	if _, err := io.ReadFull(t.r, t.hdr[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.LittleEndian.Uint32(t.hdr[:4])) - bx.HeaderSize
+	if n < 0 || n > perfMaxSize {
+		return nil, fmt.Errorf("frame of %d bytes", n)
+	}
+	if cap(t.resp) < n {
+		t.resp = make([]byte, n)
+	}
+	t.resp = t.resp[:n]
+	_, err := io.ReadFull(t.r, t.resp)
+	return t.resp, err
+}
+
+func (t *perfTCP) call(req []byte) ([]byte, error) {
+	var hdr [4 + bx.HeaderSize]byte
+	if err := t.write(hdr[:], req); err != nil {
+		return nil, err
+	}
+	return t.read()
+}
+
+// pipeline sends iters requests with up to window unanswered.
+func (t *perfTCP) pipeline(req []byte, iters, window int) error {
+	sem := make(chan struct{}, window)
+	errc := make(chan error, 1)
+	go func() {
+		var hdr [4 + bx.HeaderSize]byte
+		for range iters {
+			sem <- struct{}{}
+			if err := t.write(hdr[:], req); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := range iters {
+		resp, err := t.read()
+		if err != nil {
+			return fmt.Errorf("response %d: %v", i, err)
+		}
+		if len(resp) != len(req) {
+			return fmt.Errorf("response %d of %d bytes, want %d", i, len(resp), len(req))
+		}
+		<-sem
+	}
+	return <-errc
+}
+
+// perfTCPEcho answers every frame on every connection with its payload.
+func perfTCPEcho(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		go func() {
+			defer c.Close()
+			t := newPerfTCP(c)
+			var hdr [4 + bx.HeaderSize]byte
+			for {
+				p, err := t.read()
+				if err != nil {
+					return
+				}
+				// A pipelining client: flush only when nothing more is
+				// buffered.
+				binary.LittleEndian.PutUint32(hdr[:4], uint32(bx.HeaderSize+len(p)))
+				t.w.Write(hdr[:])
+				t.w.Write(p)
+				if t.r.Buffered() == 0 {
+					if t.w.Flush() != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+// TestPerfBX runs bx_lat, tcp_lat, bx_bw and tcp_bw as two processes (server
+// on the second device, client on the first) and checks both reports.
+func TestPerfBX(t *testing.T) {
+	cli, srv := rxetest.Pair(t)
+	host, _ := serverTarget(t, srv)
+	for _, tc := range []struct {
+		args    string
+		iters   int
+		cliArgs string // the client's only
+	}{
+		{"bx_lat", 50, ""},
+		{"bx_lat", 20, "--idle 1s"},
+		{"bx_lat -s 4096", 50, ""},
+		{"bx_lat -s 100000", 10, ""},
+		{"bx_lat --spin=-1ns", 20, ""},
+		{"tcp_lat", 50, ""},
+		{"tcp_lat -s 100000", 10, ""},
+		{"bx_bw -s 4096 -t 8", 200, ""},
+		{"tcp_bw -s 4096 -t 8", 200, ""},
+	} {
+		t.Run(strings.TrimSpace(tc.args+" "+tc.cliArgs), func(t *testing.T) {
+			port := perfPort
+			perfPort += 2
+			common := append([]string{"perf"}, strings.Fields(tc.args)...)
+			common = append(common, "-n", strconv.Itoa(tc.iters), "-p", strconv.Itoa(port), "--json")
+			done := make(chan struct{})
+			var rs result
+			go func() {
+				defer close(done)
+				rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", srv})...)
+			}()
+			waitListen(t, port, done)
+			rc := goverbs(t, 4*time.Minute, slices.Concat(common, strings.Fields(tc.cliArgs), []string{"-d", cli, host})...)
+			<-done
+			test := strings.Fields(tc.args)[0]
+			for _, x := range []struct {
+				who string
+				r   result
+			}{{"client", rc}, {"server", rs}} {
+				if x.r.code != 0 || x.r.err != nil {
+					t.Fatalf("%s: exit %d (%v)\nstdout:\n%s\nstderr:\n%s", x.who, x.r.code, x.r.err, x.r.stdout, x.r.stderr)
+				}
+				var rep perfBXReport
+				dec := json.NewDecoder(strings.NewReader(x.r.stdout))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&rep); err != nil {
+					t.Fatalf("%s: stdout %q: %v", x.who, x.r.stdout, err)
+				}
+				if rep.Test != test || rep.Role != x.who || rep.MeasuredBy != "client" {
+					t.Errorf("%s: test %q role %q measured by %q", x.who, rep.Test, rep.Role, rep.MeasuredBy)
+				}
+				if rep.CPU.Client <= 0 || rep.CPU.Server <= 0 {
+					t.Errorf("%s: CPU per call %+v", x.who, rep.CPU)
+				}
+				if idle := tc.cliArgs != "" && x.who == "client"; idle != (rep.IdleCPU != nil) {
+					t.Errorf("%s: idle CPU %v, want it reported: %v", x.who, rep.IdleCPU, idle)
+				} else if idle {
+					// An idle endpoint sleeps: a bound on CPU time, not on
+					// speed (a busy loop would show ~100%).
+					if *rep.IdleCPU < 0 || *rep.IdleCPU > 50 {
+						t.Errorf("client: %.1f%% of a core while idle", *rep.IdleCPU)
+					}
+					t.Logf("client idle for %s: %.2f%% of a core", rep.Idle, *rep.IdleCPU)
+				}
+				if strings.HasSuffix(test, "_lat") {
+					if len(rep.Latency) != 1 {
+						t.Fatalf("%s: %d latency results", x.who, len(rep.Latency))
+					}
+					l := rep.Latency[0]
+					if l.Iterations != tc.iters || l.TMin <= 0 || l.TMin > l.TTypical || l.TTypical > l.TMax || l.P99 < l.TTypical {
+						t.Errorf("%s: latency result %+v", x.who, l)
+					}
+					t.Logf("%s: t_typical %.1f usec, CPU/call client %.1f server %.1f usec", x.who, l.TTypical, rep.CPU.Client, rep.CPU.Server)
+					continue
+				}
+				if len(rep.Bandwidth) != 1 || rep.Bandwidth[0].Iterations != tc.iters || rep.Bandwidth[0].BWAvg <= 0 {
+					t.Fatalf("%s: bandwidth results %+v", x.who, rep.Bandwidth)
+				}
+				t.Logf("%s: %.2f MiB/s, CPU/call client %.1f server %.1f usec", x.who, rep.Bandwidth[0].BWAvg, rep.CPU.Client, rep.CPU.Server)
+			}
+		})
+	}
+}
