@@ -380,12 +380,24 @@ func (e *Endpoint) newMsg() *Msg {
 	return m
 }
 
-// tick is how often the ticker looks for credit and acknowledgement
-// updates that are due while it runs.
-const tick = 2 * time.Millisecond
+// defaultTick is how often the ticker looks for credit and
+// acknowledgement updates that are due while it runs; tickNS, when set
+// (tests: SetTickForTest), replaces it.
+const defaultTick = 2 * time.Millisecond
+
+var tickNS atomic.Int64
+
+func tick() time.Duration {
+	if d := tickNS.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return defaultTick
+}
 
 // poke tells the ticker that a message arrived or a buffer was released:
-// an update may become due. It never blocks.
+// an update may become due. It never blocks. Call it after the change
+// (the ticker takes a poke and then looks; a poke before the change could
+// be taken by a look that misses it).
 func (e *Endpoint) poke() {
 	select {
 	case e.kick <- struct{}{}:
@@ -400,7 +412,7 @@ func (e *Endpoint) poke() {
 // endpoint costs no CPU.
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
-	t := time.NewTimer(tick)
+	t := time.NewTimer(defaultTick)
 	t.Stop()
 	var peers []*Peer
 	for {
@@ -410,7 +422,7 @@ func (e *Endpoint) ticker() {
 		case <-e.kick:
 		}
 		for busy := true; busy; {
-			t.Reset(tick)
+			t.Reset(tick())
 			select {
 			case <-e.stopCh.Done():
 				t.Stop()

@@ -1,5 +1,7 @@
 package bx
 
+import "time"
+
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
 // an outside `ibv_modify_qp` would.
 func (p *Peer) BreakLanesForTest() error {
@@ -56,6 +58,12 @@ func OnServeReleaseForTest(f func()) {
 		return
 	}
 	serveReleased.Store(&f)
+}
+
+// SetTickForTest sets how often every endpoint's credit/ack ticker looks
+// while it runs (0: the default) and returns the previous setting.
+func SetTickForTest(d time.Duration) time.Duration {
+	return time.Duration(tickNS.Swap(int64(d)))
 }
 
 // TicksForTest is how many rounds the endpoint's credit/ack ticker ran.

@@ -733,7 +733,15 @@ func (p *Peer) sendUpdate(l *lane) {
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
 func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
-	p.e.poke() // an acknowledgement or credits to return, sooner or later
+	// An acknowledgement or credits to return, sooner or later: the ticker
+	// is poked after every change this makes (Consumed, a control buffer
+	// re-posted, the delivered sequence), never before. Poked first, the
+	// ticker could take the poke, look before the change, find nothing
+	// due and sleep with an update owed and no event left to wake it: two
+	// peers starved of credits then waited on each other for good (bx
+	// TestEchoBufferOrder hung so, with 4 credits, in about half of the
+	// full suite runs).
+	defer p.e.poke()
 	var h header
 	data := b.Bytes()[:n]
 	l.rmu.Lock()
