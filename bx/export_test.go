@@ -60,6 +60,18 @@ func OnServeReleaseForTest(f func()) {
 	serveReleased.Store(&f)
 }
 
+// OnReceivedForTest makes the endpoint call f as it starts handling each
+// message that arrived, before it records anything of it (a nil f removes
+// the hook): a delay there widens the time between a message's arrival
+// and its effects.
+func OnReceivedForTest(f func()) {
+	if f == nil {
+		receivedHook.Store(nil)
+		return
+	}
+	receivedHook.Store(&f)
+}
+
 // SetTickForTest sets how often every endpoint's credit/ack ticker looks
 // while it runs (0: the default) and returns the previous setting.
 func SetTickForTest(d time.Duration) time.Duration {

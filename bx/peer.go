@@ -742,6 +742,9 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 	// TestEchoBufferOrder hung so, with 4 credits, in about half of the
 	// full suite runs).
 	defer p.e.poke()
+	if f := receivedHook.Load(); f != nil {
+		(*f)()
+	}
 	var h header
 	data := b.Bytes()[:n]
 	l.rmu.Lock()
@@ -860,6 +863,10 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 	p.ack(l, h.Ack)
 	p.deliverAll(ready)
 }
+
+// receivedHook is a test hook (export_test.go): it runs as each message
+// starts being handled, before anything of it is recorded.
+var receivedHook atomic.Pointer[func()]
 
 // finished marks the rendezvous with sequence ref done: its FIN arrived.
 // l.rmu is held.
