@@ -78,6 +78,10 @@ func SetTickForTest(d time.Duration) time.Duration {
 	return time.Duration(tickNS.Swap(int64(d)))
 }
 
+// ForcePollForTest makes every endpoint poll (Config.Spin) even when it is
+// not the process's only one, and returns the previous setting.
+func ForcePollForTest(on bool) bool { return forcePoll.Swap(on) }
+
 // TicksForTest is how many rounds the endpoint's credit/ack ticker ran.
 func (e *Endpoint) TicksForTest() uint64 { return e.ticks.Load() }
 

@@ -83,6 +83,8 @@ type Snapshot struct {
 // Counters are the values of an endpoint's Stats.
 type Counters struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted uint64
+	// SelfPolled: Calls whose response their own goroutine polled.
+	SelfPolled uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -291,7 +293,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load()}
+		Unrouted: st.Unrouted.Load(), SelfPolled: st.SelfPolled.Load()}
 	s.Window = windowOf(e.win)
 	for _, p := range e.peerList() {
 		s.Peers = append(s.Peers, p.snapshot())

@@ -83,7 +83,7 @@ type lane struct {
 	delivered uint64     // highest sequence delivered in order
 	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
 	free      []*inbound // under rmu: flushed entries for reuse
-	ready     []*Msg     // the progress goroutine's: what flush took, to deliver
+	ready     []*Msg     // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
 	scratch   [HeaderSize]byte // credit updates, sent inline
@@ -949,7 +949,7 @@ func (l *lane) newInbound(h header) *inbound {
 }
 
 // flush takes the delivered prefix of the pending list: its messages go
-// into l.ready (the progress goroutine's, the only caller), its entries
+// into l.ready (the pollMu holder's, the only caller), its entries
 // back to the free list. l.rmu is held.
 func (l *lane) flush() []*Msg {
 	n := 0

@@ -442,6 +442,7 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"sent":           float64(b.Counters.Sent-a.Counters.Sent) / n,
 		"received":       float64(b.Counters.Received-a.Counters.Received) / n,
 		"credit_updates": float64(b.Counters.CreditUpdates-a.Counters.CreditUpdates) / n,
+		"self_polled":    float64(b.Counters.SelfPolled-a.Counters.SelfPolled) / n,
 	}
 }
 
