@@ -345,6 +345,10 @@ func (e *Endpoint) Close() error {
 	}
 	e.stop()
 	e.wg.Wait()
+	// A Call polling the CQ (pollFor) finishes its poll; after this none
+	// starts another (it looks at stopCh under pollMu), so the CQ can go.
+	e.pollMu.Lock()
+	e.pollMu.Unlock()
 	liveEndpoints.Add(-1)
 	e.win.Close()
 	// A peer shutting down on its own, or a Msg released late, may still
@@ -597,6 +601,10 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 		default:
 		}
 		if e.pollMu.TryLock() {
+			if e.stopCh.Err() != nil { // Close: the CQ is going
+				e.pollMu.Unlock()
+				return nil, false, false
+			}
 			n, err := e.pollLocked()
 			e.pollMu.Unlock()
 			if err != nil {

@@ -81,3 +81,48 @@ func TestCallerPolls(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseWhileCallerPolls closes the client endpoint while a Call polls
+// its CQ for a response that will not come: the Call must end with an
+// error, and Close must not pull the CQ from under the poll (its ring is
+// unmapped: a poll after that would crash the process).
+func TestCloseWhileCallerPolls(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Spin = time.Second })
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	})
+	ctx, wd := hang.For(t, "a call, then Close", 30*time.Second)
+	defer wd.Stop()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Call(ctx, 1, []byte("never answered"))
+		errc <- err
+	}()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal(hang.Err(ctx))
+	}
+	time.Sleep(10 * time.Millisecond) // the Call is polling now (for up to 10 s)
+	if err := cli.Close(); err != nil {
+		t.Errorf("close while a Call polls: %v", err)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the Call returned no error after its endpoint closed")
+		}
+		t.Logf("the Call ended with: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the Call did not end after Close: %v", hang.Err(ctx))
+	}
+}
