@@ -78,6 +78,9 @@ type Snapshot struct {
 	// Pools are the buffer pools: "eager" (receive buffers, eager sends),
 	// "large" (rendezvous targets), "rndv" (rendezvous sources).
 	Pools []PoolSnapshot
+	// Workers is how many goroutines the handler pool has (busy or idle;
+	// at most Config.Workers). They stay until Close.
+	Workers int
 }
 
 // Counters are the values of an endpoint's Stats.
@@ -295,6 +298,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), SelfPolled: st.SelfPolled.Load()}
 	s.Window = windowOf(e.win)
+	s.Workers = int(e.workers.Load())
 	for _, p := range e.peerList() {
 		s.Peers = append(s.Peers, p.snapshot())
 	}
