@@ -186,6 +186,7 @@ type Endpoint struct {
 	// of its own (msgs, a lane's ready list) is guarded by it.
 	pollMu      sync.Mutex
 	wc          []cq.WC       // under pollMu
+	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
 
@@ -346,8 +347,9 @@ func (e *Endpoint) Close() error {
 	e.stop()
 	e.wg.Wait()
 	// A Call polling the CQ (pollFor) finishes its poll; after this none
-	// starts another (it looks at stopCh under pollMu), so the CQ can go.
+	// starts another (it looks at cqGone under pollMu), so the CQ can go.
 	e.pollMu.Lock()
+	e.cqGone = true
 	e.pollMu.Unlock()
 	liveEndpoints.Add(-1)
 	e.win.Close()
@@ -601,7 +603,7 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 		default:
 		}
 		if e.pollMu.TryLock() {
-			if e.stopCh.Err() != nil { // Close: the CQ is going
+			if e.cqGone { // Close: the CQ is going
 				e.pollMu.Unlock()
 				return nil, false, false
 			}
