@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // TestCallAllocs checks that a Call allocates nothing in steady state, on
@@ -18,8 +19,8 @@ func TestCallAllocs(t *testing.T) {
 	echo := func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil }
 	srv.HandleInline(1, echo)
 	srv.Handle(2, echo)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx, wd := hang.For(t, "calls", 2*time.Minute) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
 	for _, stream := range []uint32{1, 2} {
 		for _, n := range []int{64, 4 << 10} {
 			t.Run(fmt.Sprintf("stream%d/%d", stream, n), func(t *testing.T) {
@@ -28,10 +29,11 @@ func TestCallAllocs(t *testing.T) {
 				call := func() {
 					m, cerr := p.Call(ctx, stream, req)
 					if cerr != nil {
-						err = cerr
+						err = hang.Cause(ctx, cerr)
 						return
 					}
 					m.Release()
+					wd.Progress()
 				}
 				for range 200 {
 					call()

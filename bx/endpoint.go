@@ -166,7 +166,7 @@ type Endpoint struct {
 	srqGone bool         // under srqMu: Close is destroying the SRQ
 	rwr     [1]qp.RecvWR // under srqMu: repost's work request, off the heap
 	rsge    [1]qp.SGE
-	msgs    []Msg // the progress goroutine's slab (newMsg)
+	msgs    []Msg // the pollMu holder's slab (newMsg)
 
 	mu       sync.RWMutex
 	peers    map[*Peer]struct{}
@@ -192,6 +192,16 @@ type Endpoint struct {
 	backlog chan work
 	workers atomic.Int32
 
+	// pollMu is held by whoever polls the CQ and completes what it found:
+	// the progress goroutine, or a Call waiting for its response (one at a
+	// time: callerPolls). What completion handling touches without a lock
+	// of its own (msgs, a lane's ready list) is guarded by it.
+	pollMu      sync.Mutex
+	wc          []cq.WC       // under pollMu
+	cqGone      bool          // under pollMu: Close is destroying the CQ
+	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
+	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+
 	kick  chan struct{} // poke: wake the ticker
 	ticks atomic.Uint64 // the ticker's rounds (tests)
 
@@ -215,6 +225,9 @@ type Stats struct {
 	// stream was closed (sent before the peer learned of the close), and
 	// close answers that could not be sent (no buffer).
 	ClosedDrops atomic.Uint64
+	// SelfPolled counts Calls whose response their own goroutine found
+	// polling the CQ (pollFor: no hand-off from the progress goroutine).
+	SelfPolled atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -224,6 +237,7 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
 		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers), kick: make(chan struct{}, 1),
+		resume: make(chan struct{}, 1), wc: make([]cq.WC, 64),
 		work: make(chan work), backlog: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
 	var idb [8]byte
 	rand.Read(idb[:])
@@ -348,6 +362,11 @@ func (e *Endpoint) Close() error {
 	}
 	e.stop()
 	e.wg.Wait()
+	// A Call polling the CQ (pollFor) finishes its poll; after this none
+	// starts another (it looks at cqGone under pollMu), so the CQ can go.
+	e.pollMu.Lock()
+	e.cqGone = true
+	e.pollMu.Unlock()
 	liveEndpoints.Add(-1)
 	e.win.Close()
 	// A peer shutting down on its own, or a Msg released late, may still
@@ -386,7 +405,7 @@ func (e *Endpoint) repost(b mr.Buf) error {
 // newMsg returns a zero Msg carved from a slab: one allocation per 64
 // messages. A Msg is never reused (Release is idempotent, so a released
 // Msg must stay what it was); the slab goes when all of its are
-// unreferenced. Only the progress goroutine calls it.
+// unreferenced. Only the holder of pollMu calls it.
 func (e *Endpoint) newMsg() *Msg {
 	if len(e.msgs) == 0 {
 		e.msgs = make([]Msg, 64)
@@ -396,12 +415,24 @@ func (e *Endpoint) newMsg() *Msg {
 	return m
 }
 
-// tick is how often the ticker looks for credit and acknowledgement
-// updates that are due while it runs.
-const tick = 2 * time.Millisecond
+// defaultTick is how often the ticker looks for credit and
+// acknowledgement updates that are due while it runs; tickNS, when set
+// (tests: SetTickForTest), replaces it.
+const defaultTick = 2 * time.Millisecond
+
+var tickNS atomic.Int64
+
+func tick() time.Duration {
+	if d := tickNS.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return defaultTick
+}
 
 // poke tells the ticker that a message arrived or a buffer was released:
-// an update may become due. It never blocks.
+// an update may become due. It never blocks. Call it after the change
+// (the ticker takes a poke and then looks; a poke before the change could
+// be taken by a look that misses it).
 func (e *Endpoint) poke() {
 	select {
 	case e.kick <- struct{}{}:
@@ -416,7 +447,7 @@ func (e *Endpoint) poke() {
 // endpoint costs no CPU.
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
-	t := time.NewTimer(tick)
+	t := time.NewTimer(defaultTick)
 	t.Stop()
 	var peers []*Peer
 	for {
@@ -426,7 +457,7 @@ func (e *Endpoint) ticker() {
 		case <-e.kick:
 		}
 		for busy := true; busy; {
-			t.Reset(tick)
+			t.Reset(tick())
 			select {
 			case <-e.stopCh.Done():
 				t.Stop()
@@ -476,18 +507,30 @@ const DefaultSpin = 250 * time.Microsecond
 // arms the CQ and sleeps in the netpoller until an event. While it polls
 // it reads the clock and yields the processor only every few empty polls
 // (each costs more than a poll, many times more under emulation).
+//
+// While a Call polls for its own response (pollFor), the progress
+// goroutine waits, neither polling nor armed: an armed CQ would make the
+// peer's doorbell raise an event and wake it, which is the cost polling
+// avoids.
 func (e *Endpoint) progress() {
 	defer e.wg.Done()
-	wc := make([]cq.WC, 64)
 	var idle time.Time
 	empty := 0
 	for {
-		n, err := e.cq.Poll(wc)
+		if e.callerPolls.Load() {
+			select {
+			case <-e.resume:
+			case <-e.stopCh.Done():
+				return
+			}
+			idle, empty = time.Time{}, 0
+			continue
+		}
+		e.pollMu.Lock()
+		n, err := e.pollLocked()
+		e.pollMu.Unlock()
 		if err != nil {
 			return
-		}
-		for i := range wc[:n] {
-			e.complete(&wc[i])
 		}
 		if n > 0 {
 			idle, empty = time.Time{}, 0
@@ -528,9 +571,91 @@ func (e *Endpoint) progress() {
 	}
 }
 
+// pollLocked polls the CQ once and completes what it found. pollMu is
+// held.
+func (e *Endpoint) pollLocked() (int, error) {
+	n, err := e.cq.Poll(e.wc)
+	if err != nil {
+		return 0, err
+	}
+	for i := range e.wc[:n] {
+		e.complete(&e.wc[i])
+	}
+	return n, nil
+}
+
 // mayPoll reports whether this endpoint may poll (liveEndpoints).
 func (e *Endpoint) mayPoll() bool {
-	return liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1
+	return forcePoll.Load() || liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1
+}
+
+// forcePoll makes every endpoint poll whatever else runs (tests).
+var forcePoll atomic.Bool
+
+// pollFor is a Call waiting for its response on ch: when the endpoint
+// polls (Config.Spin, mayPoll) and no other Call does, it polls the CQ
+// itself and completes what it finds, its own response or other callers'
+// and requests (run-to-completion, as eRPC's application threads run the
+// event loop), so that its response reaches it with no goroutine hand-off.
+// It polls for 10 Spins without a completion at most, then leaves the CQ to
+// the progress goroutine; got reports whether it took a message (or a
+// closed channel) from ch.
+func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got bool) {
+	if e.cfg.Spin <= 0 || !e.mayPoll() || !e.callerPolls.CompareAndSwap(false, true) {
+		return nil, false, false
+	}
+	defer func() {
+		e.callerPolls.Store(false)
+		select {
+		case e.resume <- struct{}{}:
+		default:
+		}
+	}()
+	var idle time.Time
+	for i := 1; ; i++ {
+		select {
+		case m, ok = <-ch:
+			return m, ok, true
+		default:
+		}
+		if e.pollMu.TryLock() {
+			if e.cqGone { // Close: the CQ is going
+				e.pollMu.Unlock()
+				return nil, false, false
+			}
+			n, err := e.pollLocked()
+			e.pollMu.Unlock()
+			if err != nil {
+				return nil, false, false
+			}
+			if n > 0 {
+				select {
+				case m, ok = <-ch:
+					// Our own poll delivered it (or the progress
+					// goroutine's last one, just before we took over).
+					e.stats.SelfPolled.Add(1)
+					return m, ok, true
+				default:
+				}
+				idle, i = time.Time{}, 0
+				continue
+			}
+		}
+		if i%16 == 0 {
+			if ctx.Err() != nil {
+				return nil, false, false
+			}
+			now := time.Now()
+			if idle.IsZero() {
+				idle = now
+			} else if now.Sub(idle) >= 10*e.cfg.Spin {
+				return nil, false, false
+			}
+		}
+		if i%4 == 0 {
+			runtime.Gosched()
+		}
+	}
 }
 
 // liveEndpoints counts the process's open endpoints. Polling an empty CQ

@@ -1,6 +1,9 @@
 package bx
 
-import "crypto/tls"
+import (
+	"crypto/tls"
+	"time"
+)
 
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
 // an outside `ibv_modify_qp` would.
@@ -59,6 +62,28 @@ func OnServeReleaseForTest(f func()) {
 	}
 	serveReleased.Store(&f)
 }
+
+// OnReceivedForTest makes the endpoint call f as it starts handling each
+// message that arrived, before it records anything of it (a nil f removes
+// the hook): a delay there widens the time between a message's arrival
+// and its effects.
+func OnReceivedForTest(f func()) {
+	if f == nil {
+		receivedHook.Store(nil)
+		return
+	}
+	receivedHook.Store(&f)
+}
+
+// SetTickForTest sets how often every endpoint's credit/ack ticker looks
+// while it runs (0: the default) and returns the previous setting.
+func SetTickForTest(d time.Duration) time.Duration {
+	return time.Duration(tickNS.Swap(int64(d)))
+}
+
+// ForcePollForTest makes every endpoint poll (Config.Spin) even when it is
+// not the process's only one, and returns the previous setting.
+func ForcePollForTest(on bool) bool { return forcePoll.Swap(on) }
 
 // TicksForTest is how many rounds the endpoint's credit/ack ticker ran.
 func (e *Endpoint) TicksForTest() uint64 { return e.ticks.Load() }

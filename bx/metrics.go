@@ -78,11 +78,16 @@ type Snapshot struct {
 	// Pools are the buffer pools: "eager" (receive buffers, eager sends),
 	// "large" (rendezvous targets), "rndv" (rendezvous sources).
 	Pools []PoolSnapshot
+	// Workers is how many goroutines the handler pool has (busy or idle;
+	// at most Config.Workers). They stay until Close.
+	Workers int
 }
 
 // Counters are the values of an endpoint's Stats.
 type Counters struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted, ClosedDrops uint64
+	// SelfPolled: Calls whose response their own goroutine polled.
+	SelfPolled uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -291,8 +296,9 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load()}
 	s.Window = windowOf(e.win)
+	s.Workers = int(e.workers.Load())
 	for _, p := range e.peerList() {
 		s.Peers = append(s.Peers, p.snapshot())
 	}

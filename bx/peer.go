@@ -83,7 +83,7 @@ type lane struct {
 	delivered uint64     // highest sequence delivered in order
 	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
 	free      []*inbound // under rmu: flushed entries for reuse
-	ready     []*Msg     // the progress goroutine's: what flush took, to deliver
+	ready     []*Msg     // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
 	scratch   [HeaderSize]byte // credit updates, sent inline
@@ -753,7 +753,18 @@ func (p *Peer) sendUpdate(l *lane) {
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
 func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
-	p.e.poke() // an acknowledgement or credits to return, sooner or later
+	// An acknowledgement or credits to return, sooner or later: the ticker
+	// is poked after every change this makes (Consumed, a control buffer
+	// re-posted, the delivered sequence), never before. Poked first, the
+	// ticker could take the poke, look before the change, find nothing
+	// due and sleep with an update owed and no event left to wake it: two
+	// peers starved of credits then waited on each other for good (bx
+	// TestEchoBufferOrder hung so, with 4 credits, in about half of the
+	// full suite runs).
+	defer p.e.poke()
+	if f := receivedHook.Load(); f != nil {
+		(*f)()
+	}
 	var h header
 	data := b.Bytes()[:n]
 	l.rmu.Lock()
@@ -873,6 +884,10 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 	p.deliverAll(ready)
 }
 
+// receivedHook is a test hook (export_test.go): it runs as each message
+// starts being handled, before anything of it is recorded.
+var receivedHook atomic.Pointer[func()]
+
 // finished marks the rendezvous with sequence ref done: its FIN arrived.
 // l.rmu is held.
 func (l *lane) finished(ref uint64) error {
@@ -954,7 +969,7 @@ func (l *lane) newInbound(h header) *inbound {
 }
 
 // flush takes the delivered prefix of the pending list: its messages go
-// into l.ready (the progress goroutine's, the only caller), its entries
+// into l.ready (the pollMu holder's, the only caller), its entries
 // back to the free list. l.rmu is held.
 func (l *lane) flush() []*Msg {
 	n := 0

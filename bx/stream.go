@@ -309,9 +309,11 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 	e.handlers[stream] = handler{h: h}
 }
 
-// HandleInline registers a handler that runs on the endpoint's progress
-// goroutine as soon as its request is complete, and whose response is
-// posted from there: no goroutine hand-off on either side of it. It must
+// HandleInline registers a handler that runs on the goroutine that polls
+// the endpoint's CQ (its progress goroutine, or a Call of this process
+// polling for its own response) as soon as its request is complete, and
+// whose response is posted from there: no goroutine hand-off on either
+// side of it. It must
 // be quick and must not block (no Call, no Send, no waiting on locks held
 // across such), or every peer of the endpoint stalls behind it. A
 // response that cannot go out at once (no credit or window yet) goes
@@ -367,7 +369,7 @@ func (p *Peer) serve(h Handler, req *Msg) {
 	p.sendMsg(context.Background(), stream, flags, call, &b)
 }
 
-// serveInline runs h on the progress goroutine and posts its response
+// serveInline runs h on the polling goroutine and posts its response
 // without waiting; one that would wait goes to a worker.
 func (p *Peer) serveInline(h Handler, req *Msg) {
 	stream, call := req.Stream, req.call
@@ -463,25 +465,19 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 	}
 	p.calls[id] = ch
 	p.mu.Unlock()
-	// The progress goroutine polls while we wait.
+	// The progress goroutine polls while we wait (or we do: pollFor).
 	p.e.waiting.Add(1)
 	defer p.e.waiting.Add(-1)
 	if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
 		p.forget(id, ch)
 		return nil, err
 	}
+	if m, ok, got := p.e.pollFor(ctx, ch); got {
+		return p.answer(ch, m, ok)
+	}
 	select {
 	case m, ok := <-ch:
-		if !ok {
-			return nil, p.Err()
-		}
-		p.putChan(ch)
-		if m.remote != "" || m.flags&flagError != 0 {
-			err := &RemoteError{Msg: m.remote}
-			m.Release()
-			return nil, err
-		}
-		return m, nil
+		return p.answer(ch, m, ok)
 	case <-ctx.Done():
 		p.forget(id, ch)
 		if p.state.Load() == stateRecovering {
@@ -489,6 +485,21 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// answer is what a Call returns for m, taken from its channel ch (ok:
+// not closed by a shutdown).
+func (p *Peer) answer(ch chan *Msg, m *Msg, ok bool) (*Msg, error) {
+	if !ok {
+		return nil, p.Err()
+	}
+	p.putChan(ch)
+	if m.remote != "" || m.flags&flagError != 0 {
+		err := &RemoteError{Msg: m.remote}
+		m.Release()
+		return nil, err
+	}
+	return m, nil
 }
 
 // forget withdraws a call that gives up. A response that deliver already

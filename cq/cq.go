@@ -34,7 +34,8 @@ type CQ struct {
 	ch      *uverbs.CompChannel
 	ownCh   bool
 	ready   <-chan struct{}
-	armReq  [2]ioctl.ReqNotifyCQ // [0] any completion, [1] solicited only; read-only after Create
+	arm     [2]armCmd // [0] any completion, [1] solicited only; read-only after Create
+	fd      int       // the device's descriptor, for arm (it outlives the CQ)
 	armed   atomic.Uint64
 	wakeups atomic.Uint64
 }
@@ -141,8 +142,13 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
 	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
-	q.armReq[0].Cq_handle = handle
-	q.armReq[1] = ioctl.ReqNotifyCQ{Cq_handle: handle, Solicited_only: 1}
+	for i := range q.arm {
+		q.arm[i] = armCmd{
+			hdr: ioctl.CmdHdr{Command: ioctl.IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, In_words: uint16((ioctl.SizeofCmdHdr + ioctl.SizeofReqNotifyCQ) / 4)},
+			req: ioctl.ReqNotifyCQ{Cq_handle: handle, Solicited_only: uint32(i)},
+		}
+	}
+	q.fd = f.Fd()
 	ctx.BindUserHandle(user, q)
 	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
 		q.destroy()

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -25,21 +28,37 @@ func (q *CQ) Notify(solicitedOnly bool) error {
 		return ErrNoChannel
 	}
 	if a, ok := q.drv.(provider.CQArmer); ok {
-		return a.Arm(solicitedOnly)
+		if err := a.Arm(solicitedOnly); err != nil {
+			return err
+		}
+		q.armed.Add(1)
+		return nil
 	}
-	// The request lives in the CQ, so arming allocates nothing.
-	req := &q.armReq[0]
+	// REQ_NOTIFY_CQ through write(), as rdma-core sends it: the command
+	// lives in the CQ, so arming allocates nothing, and it never blocks
+	// (the kernel sets a flag under a spinlock), so it is a raw system
+	// call that does not hand this thread's P to the scheduler, like the
+	// rxe doorbell.
+	cmd := &q.arm[0]
 	if solicitedOnly {
-		req = &q.armReq[1]
+		cmd = &q.arm[1]
 	}
-	err := q.ctx.File().Write(&ioctl.Cmd{
-		Command: ioctl.IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, In: unsafe.Pointer(req), InLen: ioctl.SizeofReqNotifyCQ,
-	}, "REQ_NOTIFY_CQ")
-	if err != nil {
-		return fmt.Errorf("cq: arm: %w", err)
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(q.fd), uintptr(unsafe.Pointer(cmd)), uintptr(unsafe.Sizeof(*cmd)))
+	runtime.KeepAlive(cmd)
+	switch {
+	case e != 0:
+		return fmt.Errorf("cq: arm: %w", &ioctl.Error{Op: "REQ_NOTIFY_CQ", Errno: e})
+	case n != unsafe.Sizeof(*cmd):
+		return fmt.Errorf("cq: arm: REQ_NOTIFY_CQ: the kernel took %d of %d bytes", n, unsafe.Sizeof(*cmd))
 	}
 	q.armed.Add(1)
 	return nil
+}
+
+// armCmd is REQ_NOTIFY_CQ as write() takes it.
+type armCmd struct {
+	hdr ioctl.CmdHdr
+	req ioctl.ReqNotifyCQ
 }
 
 // Wait parks the calling goroutine until the CQ may have a completion to

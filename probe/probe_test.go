@@ -537,8 +537,15 @@ func testCQEvents(t *testing.T, port int) {
 		if read < wakeups || read > arms || read == 0 {
 			t.Errorf("%s: %d events read, want between the %d wakeups and the %d arms, and some", sd.dev, read, wakeups, arms)
 		}
-		if raised != read {
-			t.Errorf("%s: %d events raised, %d read", sd.dev, raised, read)
+		// The ping-pong's CQ reads its channel itself (cq.Options.Events):
+		// an event is read only by a Wait that sleeps. The arm of the last
+		// Wait that found a completion by polling instead can raise one
+		// event that no Wait reads (rdma-core's ibv_rc_pingpong -e leaves
+		// one the same way); the kernel frees it with the CQ. So one
+		// event per CQ may stay unread, never more, and none may be read
+		// that was not raised.
+		if raised < read || raised > read+1 {
+			t.Errorf("%s: %d events raised, %d read: want the same, or one more raised (the last arm's)", sd.dev, raised, read)
 		}
 		var inHist uint64
 		for i, v := range got.Hist {

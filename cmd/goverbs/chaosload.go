@@ -150,6 +150,10 @@ type chaosProc struct {
 	RDMA       map[string]int `json:"rdma,omitempty"` // uverbs objects of this pid: qp, cq, mr, pd
 	Recoveries uint64         `json:"recoveries"`
 	BXDups     uint64         `json:"bx_duplicates"`
+	// Workers are the endpoint's handler goroutines: a bounded pool
+	// (bx.Config.Workers) that stays once started, as gRPC's stream
+	// workers do; the goroutine checks leave them out.
+	Workers int `json:"bx_workers"`
 }
 
 func chaosProcStats(e *bx.Endpoint, rdma bool) chaosProc {
@@ -164,6 +168,7 @@ func chaosProcStats(e *bx.Endpoint, rdma bool) chaosProc {
 		p.AllocFails = eg.Failures + lg.Failures + rv.Failures
 		p.Recoveries = e.Stats().Recoveries.Load()
 		p.BXDups = e.Stats().Duplicates.Load()
+		p.Workers = e.Snapshot().Workers
 	}
 	if rdma {
 		p.RDMA = chaosRDMAObjects(os.Getpid())
@@ -884,7 +889,7 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 	conn.close()
 	time.Sleep(300 * time.Millisecond)
 	sum.Final = chaosProcStats(e, false)
-	for i := 0; i < 20 && (sum.Final.Goroutines > sum.Idle.Goroutines+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
+	for i := 0; i < 20 && (sum.Final.Goroutines-sum.Final.Workers > sum.Idle.Goroutines-sum.Idle.Workers+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
 		time.Sleep(250 * time.Millisecond)
 		sum.Final = chaosProcStats(e, false)
 	}
@@ -932,8 +937,8 @@ type chaosDriveRow struct {
 // chaosLeaks compares a process's resources with its idle baseline.
 func chaosLeaks(who string, idle, now chaosProc, maxRSS int64) []string {
 	var v []string
-	if now.Goroutines > idle.Goroutines+1 {
-		v = append(v, fmt.Sprintf("%s: %d goroutines, %d when idle", who, now.Goroutines, idle.Goroutines))
+	if now.Goroutines-now.Workers > idle.Goroutines-idle.Workers+1 {
+		v = append(v, fmt.Sprintf("%s: %d goroutines (%d of them bx handler workers), %d when idle (%d)", who, now.Goroutines, now.Workers, idle.Goroutines, idle.Workers))
 	}
 	if now.FDs > idle.FDs {
 		v = append(v, fmt.Sprintf("%s: %d fds, %d when idle", who, now.FDs, idle.FDs))
@@ -1123,8 +1128,8 @@ func chaosServerViolations(st *chaosServerStats, lanes int, maxRSS int64) []stri
 	if now.RDMA != nil && now.RDMA["qp"] != idle.RDMA["qp"]+lanes*n {
 		v = append(v, fmt.Sprintf("server: %d QPs for %d peers of %d lanes", now.RDMA["qp"], n, lanes))
 	}
-	if now.Goroutines > idle.Goroutines+2+4*n {
-		v = append(v, fmt.Sprintf("server: %d goroutines with %d peers, %d when idle", now.Goroutines, n, idle.Goroutines))
+	if now.Goroutines-now.Workers > idle.Goroutines-idle.Workers+2+4*n {
+		v = append(v, fmt.Sprintf("server: %d goroutines (%d of them bx handler workers) with %d peers, %d when idle (%d)", now.Goroutines, now.Workers, n, idle.Goroutines, idle.Workers))
 	}
 	if now.FDs > idle.FDs+n {
 		v = append(v, fmt.Sprintf("server: %d fds with %d peers, %d when idle", now.FDs, n, idle.FDs))

@@ -91,7 +91,9 @@ func TestTopScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	m, err := topScrape("http://" + ln.Addr().String() + "/metrics")
+	sctx, cancel := context.WithTimeout(context.Background(), hang.Scale(time.Minute)) // a hang bound
+	defer cancel()
+	m, err := topScrapeCtx(sctx, "http://"+ln.Addr().String()+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +179,7 @@ func TestPSServeMetrics(t *testing.T) {
 		}
 	}
 	pulls()
-	m, err := topScrape(hello.Metrics)
+	m, err := topScrapeCtx(ctx, hello.Metrics) // the test's hang bound, not top's 2 s
 	if err != nil {
 		t.Fatal(err)
 	}

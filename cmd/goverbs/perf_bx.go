@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -220,15 +219,8 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 			return err
 		}
 	} else {
-		m, err := pc.recv()
-		if err != nil {
+		if _, err := pc.clientParams(params); err != nil {
 			return err
-		}
-		if m.Params == nil {
-			return fail(errors.New("the client sent no parameters"))
-		}
-		if d := params.mismatch(*m.Params); d != "" {
-			return fail(fmt.Errorf("client and server disagree: %s (server vs client)", d))
 		}
 	}
 	dataAddr := net.JoinHostPort(o.server, strconv.Itoa(o.port+1))
@@ -450,6 +442,7 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"sent":           float64(b.Counters.Sent-a.Counters.Sent) / n,
 		"received":       float64(b.Counters.Received-a.Counters.Received) / n,
 		"credit_updates": float64(b.Counters.CreditUpdates-a.Counters.CreditUpdates) / n,
+		"self_polled":    float64(b.Counters.SelfPolled-a.Counters.SelfPolled) / n,
 	}
 }
 

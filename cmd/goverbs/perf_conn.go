@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -86,6 +87,25 @@ func (p *perfConn) recv() (perfMsg, error) {
 		return m, fmt.Errorf("the peer failed: %s", m.Error)
 	}
 	return m, nil
+}
+
+// clientParams is the server's first step: it reads the client's
+// parameters and checks them against its own; on a mismatch it tells the
+// client why before it returns the error.
+func (p *perfConn) clientParams(params perfParams) (perfMsg, error) {
+	m, err := p.recv()
+	if err != nil {
+		return m, err
+	}
+	if m.Params == nil {
+		err = errors.New("the client sent no parameters")
+	} else if d := params.mismatch(*m.Params); d != "" {
+		err = fmt.Errorf("client and server disagree: %s (server vs client)", d)
+	}
+	if err != nil {
+		p.fail(err)
+	}
+	return m, err
 }
 
 // barrier waits until the peer reaches the barrier of the same name;

@@ -645,15 +645,9 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		}
 		rem = m.QPs
 	} else {
-		m, err := pc.recv()
+		m, err := pc.clientParams(params)
 		if err != nil {
 			return err
-		}
-		if m.Params == nil {
-			return fail(errors.New("the client sent no parameters"))
-		}
-		if d := params.mismatch(*m.Params); d != "" {
-			return fail(fmt.Errorf("client and server disagree: %s (server vs client)", d))
 		}
 		rem = m.QPs
 		if err := pc.send(perfMsg{Params: &params, QPs: my}); err != nil {

@@ -3,12 +3,14 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -210,6 +212,58 @@ func TestPerfDeviceChecks(t *testing.T) {
 			r := goverbs(t, time.Minute, args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
 				t.Errorf("exit %d, stderr %q: want exit 1 and %q", r.code, r.stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestPerfClientParams: the server side of the parameter exchange accepts
+// what matches and tells the client why it gives up on a mismatch or on a
+// message without parameters (over a pipe: no device involved).
+func TestPerfClientParams(t *testing.T) {
+	want := perfParams{Version: perfWireVersion, Test: "bx_lat", Conn: "RC", Sizes: []int{64}, Iters: 100, QPs: 1, PostList: 1, TxDepth: 1}
+	other := want
+	other.Sizes = []int{128}
+	for _, tc := range []struct {
+		name string
+		sent perfMsg
+		err  string // "" = accepted
+	}{
+		{"match", perfMsg{Params: &want}, ""},
+		{"mismatch", perfMsg{Params: &other}, "client and server disagree"},
+		{"none", perfMsg{Sync: "start"}, "sent no parameters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			srv, cli := newPerfConn(a), newPerfConn(b)
+			answer := make(chan perfMsg, 1)
+			go func() {
+				cli.send(tc.sent)
+				if tc.err != "" {
+					m, _ := cli.recv()
+					answer <- m
+				}
+			}()
+			_, err := srv.clientParams(want)
+			if tc.err == "" {
+				if err != nil {
+					t.Fatalf("matching parameters refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err %v, want %q", err, tc.err)
+			}
+			// The client hears why.
+			select {
+			case m := <-answer:
+				if !strings.Contains(m.Error, tc.err) {
+					t.Errorf("the client was told %q, want %q", m.Error, tc.err)
+				}
+			case <-time.After(hang.Scale(10 * time.Second)): // a hang bound
+				t.Fatal("the client was not told")
 			}
 		})
 	}

@@ -579,11 +579,18 @@ func splitLabels(s string) []string {
 
 // topScrape reads the goverbs_ samples of a Prometheus text endpoint.
 func topScrape(url string) (map[string]float64, error) {
+	// A scrape that takes longer than this is reported, not waited for:
+	// top redraws every --interval.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return topScrapeCtx(ctx, url)
+}
+
+// topScrapeCtx is topScrape bounded by ctx (tests pass a hang bound).
+func topScrapeCtx(ctx context.Context, url string) (map[string]float64, error) {
 	if url == "" {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err

@@ -24,7 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -178,7 +180,9 @@ func (w *Watchdog) run(ctx context.Context) {
 			return
 		case now := <-tick.C:
 			if now.Sub(time.Unix(0, w.last.Load())) >= w.idle {
-				w.cancel(w.err(now))
+				e := w.err(now)
+				dumpStacks(e)
+				w.cancel(e)
 				return
 			}
 		}
@@ -191,6 +195,34 @@ func (w *Watchdog) err(now time.Time) *Error {
 		e.Note = *n
 	}
 	return e
+}
+
+// maxDumps bounds the goroutine dumps one process writes (the first
+// hang's is the one that tells most; later ones are often its echo).
+const maxDumps = 2
+
+var (
+	dumps   atomic.Int32
+	dumpOut io.Writer // tests; nil: os.Stderr
+)
+
+// dumpStacks writes every goroutine's stack to stderr when a watchdog
+// fires, before its context ends: what the hung work was blocked on, as
+// it was blocked (after the cancel the waiters unwind). A hang in CI is
+// then diagnosed from its log, not by reproducing it. GOVERBS_HANG_DUMP=0
+// turns it off.
+func dumpStacks(e *Error) {
+	if os.Getenv("GOVERBS_HANG_DUMP") == "0" || dumps.Add(1) > maxDumps {
+		return
+	}
+	out := dumpOut
+	if out == nil {
+		out = os.Stderr
+	}
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	fmt.Fprintf(out, "=== hang: %v\n=== goroutines of pid %d when the watchdog fired (%d bytes%s):\n%s\n=== end of goroutines\n",
+		e, os.Getpid(), n, map[bool]string{true: ", cut at 1 MiB"}[n == len(buf)], buf[:n])
 }
 
 // Progress records one step of progress.

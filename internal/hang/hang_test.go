@@ -34,6 +34,13 @@ func TestScale(t *testing.T) {
 // A watched context that sees no progress ends with an *Error naming the
 // work, the wait and the progress seen.
 func TestWatchEndsWithoutProgress(t *testing.T) {
+	var dump strings.Builder
+	dumpOut = &dump
+	dumps.Store(0)
+	defer func() { dumpOut = nil }()
+	blocked := make(chan struct{})
+	defer close(blocked)
+	go blockedWorker(blocked)
 	ctx, w := Watch(context.Background(), "test work", 20*time.Millisecond)
 	defer w.Stop()
 	w.Note("step %d", 1)
@@ -55,7 +62,17 @@ func TestWatchEndsWithoutProgress(t *testing.T) {
 			t.Errorf("message %q lacks %q", e.Error(), s)
 		}
 	}
+	// The dump was written before the context ended, and shows the
+	// goroutine the work was stuck in.
+	for _, s := range []string{"=== hang: test work: no progress", "hang.blockedWorker", "=== end of goroutines"} {
+		if !strings.Contains(dump.String(), s) {
+			t.Errorf("goroutine dump lacks %q:\n%.2000s", s, dump.String())
+		}
+	}
 }
+
+// blockedWorker is a goroutine stuck the way hung work is, for the dump.
+func blockedWorker(c chan struct{}) { <-c }
 
 // Progress keeps a watched context alive past its idle period many times
 // over, and Stop ends it with context.Canceled, not a hang.

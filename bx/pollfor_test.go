@@ -1,0 +1,128 @@
+package bx_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
+)
+
+// TestCallerPolls checks run-to-completion on the calling side: a Call on
+// a polling endpoint polls the CQ itself while it waits and finds its own
+// response there (Stats.SelfPolled), with every payload intact, while
+// other Calls wait on their channels and get theirs from whoever polled.
+// Without polling (two endpoints in one process, so mayPoll says no) no
+// Call may poll.
+func TestCallerPolls(t *testing.T) {
+	for _, force := range []bool{true, false} {
+		name := map[bool]string{true: "polling", false: "event-driven"}[force]
+		t.Run(name, func(t *testing.T) {
+			defer bx.ForcePollForTest(bx.ForcePollForTest(force))
+			// A Spin long enough that no round trip, however slow the
+			// machine, outlasts a Call's polling (10 Spins): the test
+			// counts who delivered, not how fast.
+			srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Spin = time.Second })
+			srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+			srv.Handle(2, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+			ctx, wd := hang.For(t, "calls", 30*time.Second)
+			defer wd.Stop()
+			s0 := cli.Snapshot().Counters.SelfPolled
+			const calls = 200
+			// One caller alone, then four at once (one of them polls at
+			// a time, the others are handed their responses).
+			run := func(g, n int, stream uint32) error {
+				req := make([]byte, 64+g*1000) // eager, and rendezvous from 4 KiB on
+				for i := range n {
+					binary.LittleEndian.PutUint64(req, uint64(g)<<32|uint64(i))
+					m, err := p.Call(ctx, stream, req)
+					if err != nil {
+						return hang.Cause(ctx, err)
+					}
+					ok := bytes.Equal(m.Data(), req)
+					m.Release()
+					if !ok {
+						t.Errorf("caller %d call %d: the response is not the request", g, i)
+					}
+					wd.Progress()
+				}
+				return nil
+			}
+			if err := run(0, calls, 1); err != nil {
+				t.Fatal(err)
+			}
+			alone := cli.Snapshot().Counters.SelfPolled - s0
+			var wg sync.WaitGroup
+			for g := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := run(g+1, calls/4, uint32(1+g%2)); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			total := cli.Snapshot().Counters.SelfPolled - s0
+			t.Logf("%s: %d of %d lone calls found their response by their own poll, %d in all", name, alone, calls, total)
+			if force {
+				// Most, not all: the progress goroutine may have
+				// delivered a response just before the Call took over.
+				if alone < calls/2 {
+					t.Errorf("only %d of %d lone calls polled their own response", alone, calls)
+				}
+			} else if total != 0 {
+				t.Errorf("%d calls polled on an endpoint that may not poll", total)
+			}
+		})
+	}
+}
+
+// TestCloseWhileCallerPolls closes the client endpoint while a Call polls
+// its CQ for a response that will not come: the Call must end with an
+// error, and Close must not pull the CQ from under the poll (its ring is
+// unmapped: a poll after that would crash the process).
+func TestCloseWhileCallerPolls(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Spin = time.Second })
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	})
+	ctx, wd := hang.For(t, "a call, then Close", 30*time.Second)
+	defer wd.Stop()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Call(ctx, 1, []byte("never answered"))
+		errc <- err
+	}()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal(hang.Err(ctx))
+	}
+	time.Sleep(10 * time.Millisecond) // the Call is polling now (for up to 10 s)
+	if err := cli.Close(); err != nil {
+		t.Errorf("close while a Call polls: %v", err)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the Call returned no error after its endpoint closed")
+		}
+		t.Logf("the Call ended with: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the Call did not end after Close: %v", hang.Err(ctx))
+	}
+}
