@@ -156,6 +156,10 @@ type chaosProc struct {
 	Workers int `json:"bx_workers"`
 }
 
+// ownGoroutines is the goroutine count the leak checks compare: all but
+// bx's handler pool (Workers).
+func (p chaosProc) ownGoroutines() int { return p.Goroutines - p.Workers }
+
 func chaosProcStats(e *bx.Endpoint, rdma bool) chaosProc {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -889,7 +893,7 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 	conn.close()
 	time.Sleep(300 * time.Millisecond)
 	sum.Final = chaosProcStats(e, false)
-	for i := 0; i < 20 && (sum.Final.Goroutines-sum.Final.Workers > sum.Idle.Goroutines-sum.Idle.Workers+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
+	for i := 0; i < 20 && (sum.Final.ownGoroutines() > sum.Idle.ownGoroutines()+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
 		time.Sleep(250 * time.Millisecond)
 		sum.Final = chaosProcStats(e, false)
 	}
@@ -937,7 +941,7 @@ type chaosDriveRow struct {
 // chaosLeaks compares a process's resources with its idle baseline.
 func chaosLeaks(who string, idle, now chaosProc, maxRSS int64) []string {
 	var v []string
-	if now.Goroutines-now.Workers > idle.Goroutines-idle.Workers+1 {
+	if now.ownGoroutines() > idle.ownGoroutines()+1 {
 		v = append(v, fmt.Sprintf("%s: %d goroutines (%d of them bx handler workers), %d when idle (%d)", who, now.Goroutines, now.Workers, idle.Goroutines, idle.Workers))
 	}
 	if now.FDs > idle.FDs {
@@ -1128,7 +1132,7 @@ func chaosServerViolations(st *chaosServerStats, lanes int, maxRSS int64) []stri
 	if now.RDMA != nil && now.RDMA["qp"] != idle.RDMA["qp"]+lanes*n {
 		v = append(v, fmt.Sprintf("server: %d QPs for %d peers of %d lanes", now.RDMA["qp"], n, lanes))
 	}
-	if now.Goroutines-now.Workers > idle.Goroutines-idle.Workers+2+4*n {
+	if now.ownGoroutines() > idle.ownGoroutines()+2+4*n {
 		v = append(v, fmt.Sprintf("server: %d goroutines (%d of them bx handler workers) with %d peers, %d when idle (%d)", now.Goroutines, now.Workers, n, idle.Goroutines, idle.Workers))
 	}
 	if now.FDs > idle.FDs+n {
