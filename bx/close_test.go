@@ -50,7 +50,11 @@ func settled(t *testing.T, srv, cli *bx.Endpoint, p, sp *bx.Peer, want [2][3]int
 		return true
 	})
 	eventually(t, "credits back", func() bool {
-		return p.CreditsForTest(sp) == credits[0] && sp.CreditsForTest(p) == credits[1]
+		ok := p.CreditsForTest(sp) == credits[0] && sp.CreditsForTest(p) == credits[1]
+		if !ok {
+			t.Logf("credits now %d/%d (%s | %s), baseline %v", p.CreditsForTest(sp), sp.CreditsForTest(p), p.CreditStateForTest(sp), sp.CreditStateForTest(p), credits)
+		}
+		return ok
 	})
 	t.Logf("credits (sender's + untold at the receiver) %d/%d, baseline %v", p.CreditsForTest(sp), sp.CreditsForTest(p), credits)
 }

@@ -2,6 +2,7 @@ package bx
 
 import (
 	"crypto/tls"
+	"fmt"
 	"time"
 )
 
@@ -130,4 +131,9 @@ func (p *Peer) ControlTLSForTest() bool {
 func (p *Peer) CreditsForTest(peer *Peer) uint64 {
 	_, granted, consumed := p.credits.State()
 	return granted - consumed + peer.ret.Pending()
+}
+
+func (p *Peer) CreditStateForTest(peer *Peer) string {
+	a, granted, consumed := p.credits.State()
+	return fmt.Sprintf("epoch %d granted %d consumed %d pending-at-peer %d", a, granted, consumed, peer.ret.Pending())
 }
