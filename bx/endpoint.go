@@ -61,6 +61,9 @@ type Config struct {
 	// while Calls wait for responses, 10 times as long (adaptive polling,
 	// as perftest and eRPC poll). Default DefaultSpin; negative: never
 	// poll (event-driven). An idle endpoint sleeps after Spin either way.
+	// The window adapts: each time a sleep ends sooner than 16 Spins, the
+	// next window doubles (up to 16 Spins), so that traffic whose gaps
+	// exceed Spin keeps the endpoint polling; a longer sleep halves it.
 	// Measured in the rxe guest (two processes, 2 vCPUs, quiet host;
 	// docs/perf.md) a 64 B call took 92 us polling and 1.38 ms
 	// event-driven: with the peer's CQ armed, the kernel wakes the waiter
@@ -500,6 +503,13 @@ func (e *Endpoint) progress() {
 	defer e.wg.Done()
 	var idle time.Time
 	empty := 0
+	// window is the current spin window: Config.Spin, doubled (up to
+	// maxSpinGrowth times) each time a sleep ends sooner than the largest
+	// window would have lasted, so that steady traffic whose gaps exceed
+	// Spin (a peer that thinks between calls, a loaded machine) keeps the
+	// endpoint polling instead of paying an event per message; halved
+	// after a longer sleep.
+	window := e.cfg.Spin
 	for {
 		if e.callerPolls.Load() {
 			select {
@@ -537,9 +547,9 @@ func (e *Endpoint) progress() {
 			}
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
-			spin := e.cfg.Spin
+			spin := window
 			if e.waiting.Load() > 0 {
-				spin *= 10
+				spin = max(spin, 10*e.cfg.Spin)
 			}
 			if now.Sub(idle) < spin {
 				continue
@@ -548,11 +558,29 @@ func (e *Endpoint) progress() {
 		if e.stopCh.Err() != nil {
 			return
 		}
+		slept := time.Now()
 		if err := e.cq.Wait(e.stopCh); err != nil {
 			return
 		}
+		if e.cfg.Spin > 0 {
+			window = nextWindow(window, e.cfg.Spin, time.Since(slept))
+		}
 		idle, empty = time.Time{}, 0
 	}
+}
+
+// maxSpinGrowth bounds the adaptive spin window: Config.Spin times this.
+const maxSpinGrowth = 16
+
+// nextWindow is the spin window after a sleep of d that followed a window
+// of w: doubled when d was shorter than the largest window (polling
+// through it would have cost less than the event), else halved, down to
+// spin (one slow wake-up does not undo what steady traffic taught).
+func nextWindow(w, spin, d time.Duration) time.Duration {
+	if d < maxSpinGrowth*spin {
+		return min(2*w, maxSpinGrowth*spin)
+	}
+	return max(w/2, spin)
 }
 
 // pollLocked polls the CQ once and completes what it found. pollMu is
