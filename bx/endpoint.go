@@ -192,6 +192,10 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+	// liveMsgs counts received Msgs not yet released (queued, with a
+	// handler or with a user); userBufs, Alloc'ed Buffers a user holds.
+	// Close unmaps the pools only when both are zero.
+	liveMsgs, userBufs atomic.Int64
 
 	kick  chan struct{} // poke: wake the ticker
 	ticks atomic.Uint64 // the ticker's rounds (tests)
@@ -363,6 +367,19 @@ func (e *Endpoint) Close() error {
 	e.srqMu.Unlock()
 	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
 	err := e.ctx.Close()
+	// Nothing can write into the pools now. Unmap them unless a user
+	// still holds one of their buffers (a Msg not released, an Alloc'ed
+	// Buffer not handed back): its Data or Payload must stay readable, so
+	// then the memory stays mapped for good, as mr.Allocator.Close does.
+	if e.liveMsgs.Load() == 0 && e.userBufs.Load() == 0 {
+		for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
+			if a != nil {
+				if derr := a.Discard(); derr != nil && err == nil {
+					err = derr
+				}
+			}
+		}
+	}
 	return err
 }
 

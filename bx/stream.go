@@ -35,6 +35,7 @@ func (m *Msg) Data() []byte { return m.data }
 func (m *Msg) Release() {
 	m.once.Do(func() {
 		e := m.p.e
+		e.liveMsgs.Add(-1)
 		if m.large {
 			e.large.Free(m.buf)
 			return
@@ -53,6 +54,7 @@ type Buffer struct {
 	rv   mr.Buf // rendezvous payload
 	n    int
 	big  bool
+	user bool // from Alloc and not yet handed back: counted in Endpoint.userBufs
 }
 
 // Alloc returns a buffer for an n-byte message. Messages above EagerSize
@@ -63,7 +65,17 @@ func (e *Endpoint) Alloc(n int) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.user = true
+	e.userBufs.Add(1)
 	return &b, nil
+}
+
+// handBack ends the user's hold on b (SendBuffer, CallBuffer, Free).
+func (b *Buffer) handBack() {
+	if b.user {
+		b.user = false
+		b.e.userBufs.Add(-1)
+	}
 }
 
 // alloc is Alloc without the heap: Call, Send and responses keep their
@@ -101,6 +113,7 @@ func (b *Buffer) Payload() []byte {
 
 // Free returns a buffer that was not sent.
 func (b *Buffer) Free() {
+	b.handBack()
 	b.e.eager.Free(b.head)
 	if b.big {
 		b.e.rndv.Free(b.rv)
@@ -153,6 +166,7 @@ func (s *Stream) Send(ctx context.Context, data []byte) error {
 // SendBuffer sends b without a copy. bx owns b from then on, whatever the
 // result: it frees it when the peer acknowledged the message.
 func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
+	b.handBack()
 	return s.p.sendMsg(ctx, s.id, 0, 0, b)
 }
 
@@ -392,6 +406,7 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 
 // CallBuffer is Call with a zero-copy request.
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+	b.handBack()
 	start := time.Now()
 	m, err := p.callBuffer(ctx, stream, b)
 	p.e.met.observeCall(stream, start, err)
