@@ -2,33 +2,32 @@ package bx_test
 
 import (
 	"bytes"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/procstat"
 )
 
-// vmSize is the process's mapped memory in bytes (/proc/self/status).
+// vmSize is the process's mapped memory in bytes.
 func vmSize(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	kb, err := procstat.Field("VmSize")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmSize:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
+	return kb << 10
+}
+
+// closeAll closes the endpoints, each error a test error.
+func closeAll(t *testing.T, es ...*bx.Endpoint) {
+	t.Helper()
+	for _, e := range es {
+		if err := e.Close(); err != nil {
+			t.Errorf("close: %v", err)
 		}
 	}
-	t.Fatal("no VmSize in /proc/self/status")
-	return 0
 }
 
 // TestCloseUnmapsPools: Endpoint.Close gives its buffer pools' memory back
@@ -37,7 +36,7 @@ func vmSize(t *testing.T) int64 {
 // when a user still holds a received message, Close leaves the memory
 // mapped, so the message stays readable.
 func TestCloseUnmapsPools(t *testing.T) {
-	exchange := func(keep bool) []byte {
+	exchange := func(keep bool) {
 		srv, cli, p, sp := pair(t, nil)
 		ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
 		defer wd.Stop()
@@ -51,11 +50,7 @@ func TestCloseUnmapsPools(t *testing.T) {
 		if !keep {
 			m.Release()
 		}
-		for _, e := range []interface{ Close() error }{cli, srv} {
-			if err := e.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
-		}
+		closeAll(t, cli, srv)
 		if keep {
 			// Still mapped: reading it must not fault.
 			if got := m.Data(); !bytes.Equal(got, []byte("keep me")) {
@@ -63,20 +58,14 @@ func TestCloseUnmapsPools(t *testing.T) {
 			}
 			m.Release()
 		}
-		return nil
 	}
 	exchange(false) // warm up the runtime's own mappings
 	var grown, opened int64
 	for range 3 {
 		before := vmSize(t)
-		srv, cli, p, sp := pair(t, nil)
-		_, _ = p, sp
+		srv, cli, _, _ := pair(t, nil)
 		opened += vmSize(t) - before
-		for _, e := range []interface{ Close() error }{cli, srv} {
-			if err := e.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
-		}
+		closeAll(t, cli, srv)
 		grown += vmSize(t) - before
 	}
 	t.Logf("3 endpoint pairs: mapped %d MiB while open, %d MiB left after Close", opened>>20, grown>>20)
