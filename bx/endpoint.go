@@ -71,6 +71,9 @@ type Config struct {
 	// while Calls wait for responses, 10 times as long (adaptive polling,
 	// as perftest and eRPC poll). Default DefaultSpin; negative: never
 	// poll (event-driven). An idle endpoint sleeps after Spin either way.
+	// The window adapts: each time a sleep ends sooner than 16 Spins, the
+	// next window doubles (up to 16 Spins), so that traffic whose gaps
+	// exceed Spin keeps the endpoint polling; a longer sleep halves it.
 	// Measured in the rxe guest (two processes, 2 vCPUs, quiet host;
 	// docs/perf.md) a 64 B call took 92 us polling and 1.38 ms
 	// event-driven: with the peer's CQ armed, the kernel wakes the waiter
@@ -201,6 +204,10 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+	// liveMsgs counts received Msgs not yet released (queued, with a
+	// handler or with a user); userBufs, Alloc'ed Buffers a user holds.
+	// Close unmaps the pools only when both are zero.
+	liveMsgs, userBufs atomic.Int64
 
 	kick  chan struct{} // poke: wake the ticker
 	ticks atomic.Uint64 // the ticker's rounds (tests)
@@ -376,6 +383,19 @@ func (e *Endpoint) Close() error {
 	e.srqMu.Unlock()
 	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
 	err := e.ctx.Close()
+	// Nothing can write into the pools now. Unmap them unless a user
+	// still holds one of their buffers (a Msg not released, an Alloc'ed
+	// Buffer not handed back): its Data or Payload must stay readable, so
+	// then the memory stays mapped for good, as mr.Allocator.Close does.
+	if e.liveMsgs.Load() == 0 && e.userBufs.Load() == 0 {
+		for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
+			if a != nil {
+				if derr := a.Discard(); derr != nil && err == nil {
+					err = derr
+				}
+			}
+		}
+	}
 	return err
 }
 
@@ -516,6 +536,13 @@ func (e *Endpoint) progress() {
 	defer e.wg.Done()
 	var idle time.Time
 	empty := 0
+	// window is the current spin window: Config.Spin, doubled (up to
+	// maxSpinGrowth times) each time a sleep ends sooner than the largest
+	// window would have lasted, so that steady traffic whose gaps exceed
+	// Spin (a peer that thinks between calls, a loaded machine) keeps the
+	// endpoint polling instead of paying an event per message; halved
+	// after a longer sleep.
+	window := e.cfg.Spin
 	for {
 		if e.callerPolls.Load() {
 			select {
@@ -553,9 +580,9 @@ func (e *Endpoint) progress() {
 			}
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
-			spin := e.cfg.Spin
+			spin := window
 			if e.waiting.Load() > 0 {
-				spin *= 10
+				spin = max(spin, 10*e.cfg.Spin)
 			}
 			if now.Sub(idle) < spin {
 				continue
@@ -564,11 +591,29 @@ func (e *Endpoint) progress() {
 		if e.stopCh.Err() != nil {
 			return
 		}
+		slept := time.Now()
 		if err := e.cq.Wait(e.stopCh); err != nil {
 			return
 		}
+		if e.cfg.Spin > 0 {
+			window = nextWindow(window, e.cfg.Spin, time.Since(slept))
+		}
 		idle, empty = time.Time{}, 0
 	}
+}
+
+// maxSpinGrowth bounds the adaptive spin window: Config.Spin times this.
+const maxSpinGrowth = 16
+
+// nextWindow is the spin window after a sleep of d that followed a window
+// of w: doubled when d was shorter than the largest window (polling
+// through it would have cost less than the event), else halved, down to
+// spin (one slow wake-up does not undo what steady traffic taught).
+func nextWindow(w, spin, d time.Duration) time.Duration {
+	if d < maxSpinGrowth*spin {
+		return min(2*w, maxSpinGrowth*spin)
+	}
+	return max(w/2, spin)
 }
 
 // pollLocked polls the CQ once and completes what it found. pollMu is

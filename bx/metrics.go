@@ -88,6 +88,11 @@ type Counters struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted, ClosedDrops uint64
 	// SelfPolled: Calls whose response their own goroutine polled.
 	SelfPolled uint64
+	// Arms and Wakeups: the endpoint's CQ armed for an event, and woken
+	// by one (the event-driven path; a polling endpoint has few).
+	Arms, Wakeups uint64
+	// Ticks: the credit ticker woke on its timer.
+	Ticks uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -296,7 +301,11 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Ticks: e.ticks.Load()}
+	if e.cq != nil {
+		cs := e.cq.Stats()
+		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups
+	}
 	s.Window = windowOf(e.win)
 	s.Workers = int(e.workers.Load())
 	for _, p := range e.peerList() {

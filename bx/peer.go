@@ -837,6 +837,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		}
 		in.msg = p.e.newMsg()
 		*in.msg = Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
+		p.e.liveMsgs.Add(1)
 		l.pending = append(l.pending, in)
 		l.rmu.Unlock()
 		// The request's buffer goes back at once; the payload will land
@@ -876,6 +877,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 	}
 	in.msg = p.e.newMsg()
 	*in.msg = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+	p.e.liveMsgs.Add(1)
 	in.done = true
 	l.pending = append(l.pending, in)
 	ready := l.flush()

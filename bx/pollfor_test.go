@@ -126,3 +126,55 @@ func TestCloseWhileCallerPolls(t *testing.T) {
 		t.Fatalf("the Call did not end after Close: %v", hang.Err(ctx))
 	}
 }
+
+// TestSpinWindowAdapts: a caller that pauses between calls for longer
+// than Config.Spin (but far less than 16 Spins) must not make the serving
+// endpoint arm its CQ and sleep before every request: its spin window
+// grows after the first short sleeps. With a fixed window the server armed
+// about once per call here. A gap the machine stretched past the window's
+// cap, or a slow wake-up, costs an arm or two; the bound allows for them.
+func TestSpinWindowAdapts(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	const spin = 200 * time.Microsecond
+	srv, _, p, _ := pair(t, func(c *bx.Config) { c.Spin = spin })
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd := hang.For(t, "calls", 30*time.Second)
+	defer wd.Stop()
+	req := make([]byte, 64)
+	call := func() {
+		m, err := p.Call(ctx, 1, req)
+		if err != nil {
+			t.Fatal(hang.Cause(ctx, err))
+		}
+		m.Release()
+		wd.Progress()
+	}
+	for range 20 { // warm up
+		call()
+	}
+	const calls = 150
+	a0 := srv.Snapshot().Counters.Arms
+	long := 0
+	last, prev := time.Now(), time.Now()
+	for range calls {
+		// Busy, not time.Sleep: a sleep of 3 Spins can oversleep by
+		// milliseconds on a loaded machine.
+		for time.Since(last) < 3*spin {
+		}
+		// The server's idle gap is at most the time between two
+		// requests, round trip included: on a slow machine it may have
+		// outlasted the window's cap.
+		start := time.Now()
+		if start.Sub(prev) > 12*spin {
+			long++
+		}
+		prev = start
+		call()
+		last = time.Now()
+	}
+	arms := srv.Snapshot().Counters.Arms - a0
+	t.Logf("%d calls 3 Spins apart: the server armed %d times (%d requests more than 12 Spins after the previous one)", calls, arms, long)
+	if bound := uint64(calls/5 + 2*long); arms > bound {
+		t.Errorf("the server armed its CQ %d times in %d calls (bound %d): its spin window did not grow", arms, calls, bound)
+	}
+}

@@ -43,6 +43,7 @@ func (m *Msg) Release() {
 	}
 	m.once.Do(func() {
 		e := m.p.e
+		e.liveMsgs.Add(-1)
 		if m.large {
 			e.large.Free(m.buf)
 			return
@@ -61,6 +62,7 @@ type Buffer struct {
 	rv   mr.Buf // rendezvous payload
 	n    int
 	big  bool
+	user bool // from Alloc and not yet handed back: counted in Endpoint.userBufs
 }
 
 // Alloc returns a buffer for an n-byte message. Messages above EagerSize
@@ -71,7 +73,17 @@ func (e *Endpoint) Alloc(n int) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.user = true
+	e.userBufs.Add(1)
 	return &b, nil
+}
+
+// handBack ends the user's hold on b (SendBuffer, CallBuffer, Free).
+func (b *Buffer) handBack() {
+	if b.user {
+		b.user = false
+		b.e.userBufs.Add(-1)
+	}
 }
 
 // alloc is Alloc without the heap: Call, Send and responses keep their
@@ -115,6 +127,7 @@ func (b *Buffer) Free() {
 	if b == nil || b.e == nil {
 		return
 	}
+	b.handBack()
 	b.e.eager.Free(b.head)
 	if b.big {
 		b.e.rndv.Free(b.rv)
@@ -191,6 +204,7 @@ func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
 	if b == nil || b.e == nil {
 		return errors.New("bx: SendBuffer of a nil or unallocated Buffer")
 	}
+	b.handBack()
 	if err := s.sendable(ctx); err != nil {
 		b.Free()
 		return err
@@ -440,8 +454,12 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 // CallBuffer is Call with a zero-copy request.
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	if err := p.checkCall(ctx, stream, b, true); err != nil {
+		if b != nil && b.e != nil {
+			b.Free() // bx owns b whatever the result
+		}
 		return nil, err
 	}
+	b.handBack()
 	start := time.Now()
 	m, err := p.callBuffer(ctx, stream, b)
 	p.e.met.observeCall(stream, start, err)

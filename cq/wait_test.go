@@ -3,9 +3,7 @@ package cq_test
 import (
 	"context"
 	"errors"
-	"os"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/procstat"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -243,18 +242,11 @@ func newLoopOn(t *testing.T, ctx *uverbs.Context, rcqOpts cq.Options) *loop {
 }
 
 func threads(t *testing.T) int {
-	b, err := os.ReadFile("/proc/self/status")
+	n, err := procstat.Field("Threads")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	t.Fatal("no Threads line in /proc/self/status")
-	return 0
+	return int(n)
 }
 
 // TestManyWaitersFewThreads parks 1000 goroutines, each in Wait on its own

@@ -729,7 +729,17 @@ func (a *Allocator) statsLocked() AllocatorStats {
 // Alloc and Free return an error wrapping uverbs.ErrClosed and Lookup finds
 // nothing. Close is idempotent and safe against concurrent Allocs (which
 // then fail). Buffers held in Caches count as free.
-func (a *Allocator) Close() error {
+func (a *Allocator) Close() error { return a.close(false) }
+
+// Discard is Close for an owner that knows none of its buffers will be
+// touched again (its queues, which could still write into them, are
+// destroyed, and no buffer is out with a user): it deregisters and unmaps
+// every region even with buffers still allocated. Free and Alloc after it
+// are safe (they fail or do nothing); Buf.Bytes of a buffer from before it
+// is not.
+func (a *Allocator) Discard() error { return a.close(true) }
+
+func (a *Allocator) close(discard bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
@@ -752,7 +762,7 @@ func (a *Allocator) Close() error {
 			errs = append(errs, fmt.Errorf("mr: allocator: deregister region at %#x: %w", r.base, err))
 		}
 	}
-	if inUse > 0 {
+	if inUse > 0 && !discard {
 		errs = append(errs, fmt.Errorf("mr: allocator: closed with %d buffers (%s) in use: regions deregistered, %s left mapped: %w",
 			inUse, fmtBytes(bytes), fmtBytes(a.registered), ErrInUse))
 	} else {

@@ -54,6 +54,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/procstat"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -189,17 +190,11 @@ func chaosFDs() int {
 }
 
 func chaosRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
+	v, err := procstat.Field("VmRSS")
 	if err != nil {
 		return -1
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-			v, _ := strconv.ParseInt(f[1], 10, 64)
-			return v
-		}
-	}
-	return -1
+	return v
 }
 
 // chaosRDMAObjects counts the uverbs objects the kernel lists for this

@@ -443,6 +443,9 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"received":       float64(b.Counters.Received-a.Counters.Received) / n,
 		"credit_updates": float64(b.Counters.CreditUpdates-a.Counters.CreditUpdates) / n,
 		"self_polled":    float64(b.Counters.SelfPolled-a.Counters.SelfPolled) / n,
+		"arms":           float64(b.Counters.Arms-a.Counters.Arms) / n,
+		"wakeups":        float64(b.Counters.Wakeups-a.Counters.Wakeups) / n,
+		"ticks":          float64(b.Counters.Ticks-a.Counters.Ticks) / n,
 	}
 }
 
