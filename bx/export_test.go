@@ -137,3 +137,8 @@ func (p *Peer) CreditStateForTest(peer *Peer) string {
 	a, granted, consumed := p.credits.State()
 	return fmt.Sprintf("epoch %d granted %d consumed %d pending-at-peer %d", a, granted, consumed, peer.ret.Pending())
 }
+
+// GrantForTest is the receive credits e grants each peer (Config.Credits):
+// what CreditsForTest of a direction into e comes back to once every
+// message of it arrived and was released.
+func (e *Endpoint) GrantForTest() uint64 { return uint64(e.cfg.Credits) }
