@@ -50,9 +50,25 @@ const connBit = 1 << 31
 
 var connSeq atomic.Uint32
 
+// ErrConnRefused is what DialConn returns when the peer refuses the Conn:
+// it has no Listener, or its accept queue is full (the error says which).
+var ErrConnRefused = errors.New("bx: conn refused by the peer")
+
+// acceptQueue is how many Conns may wait for Accept; beyond it, a peer's
+// DialConn gets ErrConnRefused.
+const acceptQueue = 64
+
 // DialConn opens a Conn to the endpoint at addr (its Listen address),
-// reusing a connected peer when one was dialed to that address before.
+// reusing a connected peer when one was dialed to that address before. It
+// returns once the peer queued the Conn for its Listener's Accept, or
+// refused it (ErrConnRefused).
 func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) {
+	if e == nil {
+		return nil, errors.New("bx: DialConn on a nil Endpoint")
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("bx: DialConn %s: nil context", addr)
+	}
 	p, err := e.peerFor(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -62,14 +78,58 @@ func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) 
 		id |= 1 << 30
 	}
 	c := &Conn{s: p.Stream(id)}
-	b, err := e.Alloc(0)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.sendMsg(ctx, id, flagOpen, 0, b); err != nil {
-		return nil, err
+	if refused, err := p.openConn(ctx, id); err != nil {
+		c.closed.Store(true)
+		if refused {
+			// The peer kept nothing of it: nothing to tell.
+			c.s.mu.Lock()
+			c.s.cl.sent = true
+			c.s.mu.Unlock()
+		}
+		// Otherwise the peer may have queued it (our wait ended first):
+		// the close tells it.
+		c.s.Close()
+		return nil, fmt.Errorf("bx: DialConn %s: %w", addr, err)
 	}
 	return c, nil
+}
+
+// openConn asks the peer to accept a Conn on stream id: an RPC on that
+// stream that its progress goroutine answers (opened). refused says the
+// peer answered no.
+func (p *Peer) openConn(ctx context.Context, id uint32) (refused bool, err error) {
+	b, err := p.e.alloc(0)
+	if err != nil {
+		return false, err
+	}
+	call := p.callID.Add(1)
+	ch := make(chan *Msg, 1)
+	p.mu.Lock()
+	if p.state.Load() == stateDead {
+		p.mu.Unlock()
+		b.Free()
+		return false, p.Err()
+	}
+	p.calls[call] = ch
+	p.mu.Unlock()
+	if err := p.sendMsg(ctx, id, flagOpen|flagRequest, call, &b); err != nil {
+		p.forget(call, ch)
+		return false, err
+	}
+	select {
+	case m, ok := <-ch:
+		if !ok {
+			return false, p.Err()
+		}
+		defer m.Release()
+		if m.flags&flagError != 0 {
+			return true, fmt.Errorf("%w: %s", ErrConnRefused, m.Data())
+		}
+		return false, nil
+	case <-ctx.Done():
+		p.forget(call, ch)
+		return false, ctx.Err()
+	}
 }
 
 func (e *Endpoint) peerFor(ctx context.Context, addr string) (*Peer, error) {
@@ -94,15 +154,23 @@ func (e *Endpoint) peerFor(ctx context.Context, addr string) (*Peer, error) {
 
 // Listener returns the endpoint's net.Listener: Accept yields a Conn for
 // every stream a peer opens with DialConn. Call Listen first so peers can
-// connect.
+// connect. While no Listener is open, or 64 Conns wait for Accept, a
+// peer's DialConn fails with ErrConnRefused. Every Listener of an endpoint
+// shares one accept queue.
 func (e *Endpoint) Listener() net.Listener {
+	if e == nil {
+		return &listener{done: closedCh}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.conns == nil {
-		e.conns = make(chan *Conn, 64)
+		e.conns = make(chan *Conn, acceptQueue)
 	}
+	e.listeners++
 	return &listener{e: e, done: make(chan struct{})}
 }
+
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 type listener struct {
 	e    *Endpoint
@@ -111,6 +179,14 @@ type listener struct {
 }
 
 func (l *listener) Accept() (net.Conn, error) {
+	if l.e == nil {
+		return nil, fmt.Errorf("bx: Accept on the Listener of a nil Endpoint: %w", net.ErrClosed)
+	}
+	select {
+	case <-l.done:
+		return nil, net.ErrClosed
+	default:
+	}
 	select {
 	case c := <-l.e.conns:
 		return c, nil
@@ -121,13 +197,34 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
-// Close stops Accept; the endpoint and its peers stay up.
+// Close stops Accept; the endpoint and its peers stay up. When the last
+// Listener closes, the Conns still waiting for Accept are closed (their
+// dialers read io.EOF).
 func (l *listener) Close() error {
-	l.once.Do(func() { close(l.done) })
+	if l.e == nil {
+		return nil
+	}
+	l.once.Do(func() {
+		close(l.done)
+		e := l.e
+		var pending []*Conn
+		e.mu.Lock()
+		e.listeners--
+		for e.listeners == 0 && len(e.conns) > 0 {
+			pending = append(pending, <-e.conns)
+		}
+		e.mu.Unlock()
+		for _, c := range pending {
+			c.Close()
+		}
+	})
 	return nil
 }
 
 func (l *listener) Addr() net.Addr {
+	if l.e == nil {
+		return Addr{}
+	}
 	l.e.mu.RLock()
 	defer l.e.mu.RUnlock()
 	if len(l.e.lns) > 0 {
@@ -136,18 +233,49 @@ func (l *listener) Addr() net.Addr {
 	return Addr{Device: l.e.cfg.Device}
 }
 
-// opened is called when a peer's first message on a Conn stream arrives.
-func (p *Peer) opened(id uint32) {
+// opened answers a peer's DialConn (the request m on the Conn's stream):
+// the Conn goes to the accept queue, or is refused with the reason. It
+// runs on the progress goroutine and does not wait.
+func (p *Peer) opened(m *Msg) {
+	id, call, req := m.Stream, m.call, m.flags&flagRequest != 0
+	m.Release()
 	e := p.e
+	c := &Conn{s: p.Stream(id)}
+	var refuse string
+	// Queued under the lock Listener.Close drains under: a Conn is
+	// never queued behind the last Listener's back.
 	e.mu.RLock()
-	ch := e.conns
-	e.mu.RUnlock()
-	if ch == nil {
-		return
+	if e.conns == nil || e.listeners == 0 {
+		refuse = "no Listener open on " + e.cfg.Device
+	} else {
+		select {
+		case e.conns <- c:
+		default:
+			refuse = fmt.Sprintf("accept queue full (%d Conns waiting for Accept on %s)", cap(e.conns), e.cfg.Device)
+		}
 	}
-	select {
-	case ch <- &Conn{s: p.Stream(id)}:
-	default:
+	e.mu.RUnlock()
+	if refuse != "" {
+		c.s.mu.Lock()
+		c.s.cl.sent = true // the dialer forgets its side itself
+		c.s.mu.Unlock()
+		c.closed.Store(true)
+		c.s.Close()
+	}
+	if !req {
+		return // an old dialer that waits for no answer
+	}
+	flags := uint16(flagResponse)
+	if refuse != "" {
+		flags |= flagError
+	}
+	b, err := e.alloc(len(refuse))
+	if err != nil {
+		return // the dialer's context ends its wait
+	}
+	copy(b.Payload(), refuse)
+	if !p.trySendMsg(id, flags, call, &b) {
+		e.queue(work{p: p, resp: b, reply: true, stream: id, flags: flags, call: call})
 	}
 }
 
@@ -189,13 +317,16 @@ func (c *Conn) Read(b []byte) (int, error) {
 			continue // the deadline moved: look again
 		}
 		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
 				return 0, os.ErrDeadlineExceeded
+			case errors.Is(err, io.EOF):
+				c.eof = true
+				return 0, io.EOF
+			case c.closed.Load():
+				return 0, net.ErrClosed
 			}
 			return 0, err
-		}
-		if m.flags&flagClose != 0 {
-			c.eof = true
 		}
 		c.cur, c.off = m, 0
 	}
@@ -228,18 +359,18 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// Close tells the peer (its Read returns io.EOF after the data) and frees
-// what is buffered.
+// Close tells the peer (its Read returns io.EOF after the data) and
+// releases what is buffered: the message being read and every message
+// queued behind it, so their receive buffers and the peer's credits come
+// back. Its error says the peer could not be told (Stream.Close).
 func (c *Conn) Close() error {
+	if c == nil || c.s == nil {
+		return errors.New("bx: Close of a nil Conn")
+	}
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	p := c.s.p
-	if b, err := p.e.Alloc(0); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), p.e.cfg.HandshakeTimeout)
-		p.sendMsg(ctx, c.s.id, flagClose, 0, b)
-		cancel()
-	}
+	err := c.s.Close()
 	c.wake()
 	c.rmu.Lock()
 	if c.cur != nil {
@@ -247,7 +378,7 @@ func (c *Conn) Close() error {
 		c.cur = nil
 	}
 	c.rmu.Unlock()
-	return nil
+	return err
 }
 
 func (c *Conn) wake() {

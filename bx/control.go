@@ -1,9 +1,11 @@
 package bx
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -245,8 +247,11 @@ func authServer(c net.Conn, token []byte, d time.Duration) error {
 // the token, so a client never sends its QP data to an impostor.
 func authClient(c net.Conn, token []byte, d time.Duration) error {
 	m, err := readCtl(c, d)
+	if _, isTLS := c.(*tls.Conn); err != nil && !isTLS {
+		return fmt.Errorf("bx: no challenge from the peer (does it require TLS, Config.TLS?): %w", err)
+	}
 	if err != nil {
-		return err
+		return tlsRefused(c, err)
 	}
 	if m.Type != ctlHello {
 		return fmt.Errorf("bx: expected hello, got control message %d", m.Type)
@@ -258,7 +263,7 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 	}
 	r, err := readCtl(c, d)
 	if err != nil {
-		return err
+		return tlsRefused(c, err)
 	}
 	if r.Type == ctlFail {
 		return ErrAuth
@@ -267,4 +272,82 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 		return ErrAuth
 	}
 	return nil
+}
+
+// ErrTLS is returned when the TLS session of the control connection
+// cannot be set up: a certificate the other side does not accept, or a
+// peer that does not speak TLS (Config.TLS on one side only).
+var ErrTLS = errors.New("bx: TLS handshake of the control connection failed")
+
+// checkServerTLS reports why Config.TLS cannot accept peers.
+func (e *Endpoint) checkServerTLS() error {
+	t := e.cfg.TLS
+	if t == nil {
+		return nil
+	}
+	if len(t.Certificates) == 0 && t.GetCertificate == nil && t.GetConfigForClient == nil {
+		return errors.New("bx: Config.TLS has no certificate to accept peers with (Certificates or GetCertificate)")
+	}
+	return nil
+}
+
+// secureClient runs the dialer's TLS handshake on the control connection
+// c when Config.TLS is set; it closes c if that fails.
+func (e *Endpoint) secureClient(ctx context.Context, c net.Conn, addr string) (net.Conn, error) {
+	if e.cfg.TLS == nil {
+		return c, nil
+	}
+	cfg := e.cfg.TLS.Clone()
+	if cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	tc := tls.Client(c, cfg)
+	if err := handshakeTLS(ctx, tc, e.cfg.HandshakeTimeout); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// secureServer is secureClient for an accepted connection.
+func (e *Endpoint) secureServer(ctx context.Context, c net.Conn) (net.Conn, error) {
+	if e.cfg.TLS == nil {
+		return c, nil
+	}
+	tc := tls.Server(c, e.cfg.TLS)
+	if err := handshakeTLS(ctx, tc, e.cfg.HandshakeTimeout); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+func handshakeTLS(ctx context.Context, tc *tls.Conn, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) {
+			return fmt.Errorf("%w: the peer does not speak TLS (is Config.TLS set on both ends?): %w", ErrTLS, err)
+		}
+		return fmt.Errorf("%w: %w", ErrTLS, err)
+	}
+	return nil
+}
+
+// tlsRefused names the likely cause of a control connection that fails
+// right after a TLS handshake: with TLS 1.3 the server checks the
+// client's certificate after the client's handshake is done, so its
+// refusal reaches the client as an alert on the first read.
+func tlsRefused(c net.Conn, err error) error {
+	if _, ok := c.(*tls.Conn); !ok || err == nil {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "remote error" {
+		return fmt.Errorf("%w: the peer refused the session (our certificate?): %w", ErrTLS, err)
+	}
+	return err
 }

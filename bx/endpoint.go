@@ -3,6 +3,7 @@ package bx
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,15 @@ type Config struct {
 	// Token authenticates peers on the control plane (required, at least
 	// 16 bytes). Both ends must hold the same token.
 	Token []byte
+	// TLS, when set, runs the control connection (setup, credit resync,
+	// recovery) over TLS with this configuration, both when dialing and
+	// when accepting; the token challenge then runs inside it. Listen
+	// needs a certificate (Certificates or GetCertificate); mutual
+	// authentication is the usual ClientAuth and ClientCAs; a dialer
+	// without ServerName verifies the host of the address it dials. Both
+	// ends must use TLS, or neither. The data plane (RDMA) is not
+	// encrypted.
+	TLS *tls.Config
 	// Lanes is the number of RC QPs per peer (1..4, default 2). Streams are
 	// spread over them; QP count grows with peers, not with streams.
 	Lanes int
@@ -170,6 +180,8 @@ type Endpoint struct {
 	dialed   map[string]*Peer
 	conns    chan *Conn
 
+	listeners int // under mu: open Listeners; with none, DialConn is refused
+
 	// waiting counts Calls waiting for their response: the progress
 	// goroutine polls while there are any.
 	waiting atomic.Int64
@@ -216,6 +228,10 @@ type Stats struct {
 	// Unrouted counts completions of QPs no peer owns (a QP already
 	// destroyed by recovery or shutdown); their buffers are reposted.
 	Unrouted atomic.Uint64
+	// ClosedDrops counts messages released on arrival because their
+	// stream was closed (sent before the peer learned of the close), and
+	// close answers that could not be sent (no buffer).
+	ClosedDrops atomic.Uint64
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64

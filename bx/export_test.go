@@ -1,6 +1,10 @@
 package bx
 
-import "time"
+import (
+	"crypto/tls"
+	"fmt"
+	"time"
+)
 
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
 // an outside `ibv_modify_qp` would.
@@ -95,3 +99,46 @@ func (p *Peer) UnackedForTest() int {
 	}
 	return n
 }
+
+// HeldForTest is how many of our receive buffers the peer's messages hold
+// now: consumed and not yet released (queued in streams, being read,
+// waiting for a handler).
+func (p *Peer) HeldForTest() uint64 {
+	st := p.ret.Stats()
+	return st.Consumed - st.Released - st.Control
+}
+
+// QPsForTest is how many QPs the endpoint routes completions for: its
+// peers' lanes.
+func (e *Endpoint) QPsForTest() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return len(e.byQPN)
+}
+
+// ControlTLSForTest reports whether the peer's control connection runs
+// over TLS.
+func (p *Peer) ControlTLSForTest() bool {
+	_, ok := p.ctl.(*tls.Conn)
+	return ok
+}
+
+// CreditsForTest is the credit conservation sum of one direction: the
+// credits this side may still use to send to the peer (the control
+// reserve included) plus those the peer re-posted and has not told yet.
+// With every message of the direction arrived and released, it is the
+// peer's grant: a credit lost on the way lowers it.
+func (p *Peer) CreditsForTest(peer *Peer) uint64 {
+	_, granted, consumed := p.credits.State()
+	return granted - consumed + peer.ret.Pending()
+}
+
+func (p *Peer) CreditStateForTest(peer *Peer) string {
+	a, granted, consumed := p.credits.State()
+	return fmt.Sprintf("epoch %d granted %d consumed %d pending-at-peer %d", a, granted, consumed, peer.ret.Pending())
+}
+
+// GrantForTest is the receive credits e grants each peer (Config.Credits):
+// what CreditsForTest of a direction into e comes back to once every
+// message of it arrived and was released.
+func (e *Endpoint) GrantForTest() uint64 { return uint64(e.cfg.Credits) }

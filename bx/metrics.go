@@ -85,7 +85,7 @@ type Snapshot struct {
 
 // Counters are the values of an endpoint's Stats.
 type Counters struct {
-	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted uint64
+	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted, ClosedDrops uint64
 	// SelfPolled: Calls whose response their own goroutine polled.
 	SelfPolled uint64
 	// Arms and Wakeups: the endpoint's CQ armed for an event, and woken
@@ -301,7 +301,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), SelfPolled: st.SelfPolled.Load(), Ticks: e.ticks.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Ticks: e.ticks.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

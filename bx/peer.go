@@ -122,12 +122,18 @@ type inbound struct {
 // Dial connects to the endpoint listening at addr (host:port of its
 // control plane).
 func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
+	if e == nil || ctx == nil {
+		return nil, fmt.Errorf("bx: dial %s: nil Endpoint or context", addr)
+	}
 	if e.closed.Load() {
 		return nil, ErrClosed
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
+	}
+	if c, err = e.secureClient(ctx, c, addr); err != nil {
 		return nil, fmt.Errorf("bx: dial %s: %w", addr, err)
 	}
 	p, err := e.handshake(ctx, c, true)
@@ -141,6 +147,9 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
 // Listen accepts peers on addr (the TCP control plane). Accepted peers are
 // served by the endpoint's handlers and returned by Accept.
 func (e *Endpoint) Listen(addr string) (net.Addr, error) {
+	if err := e.checkServerTLS(); err != nil {
+		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
@@ -159,6 +168,10 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 			go func() {
 				ctx, cancel := context.WithTimeout(e.stopCh, e.cfg.HandshakeTimeout)
 				defer cancel()
+				c, err := e.secureServer(ctx, c)
+				if err != nil {
+					return
+				}
 				p, err := e.handshake(ctx, c, false)
 				if err != nil {
 					c.Close()
@@ -423,6 +436,9 @@ func (p *Peer) writeCtl(typ uint8, body []byte) error {
 
 // Close disconnects from the peer.
 func (p *Peer) Close() error {
+	if p == nil {
+		return errors.New("bx: Close of a nil Peer")
+	}
 	p.shutdown(ErrClosed, true)
 	return nil
 }
@@ -437,7 +453,11 @@ func (p *Peer) shutdown(why error, bye bool) {
 	p.err = why
 	calls := p.calls
 	p.calls = map[uint64]chan *Msg{}
-	streams := p.streams
+	// A copy: streams come and go (Stream, Close) while we fail them.
+	streams := make([]*Stream, 0, len(p.streams))
+	for _, s := range p.streams {
+		streams = append(streams, s)
+	}
 	p.mu.Unlock()
 	if bye {
 		p.writeCtl(ctlBye, nil)

@@ -28,11 +28,19 @@ type Msg struct {
 }
 
 // Data is the payload. It is valid until Release.
-func (m *Msg) Data() []byte { return m.data }
+func (m *Msg) Data() []byte {
+	if m == nil {
+		return nil
+	}
+	return m.data
+}
 
 // Release returns the message's buffer: to the shared receive queue (and a
 // receive credit to the peer), or to the pool. It is idempotent.
 func (m *Msg) Release() {
+	if m == nil || m.p == nil {
+		return
+	}
 	m.once.Do(func() {
 		e := m.p.e
 		e.liveMsgs.Add(-1)
@@ -105,6 +113,9 @@ func (e *Endpoint) alloc(n int) (Buffer, error) {
 
 // Payload is where the message goes.
 func (b *Buffer) Payload() []byte {
+	if b == nil || b.e == nil {
+		return nil
+	}
 	if b.big {
 		return b.rv.Bytes()
 	}
@@ -113,6 +124,9 @@ func (b *Buffer) Payload() []byte {
 
 // Free returns a buffer that was not sent.
 func (b *Buffer) Free() {
+	if b == nil || b.e == nil {
+		return
+	}
 	b.handBack()
 	b.e.eager.Free(b.head)
 	if b.big {
@@ -130,10 +144,18 @@ type Stream struct {
 	q      []*Msg
 	notify chan struct{}
 	err    error
+	cl     closeState // under mu: Close and the peer's close (close.go)
 }
 
-// Stream returns the stream with the given id to the peer.
+// Stream returns the stream with the given id to the peer, making it if
+// there is none. A closed stream stays in the peer's table, and is what
+// Stream returns for its id, until both sides have closed it (see
+// Stream.Close); then the id names a new stream. A nil Peer returns a
+// Stream whose every method fails.
 func (p *Peer) Stream(id uint32) *Stream {
+	if p == nil {
+		return &Stream{id: id}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.streams[id]
@@ -148,13 +170,26 @@ func (p *Peer) Stream(id uint32) *Stream {
 }
 
 // ID is the stream id.
-func (s *Stream) ID() uint32 { return s.id }
+func (s *Stream) ID() uint32 {
+	if s == nil {
+		return 0
+	}
+	return s.id
+}
 
-// Peer returns the peer.
-func (s *Stream) Peer() *Peer { return s.p }
+// Peer returns the peer (nil for a nil Stream).
+func (s *Stream) Peer() *Peer {
+	if s == nil {
+		return nil
+	}
+	return s.p
+}
 
 // Send sends a copy of data.
 func (s *Stream) Send(ctx context.Context, data []byte) error {
+	if err := s.sendable(ctx); err != nil {
+		return err
+	}
 	b, err := s.p.e.alloc(len(data))
 	if err != nil {
 		return err
@@ -166,7 +201,14 @@ func (s *Stream) Send(ctx context.Context, data []byte) error {
 // SendBuffer sends b without a copy. bx owns b from then on, whatever the
 // result: it frees it when the peer acknowledged the message.
 func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
+	if b == nil || b.e == nil {
+		return errors.New("bx: SendBuffer of a nil or unallocated Buffer")
+	}
 	b.handBack()
+	if err := s.sendable(ctx); err != nil {
+		b.Free()
+		return err
+	}
 	return s.p.sendMsg(ctx, s.id, 0, 0, b)
 }
 
@@ -210,10 +252,19 @@ func (p *Peer) trySendMsg(stream uint32, flags uint16, call uint64, b *Buffer) b
 	return sent
 }
 
-// Recv returns the next message of the stream.
+// Recv returns the next message of the stream. Once the peer closed the
+// stream and its messages are read, it returns an error that is io.EOF
+// (errors.Is); after Close, one that is ErrClosed.
 func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
+	if err := s.usable(ctx); err != nil {
+		return nil, err
+	}
 	for {
 		s.mu.Lock()
+		if err := s.cl.local; err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
 		if len(s.q) > 0 {
 			// Shift rather than reslice, so that the queue keeps its
 			// capacity and a push allocates nothing.
@@ -221,7 +272,11 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 			n := copy(s.q, s.q[1:])
 			s.q[n] = nil
 			s.q = s.q[:n]
+			last := n == 0 && s.cl.peer
 			s.mu.Unlock()
+			if last {
+				s.p.forgetStream(s) // closed on both sides and read: its id is free
+			}
 			return m, nil
 		}
 		err := s.err
@@ -234,16 +289,6 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-	}
-}
-
-func (s *Stream) push(m *Msg) {
-	s.mu.Lock()
-	s.q = append(s.q, m)
-	s.mu.Unlock()
-	select {
-	case s.notify <- struct{}{}:
-	default:
 	}
 }
 
@@ -313,6 +358,8 @@ func (p *Peer) deliver(m *Msg) {
 			m.remote = string(m.data)
 		}
 		ch <- m
+	case m.flags&flagOpen != 0:
+		p.opened(m)
 	case m.flags&flagRequest != 0:
 		p.e.mu.RLock()
 		h := p.e.handlers[m.Stream]
@@ -322,11 +369,8 @@ func (p *Peer) deliver(m *Msg) {
 			return
 		}
 		p.e.queue(work{p: p, h: h.h, req: m})
-	case m.flags&flagOpen != 0:
-		m.Release()
-		p.opened(m.Stream)
 	default:
-		p.Stream(m.Stream).push(m)
+		p.toStream(m)
 	}
 }
 
@@ -396,6 +440,9 @@ var serveReleased atomic.Pointer[func()]
 // handler, the context's error (wrapped with ErrRecovering if the peer was
 // recovering), ErrPeerGone, ErrClosed.
 func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error) {
+	if err := p.checkCall(ctx, stream, nil, false); err != nil {
+		return nil, err
+	}
 	b, err := p.e.alloc(len(req))
 	if err != nil {
 		return nil, err
@@ -406,6 +453,12 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 
 // CallBuffer is Call with a zero-copy request.
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+	if err := p.checkCall(ctx, stream, b, true); err != nil {
+		if b != nil && b.e != nil {
+			b.Free() // bx owns b whatever the result
+		}
+		return nil, err
+	}
 	b.handBack()
 	start := time.Now()
 	m, err := p.callBuffer(ctx, stream, b)

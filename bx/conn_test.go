@@ -1,0 +1,113 @@
+package bx_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
+)
+
+// TestConnCloseReleasesQueued: Conn.Close gives back the receive buffers
+// of every message queued, not only the one being read.
+func TestConnCloseReleasesQueued(t *testing.T) {
+	srv, cli, _, _ := pair(t, nil)
+	ln := srv.Listener()
+	defer ln.Close()
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	c, err := cli.DialConn(ctx, srv.ListenAddrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// DialConn dialed a peer connection of its own.
+	sp, err := srv.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eager, _, _ := inUse(srv)
+	for i := range 6 {
+		if _, err := c.Write(fmt.Appendf(nil, "part %d;", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "6 messages held", func() bool { return sp.HeldForTest() == 6 })
+	b := make([]byte, 3)
+	if _, err := io.ReadFull(sc, b); err != nil || string(b) != "par" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	if err := sc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := sp.HeldForTest(); n != 0 {
+		t.Errorf("%d receive buffers still held after Conn.Close (old code: 5, the queued ones)", n)
+	}
+	// (The close message the server sends holds one until acknowledged.)
+	eventually(t, "server eager buffers back", func() bool { e, _, _ := inUse(srv); return e <= eager })
+	if _, err := sc.Read(b); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Read after Close: %v, want net.ErrClosed", err)
+	}
+	if _, err := c.Read(b); err != io.EOF {
+		t.Errorf("dialer's Read after the peer closed: %v, want io.EOF", err)
+	}
+}
+
+// TestConnAcceptQueueFull: a Conn the acceptor cannot queue is refused
+// with an error naming why, not dropped; so is one to an endpoint without
+// a Listener. Closing the Listener closes the Conns it did not accept.
+func TestConnAcceptQueueFull(t *testing.T) {
+	srv, cli, _, _ := pair(t, nil)
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	addr := srv.ListenAddrs()[0].String()
+	_, err := cli.DialConn(ctx, addr)
+	if !errors.Is(err, bx.ErrConnRefused) || !strings.Contains(err.Error(), "no Listener") {
+		t.Fatalf("DialConn without a Listener: %v, want ErrConnRefused naming the missing Listener", err)
+	}
+	ln := srv.Listener()
+	var conns []net.Conn
+	for i := range 64 {
+		c, err := cli.DialConn(ctx, addr)
+		if err != nil {
+			t.Fatalf("conn %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	_, err = cli.DialConn(ctx, addr)
+	if !errors.Is(err, bx.ErrConnRefused) || !strings.Contains(err.Error(), "accept queue full") {
+		t.Fatalf("65th DialConn: %v, want ErrConnRefused naming the full accept queue", err)
+	}
+	t.Logf("refused: %v", err)
+	// Accepting one makes room for one.
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c, err := cli.DialConn(ctx, addr)
+	if err != nil {
+		t.Fatalf("DialConn after an Accept: %v", err)
+	}
+	conns = append(conns, c)
+	// The Conns never accepted are closed with the Listener.
+	ln.Close()
+	b := make([]byte, 1)
+	for i, c := range conns[1:] {
+		c.SetReadDeadline(time.Now().Add(hang.Scale(10 * time.Second)))
+		if _, err := c.Read(b); err != io.EOF {
+			t.Fatalf("conn %d after the Listener closed: %v, want io.EOF", i+1, err)
+		}
+		c.Close()
+	}
+	conns[0].Close()
+}
