@@ -846,7 +846,13 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.e.repost(b)
 		p.ret.Released(1)
 		p.e.stats.Rendezvous.Add(1)
-		go p.sendCTS(l, h.Stream, cts{Ref: h.Seq, Addr: t.Addr(), RKey: t.RKey(), Len: d.Len})
+		c := cts{Ref: h.Seq, Addr: t.Addr(), RKey: t.RKey(), Len: d.Len}
+		if hk := p.e.ctsHook.Load(); hk != nil {
+			(*hk)(&c)
+		}
+		if !p.sendCTS(l, h.Stream, c, true) {
+			go p.sendCTS(l, h.Stream, c, false)
+		}
 		return
 	case typCTS, typFin:
 		var c cts
@@ -869,8 +875,8 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.ack(l, h.Ack)
 		p.e.repost(b)
 		p.ret.Released(1)
-		if h.Type == typCTS {
-			go p.sendFin(l, h.Stream, c)
+		if h.Type == typCTS && !p.sendFin(l, h.Stream, c, true) {
+			go p.sendFin(l, h.Stream, c, false)
 		}
 		p.deliverAll(ready)
 		return
@@ -905,27 +911,32 @@ func (l *lane) finished(ref uint64) error {
 	return fmt.Errorf("lane %d: FIN for sequence %d, which is no rendezvous in progress", l.idx, ref)
 }
 
-// sendCTS tells the peer where to write the payload of its RTS. It runs on
-// its own goroutine: it may wait for a credit, and the progress goroutine
-// must not.
-func (p *Peer) sendCTS(l *lane, stream uint32, c cts) {
-	if h := p.e.ctsHook.Load(); h != nil {
-		(*h)(&c)
+// sendCTS tells the peer where to write the payload of its RTS. With try
+// (the goroutine polling the CQ, which must not wait) it sends only if that
+// needs no waiting and reports whether it did, so that a rendezvous costs
+// no goroutine hand-off while credits are there (under TCG a hand-off to
+// another thread costs more than the CTS itself); without, on a goroutine
+// of its own, it may wait for a credit. The CTS is final: tests forge it
+// before the first try.
+func (p *Peer) sendCTS(l *lane, stream uint32, c cts, try bool) (done bool) {
+	if try && !p.canSendNow() {
+		return false
 	}
 	b, err := p.e.eager.Alloc(HeaderSize + ctsSize)
 	if err != nil {
 		p.shutdown(fmt.Errorf("bx: rendezvous answer: %w", err), true)
-		return
+		return true
 	}
 	c.encode(b.Bytes()[HeaderSize:])
-	if err := p.sendOut(p.e.stopCh, l, stream, header{Type: typCTS, Length: ctsSize}, out{buf: b, ctl: true}); err != nil {
-		p.e.eager.Free(b)
-	}
+	return p.sendCtl(l, stream, header{Type: typCTS, Length: ctsSize}, out{buf: b, ctl: true}, try)
 }
 
 // sendFin writes the payload the peer's CTS asks for and posts the FIN
-// behind it.
-func (p *Peer) sendFin(l *lane, stream uint32, c cts) {
+// behind it; try as for sendCTS.
+func (p *Peer) sendFin(l *lane, stream uint32, c cts, try bool) (done bool) {
+	if try && !p.canSendNow() {
+		return false
+	}
 	l.mu.Lock()
 	var src mr.Buf
 	found := false
@@ -941,21 +952,43 @@ func (p *Peer) sendFin(l *lane, stream uint32, c cts) {
 		if p.state.Load() != stateDead {
 			p.shutdown(fmt.Errorf("%w: lane %d: clear-to-send for sequence %d, which is no rendezvous of ours", ErrProtocol, l.idx, c.Ref), true)
 		}
-		return
+		return true
 	case int(c.Len) != src.Len():
 		p.shutdown(fmt.Errorf("%w: lane %d: clear-to-send of %d bytes for a %d-byte rendezvous", ErrProtocol, l.idx, c.Len, src.Len()), true)
-		return
+		return true
 	}
 	b, err := p.e.eager.Alloc(HeaderSize + finSize)
 	if err != nil {
 		p.shutdown(fmt.Errorf("bx: rendezvous FIN: %w", err), true)
-		return
+		return true
 	}
 	(&fin{Ref: c.Ref}).encode(b.Bytes()[HeaderSize:])
 	o := out{buf: b, ctl: true, write: &writeOp{sge: src.SGE(src.Len()), addr: c.Addr, rkey: c.RKey}}
-	if err := p.sendOut(p.e.stopCh, l, stream, header{Type: typFin, Length: finSize}, o); err != nil {
-		p.e.eager.Free(b)
+	return p.sendCtl(l, stream, header{Type: typFin, Length: finSize}, o, try)
+}
+
+// canSendNow reports whether a control message could go out without
+// waiting: the peer active and a credit there. A cheap pre-check, so that
+// a try does not build what it cannot send; trySendOut decides.
+func (p *Peer) canSendNow() bool {
+	return p.state.Load() == stateActive && p.credits.Available() > 0
+}
+
+// sendCtl sends the control message o (its buffer from the eager pool):
+// with try only if that needs no waiting (false, o's buffer freed, if it
+// would), else waiting for a credit.
+func (p *Peer) sendCtl(l *lane, stream uint32, h header, o out, try bool) bool {
+	if try {
+		sent, err := p.trySendOut(l, stream, h, o)
+		if !sent || err != nil {
+			p.e.eager.Free(o.buf)
+		}
+		return sent
 	}
+	if err := p.sendOut(p.e.stopCh, l, stream, h, o); err != nil {
+		p.e.eager.Free(o.buf)
+	}
+	return true
 }
 
 // newInbound is a pending entry for h, reused when one is free. l.rmu is
