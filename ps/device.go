@@ -16,8 +16,10 @@ type ActiveDevice struct {
 
 // ActiveDevices lists the devices with an ACTIVE port 1 and an IPv4 RoCE v2
 // GID, in the order uverbs.List returns them (rxe0, rxe1 in the guest).
+// It reads each ACTIVE device's GID table through the device (one ioctl)
+// rather than sysfs (a file per index, 1024 on rxe).
 func ActiveDevices() ([]ActiveDevice, error) {
-	devs, err := uverbs.List()
+	devs, err := uverbs.ListWithoutGIDs()
 	if err != nil {
 		return nil, err
 	}
@@ -27,11 +29,25 @@ func ActiveDevices() ([]ActiveDevice, error) {
 		if p == nil || p.State != "ACTIVE" {
 			continue
 		}
-		if g, err := uverbs.ChooseGID(p.GIDs); err == nil {
+		gids, err := portGIDs(d.Name)
+		if err != nil {
+			return nil, err
+		}
+		if g, err := uverbs.ChooseGID(gids); err == nil {
 			out = append(out, ActiveDevice{Name: d.Name, IP: g.GID.To4()})
 		}
 	}
 	return out, nil
+}
+
+// portGIDs is port 1's GID table of the device name.
+func portGIDs(name string) ([]uverbs.GID, error) {
+	c, err := uverbs.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("ps: device %s: %w", name, err)
+	}
+	defer c.Close()
+	return c.GIDs(1)
 }
 
 // DeviceForIP returns the ACTIVE device whose RoCE v2 GID is ip. An empty

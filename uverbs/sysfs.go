@@ -90,8 +90,16 @@ func stateName(s string) string {
 }
 
 // List returns the RDMA devices that have a uverbs character device,
-// sorted by name.
-func List() ([]DeviceInfo, error) {
+// sorted by name, with every port's GID table.
+func List() ([]DeviceInfo, error) { return list(true) }
+
+// ListWithoutGIDs is List without the GID tables (every PortInfo.GIDs is
+// nil): what picking a device by name or port state needs. A GID table is
+// one sysfs file per index, 1024 on rxe; once a device is open,
+// Context.GIDs reads its table with one ioctl.
+func ListWithoutGIDs() ([]DeviceInfo, error) { return list(false) }
+
+func list(withGIDs bool) ([]DeviceInfo, error) {
 	dir := filepath.Join(sysfsRoot, "class/infiniband_verbs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -109,7 +117,7 @@ func List() ([]DeviceInfo, error) {
 		if ibdev == "" {
 			continue
 		}
-		d, err := describe(ibdev, e.Name(), true)
+		d, err := describe(ibdev, e.Name(), withGIDs)
 		if err != nil {
 			return nil, err
 		}
@@ -122,6 +130,9 @@ func List() ([]DeviceInfo, error) {
 // Lookup returns the device of the given name. It reads only that
 // device's part of sysfs.
 func Lookup(name string) (DeviceInfo, error) { return lookup(name, true) }
+
+// LookupWithoutGIDs is Lookup without the GID tables, as ListWithoutGIDs.
+func LookupWithoutGIDs(name string) (DeviceInfo, error) { return lookup(name, false) }
 
 func lookup(name string, withGIDs bool) (DeviceInfo, error) {
 	dir := filepath.Join(sysfsRoot, "class/infiniband_verbs")

@@ -228,6 +228,42 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+// TestWithoutGIDs: ListWithoutGIDs and LookupWithoutGIDs give what List
+// and Lookup give, with every port's GIDs nil (the fake tables are
+// populated, so a GID read shows as a difference).
+func TestWithoutGIDs(t *testing.T) {
+	buildRealistic(t)
+	full, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full) != 3 || len(full[2].Ports[0].GIDs) == 0 {
+		t.Fatalf("the fake sysfs should have 3 devices with GIDs: %+v", full)
+	}
+	for i := range full {
+		for k := range full[i].Ports {
+			full[i].Ports[k].GIDs = nil
+		}
+	}
+	brief, err := ListWithoutGIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(full, brief); diff != "" {
+		t.Errorf("ListWithoutGIDs() mismatch (-List without GIDs +got):\n%s", diff)
+	}
+	d, err := LookupWithoutGIDs("rxe1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(full[2], d); diff != "" {
+		t.Errorf("LookupWithoutGIDs(rxe1) mismatch (-want +got):\n%s", diff)
+	}
+	if _, err := LookupWithoutGIDs("mlx9_9"); !errors.Is(err, ErrNoDevice) {
+		t.Errorf("LookupWithoutGIDs(unknown) = %v, want ErrNoDevice", err)
+	}
+}
+
 func TestListNoRDMA(t *testing.T) {
 	newFakeSysfs(t) // an empty /sys: no class/infiniband_verbs at all
 	devs, err := List()

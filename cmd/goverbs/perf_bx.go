@@ -170,7 +170,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		o.window = 1
 	}
 	if !o.tcp && o.dev == "" {
-		devs, err := uverbs.List()
+		devs, err := uverbs.ListWithoutGIDs()
 		if err != nil || len(devs) == 0 {
 			return fmt.Errorf("no RDMA device found (-d): %v", err)
 		}

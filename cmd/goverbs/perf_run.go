@@ -95,7 +95,7 @@ func (r *perfRun) setup(stderr io.Writer) error {
 	o := r.o
 	name := o.dev
 	if name == "" {
-		devs, err := uverbs.List()
+		devs, err := uverbs.ListWithoutGIDs()
 		if err != nil {
 			return err
 		}
@@ -104,7 +104,7 @@ func (r *perfRun) setup(stderr io.Writer) error {
 		}
 		name = devs[0].Name
 		o.dev = name
-	} else if _, err := uverbs.Lookup(name); err != nil {
+	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
 		return &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
 	}
 	var err error

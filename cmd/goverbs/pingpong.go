@@ -295,7 +295,7 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	o := pp.o
 	name := o.dev
 	if name == "" {
-		devs, err := uverbs.List()
+		devs, err := uverbs.ListWithoutGIDs()
 		if err != nil {
 			return err
 		}
@@ -303,7 +303,7 @@ func (pp *pingpong) init(stderr io.Writer) error {
 			return errors.New("no IB devices found")
 		}
 		name = devs[0].Name
-	} else if _, err := uverbs.Lookup(name); err != nil {
+	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
 		return &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
 	}
 	var err error

@@ -30,7 +30,7 @@ type ppDevice struct {
 func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevice, error) {
 	name := dev
 	if name == "" {
-		devs, err := uverbs.List()
+		devs, err := uverbs.ListWithoutGIDs()
 		if err != nil {
 			return nil, err
 		}
@@ -38,7 +38,7 @@ func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevic
 			return nil, errors.New("no IB devices found")
 		}
 		name = devs[0].Name
-	} else if _, err := uverbs.Lookup(name); err != nil {
+	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
 		return nil, &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
 	}
 	d := &ppDevice{name: name, sgid: gidx}

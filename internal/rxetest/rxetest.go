@@ -27,7 +27,7 @@ func skip(t testing.TB, why string) {
 // Active returns the names of the devices with an ACTIVE port 1.
 func Active(t testing.TB) []string {
 	t.Helper()
-	devs, err := uverbs.List()
+	devs, err := uverbs.ListWithoutGIDs()
 	if err != nil {
 		t.Fatal(err)
 	}
