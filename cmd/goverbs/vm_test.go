@@ -140,9 +140,9 @@ func TestVMMTU(t *testing.T) {
 		}
 	}
 	r := vmRun(t, 5*time.Minute, nil, "--nodes", "2", "--mtu", "9000", "--", "bash", "-c",
-		`for n in 0 1; do goverbs vm exec $n sh -c 'cat /sys/class/net/*/mtu | sort -n | tail -1'; done`)
-	if r.code != 0 || r.stdout != "9000\n9000\n" {
-		t.Errorf("goverbs vm --nodes 2 --mtu 9000: exit %d, largest NIC MTU per node %q, want 9000 twice\n%s", r.code, r.stdout, r.stderr)
+		`for n in 0 1; do goverbs vm exec $n bash -c 'echo "$(</sys/class/net/$(</sys/class/infiniband/rxe0/parent)/mtu) $(ibv_devinfo -d rxe0 | awk "/active_mtu/ {print \$2}")"'; done`)
+	if r.code != 0 || r.stdout != "9000 4096\n9000 4096\n" {
+		t.Errorf("goverbs vm --nodes 2 --mtu 9000: exit %d, rxe0's NIC MTU and active_mtu per node %q, want 9000 4096 twice\n%s", r.code, r.stdout, r.stderr)
 	}
 }
 
