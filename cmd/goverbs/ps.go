@@ -217,10 +217,18 @@ type psStepper struct {
 	push     *hist
 	ops      *atomic.Int64
 	incastNm string
+	// sched, when set (open loop, an arrival that was due before a worker
+	// goroutine was free), is the scheduled start of the step: its first
+	// operation's latency counts from it, so time spent queued behind
+	// earlier arrivals is not hidden. Cleared once used.
+	sched time.Time
 }
 
 func (s *psStepper) timed(h *hist, f func() error) error {
 	t0 := time.Now()
+	if !s.sched.IsZero() {
+		t0, s.sched = s.sched, time.Time{}
+	}
 	err := f()
 	if h != nil {
 		h.add(time.Since(t0))
@@ -296,6 +304,57 @@ type workerResult struct {
 	Wallns     int64
 	Errors     int64
 	FirstErr   string
+	Steps      int64 // steps scheduled (open loop)
+	Late       int64 // open loop: arrivals that no worker goroutine started before the end
+}
+
+// arrivals is an open loop's schedule: Poisson arrivals at rate per
+// second from the start until end. A free worker goroutine takes the next
+// arrival, sleeps until it is due and runs one step; if it is past due
+// (every goroutine was busy), it runs it at once and the latency counts
+// from the scheduled time, so queueing is not hidden. One taken at or
+// after end stops the goroutine.
+type arrivals struct {
+	mu     sync.Mutex
+	next   time.Time
+	end    time.Time
+	rate   float64
+	rng    *mrand.Rand
+	before int64 // arrivals taken that fell before end (each one started)
+}
+
+func (a *arrivals) gap() time.Duration {
+	return time.Duration(a.rng.ExpFloat64() / a.rate * float64(time.Second))
+}
+
+func (a *arrivals) take() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.next = a.next.Add(a.gap())
+	if a.next.Before(a.end) {
+		a.before++
+	}
+	return a.next
+}
+
+// count, once the workers are done, is how many arrivals fell before end
+// (steps) and how many of them no worker goroutine started (late: the
+// workers stopped at end with those still to come).
+func (a *arrivals) count() (steps, late int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rest := a.end.Sub(a.next).Seconds() * a.rate; rest > 1e6 {
+		// Far more than a million to go (a rate no machine serves):
+		// the expected count rather than a million draws.
+		return a.before + int64(rest), int64(rest)
+	}
+	for t := a.next; t.Before(a.end); {
+		t = t.Add(a.gap())
+		if t.Before(a.end) {
+			late++
+		}
+	}
+	return a.before + late, late
 }
 
 func psWorker(args []string, stdout, stderr io.Writer) error {
@@ -310,11 +369,15 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT")
+	rate := fs.Float64("rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
 	}
 	if err := checkMetricsAddr(*metricsAddr); err != nil {
 		return err
+	}
+	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
+		return usageError("--rate %v: want steps per second >= 0", *rate)
 	}
 	servers := strings.Split(*addrs, ",")
 	w, err := psWorkloadOf(*workload, len(servers))
@@ -371,11 +434,35 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	var firstErr atomic.Value
+	// Closed loop: each worker goroutine steps again as soon as its step
+	// is done. Open loop (--rate): arrivals come on a schedule whatever
+	// the completions, and a free worker goroutine takes the next one.
+	var arr *arrivals
+	if *rate > 0 {
+		arr = &arrivals{next: t0, end: end, rate: *rate, rng: mrand.New(mrand.NewPCG(*seed, 1<<32))}
+	}
 	for _, st := range steppers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(end) {
+				if arr != nil {
+					at := arr.take()
+					if !at.Before(end) {
+						return
+					}
+					if d := time.Until(at); d > 0 {
+						// Free before it is due: the step starts when
+						// the timer wakes us (Go's timers may overshoot
+						// by up to a millisecond, the harness's delay,
+						// not the system's).
+						time.Sleep(d)
+					} else {
+						// Due while every goroutine was busy: the wait
+						// is queueing, counted from the scheduled time.
+						st.sched = at
+					}
+				}
 				if err := st.step(ctx, true); err != nil {
 					if errs.Add(1) == 1 {
 						firstErr.Store(err.Error())
@@ -400,6 +487,9 @@ loop:
 			out.Encode(map[string]any{"progress": ops.Load()})
 		}
 	}
+	if arr != nil {
+		res.Steps, res.Late = arr.count()
+	}
 	u1, s1 := ps.CPUTime()
 	res.Wallns = int64(time.Since(t0))
 	res.CPUns = int64(u1 - u0 + s1 - s0)
@@ -416,18 +506,24 @@ loop:
 
 // benchResult is bench's --json output.
 type benchResult struct {
-	Transport string      `json:"transport"`
-	Workload  string      `json:"workload"`
-	Ops       []benchOp   `json:"ops"`
-	Workers   int         `json:"workers"`
-	Servers   int         `json:"servers"`
-	Duration  float64     `json:"duration_s"`
-	CPU       float64     `json:"cpu_s"`
-	ServerCPU float64     `json:"server_cpu_s"`
-	WorkerCPU float64     `json:"worker_cpu_s"`
-	Errors    int64       `json:"errors"`
-	RNR       *uint64     `json:"rnr_nak_retries,omitempty"`
-	Counters  rdmaCounter `json:"rdma_counters,omitempty"`
+	Transport string    `json:"transport"`
+	Workload  string    `json:"workload"`
+	Ops       []benchOp `json:"ops"`
+	Workers   int       `json:"workers"`
+	Servers   int       `json:"servers"`
+	Duration  float64   `json:"duration_s"`
+	CPU       float64   `json:"cpu_s"`
+	ServerCPU float64   `json:"server_cpu_s"`
+	WorkerCPU float64   `json:"worker_cpu_s"`
+	Errors    int64     `json:"errors"`
+	// Open loop (--rate, --rates): the offered steps per second, those
+	// started and finished per second, and the arrivals no worker
+	// goroutine started before the end. Zero in closed loop.
+	Offered  float64     `json:"offered_steps_per_s,omitempty"`
+	Achieved float64     `json:"achieved_steps_per_s,omitempty"`
+	Late     int64       `json:"late,omitempty"`
+	RNR      *uint64     `json:"rnr_nak_retries,omitempty"`
+	Counters rdmaCounter `json:"rdma_counters,omitempty"`
 }
 
 type benchOp struct {
@@ -459,8 +555,30 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
+	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
+	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
+	}
+	rateList := []float64{*rate}
+	if *rates != "" {
+		if *rate != 0 {
+			return usageError("--rate and --rates: give one")
+		}
+		rateList = rateList[:0]
+		for _, f := range strings.Split(*rates, ",") {
+			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || r <= 0 || math.IsInf(r, 0) {
+				return usageError("--rates %q: %q is not a rate (steps per second > 0)", *rates, f)
+			}
+			rateList = append(rateList, r)
+		}
+	}
+	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
+		return usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
+	}
+	if *metricsAddr != "" && len(rateList) > 1 {
+		return usageError("--metrics serves one run: not with --rates")
 	}
 	if *transport != "rdma" && *transport != "tcp" {
 		return usageError("--transport %q: want rdma or tcp", *transport)
@@ -590,174 +708,202 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	if err := ctl.Define(ctx, w.specs...); err != nil {
 		return err
 	}
-	type wproc struct {
-		cmd   *exec.Cmd
-		in    io.WriteCloser
-		lines *bufio.Scanner
-		prog  atomic.Int64
-		res   *workerResult
-		err   error
-	}
-	var wps []*wproc
-	for i := range *procs {
-		n := *workers / *procs
-		if i < *workers%*procs {
-			n++
+	// run runs the workers once: in closed loop (rate 0) or at rate steps
+	// per second in all, split over the worker processes by their
+	// goroutines.
+	run := func(rate float64) (benchResult, error) {
+		type wproc struct {
+			cmd   *exec.Cmd
+			in    io.WriteCloser
+			lines *bufio.Scanner
+			prog  atomic.Int64
+			res   *workerResult
+			err   error
 		}
-		cmd := exec.Command(self, childArgs("ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
-			"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String())...)
-		cmd.Stderr = stderr
-		in, _ := cmd.StdinPipe()
-		out, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			return err
+		var wps []*wproc
+		for i := range *procs {
+			n := *workers / *procs
+			if i < *workers%*procs {
+				n++
+			}
+			cmd := exec.Command(self, childArgs("ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
+				"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String(),
+				"--rate", strconv.FormatFloat(rate*float64(n)/float64(*workers), 'g', -1, 64))...)
+			cmd.Stderr = stderr
+			in, _ := cmd.StdinPipe()
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				return benchResult{}, err
+			}
+			children = append(children, cmd)
+			sc := bufio.NewScanner(out)
+			sc.Buffer(make([]byte, 1<<20), 16<<20)
+			wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
 		}
-		children = append(children, cmd)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
-	}
-	for i, p := range wps {
-		var ready struct {
-			Ready   bool
-			Metrics string
-		}
-		if !p.lines.Scan() || json.Unmarshal(p.lines.Bytes(), &ready) != nil || !ready.Ready {
-			return fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
-		}
-		if err := addChild(fmt.Sprintf("worker%d", i), ready.Metrics); err != nil {
-			return err
-		}
-	}
-	if *metricsAddr != "" {
-		// The parent's own client (Define, server CPU) is process="bench".
-		mc := metrics.NewCollector()
-		if ep := ctl.Endpoint(); ep != nil {
-			if err := mc.AddBX(ep); err != nil {
-				return err
+		for i, p := range wps {
+			var ready struct {
+				Ready   bool
+				Metrics string
+			}
+			if !p.lines.Scan() || json.Unmarshal(p.lines.Bytes(), &ready) != nil || !ready.Ready {
+				return benchResult{}, fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
+			}
+			if err := addChild(fmt.Sprintf("worker%d", i), ready.Metrics); err != nil {
+				return benchResult{}, err
 			}
 		}
-		if err := mc.AddPSClient(ctl); err != nil {
-			return err
+		if *metricsAddr != "" {
+			// The parent's own client (Define, server CPU) is process="bench".
+			mc := metrics.NewCollector()
+			if ep := ctl.Endpoint(); ep != nil {
+				if err := mc.AddBX(ep); err != nil {
+					return benchResult{}, err
+				}
+			}
+			if err := mc.AddPSClient(ctl); err != nil {
+				return benchResult{}, err
+			}
+			url, stop, err := startMetrics(*metricsAddr, mc, prometheus.Labels{"process": "bench"}, childMetrics...)
+			if err != nil {
+				return benchResult{}, err
+			}
+			defer stop()
+			fmt.Fprintf(stderr, "ps bench: metrics of %d processes on %s\n", len(childMetrics)+1, url)
 		}
-		url, stop, err := startMetrics(*metricsAddr, mc, prometheus.Labels{"process": "bench"}, childMetrics...)
+		before, err := ctl.Stats(ctx)
+		if err != nil {
+			return benchResult{}, err
+		}
+		c0 := readRDMACounters()
+		for _, p := range wps {
+			io.WriteString(p.in, "go\n")
+		}
+		var wg sync.WaitGroup
+		for _, p := range wps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for p.lines.Scan() {
+					var m struct {
+						Progress *int64
+						Result   *workerResult
+					}
+					if err := json.Unmarshal(p.lines.Bytes(), &m); err != nil {
+						continue
+					}
+					if m.Progress != nil {
+						p.prog.Store(*m.Progress)
+					}
+					if m.Result != nil {
+						p.res = m.Result
+					}
+				}
+				p.err = p.cmd.Wait()
+			}()
+		}
+		start := time.Now()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		tick := time.NewTicker(2 * time.Second)
+		defer tick.Stop()
+		progress := *duration >= 4*time.Second
+	wait:
+		for {
+			select {
+			case <-done:
+				break wait
+			case <-tick.C:
+				if progress {
+					var n int64
+					for _, p := range wps {
+						n += p.prog.Load()
+					}
+					fmt.Fprintf(stderr, "ps bench %s %s: %.0fs/%v, %d ops\n", *transport, *workload, time.Since(start).Seconds(), *duration, n)
+				}
+			}
+		}
+		after, err := ctl.Stats(ctx)
+		if err != nil {
+			return benchResult{}, err
+		}
+		c1 := readRDMACounters()
+		res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list)}
+		pull, push := newHist(), newHist()
+		var wall int64
+		for i, p := range wps {
+			if p.res == nil {
+				return benchResult{}, fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
+			}
+			pull.merge(p.res.Pull)
+			push.merge(p.res.Push)
+			res.WorkerCPU += float64(p.res.CPUns) / 1e9
+			res.Errors += p.res.Errors
+			if p.res.FirstErr != "" {
+				fmt.Fprintf(stderr, "ps bench: worker %d: %d errors, first: %s\n", i, p.res.Errors, p.res.FirstErr)
+			}
+			wall = max(wall, p.res.Wallns)
+		}
+		for i := range after {
+			res.ServerCPU += (after[i].User + after[i].System - before[i].User - before[i].System).Seconds()
+		}
+		res.CPU = res.ServerCPU + res.WorkerCPU
+		res.Duration = float64(wall) / 1e9
+		total := pull.n + push.n
+		for _, o := range []struct {
+			name string
+			h    *hist
+		}{{"pull", pull}, {"push", push}} {
+			if o.h.n == 0 {
+				continue
+			}
+			op := benchOp{Op: o.name, Count: o.h.n, Mean: o.h.mean() / 1e3, P50: o.h.quantile(0.5) / 1e3, P99: o.h.quantile(0.99) / 1e3,
+				P999: o.h.quantile(0.999) / 1e3, OpsPerSec: float64(o.h.n) / res.Duration, Hist: o.h.buckets()}
+			if total > 0 {
+				op.CPUPerKop = res.CPU / (float64(total) / 1000)
+			}
+			res.Ops = append(res.Ops, op)
+		}
+		if c0 != nil && c1 != nil {
+			res.Counters = rdmaCounter{}
+			for k, v := range c1 {
+				res.Counters[k] = v - c0[k]
+			}
+			var rnr uint64
+			for k, v := range res.Counters {
+				if strings.Contains(k, "rnr") {
+					rnr += v
+				}
+			}
+			res.RNR = &rnr
+		}
+		if rate > 0 {
+			res.Offered = rate
+			var steps, late int64
+			for _, p := range wps {
+				steps += p.res.Steps
+				late += p.res.Late
+			}
+			res.Late = late
+			res.Achieved = float64(steps-late) / res.Duration
+		}
+		return res, nil
+	}
+	var all []benchResult
+	for _, rate := range rateList {
+		res, err := run(rate)
 		if err != nil {
 			return err
 		}
-		defer stop()
-		fmt.Fprintf(stderr, "ps bench: metrics of %d processes on %s\n", len(childMetrics)+1, url)
-	}
-	before, err := ctl.Stats(ctx)
-	if err != nil {
-		return err
-	}
-	c0 := readRDMACounters()
-	for _, p := range wps {
-		io.WriteString(p.in, "go\n")
-	}
-	var wg sync.WaitGroup
-	for _, p := range wps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for p.lines.Scan() {
-				var m struct {
-					Progress *int64
-					Result   *workerResult
-				}
-				if err := json.Unmarshal(p.lines.Bytes(), &m); err != nil {
-					continue
-				}
-				if m.Progress != nil {
-					p.prog.Store(*m.Progress)
-				}
-				if m.Result != nil {
-					p.res = m.Result
-				}
-			}
-			p.err = p.cmd.Wait()
-		}()
-	}
-	start := time.Now()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	progress := *duration >= 4*time.Second
-wait:
-	for {
-		select {
-		case <-done:
-			break wait
-		case <-tick.C:
-			if progress {
-				var n int64
-				for _, p := range wps {
-					n += p.prog.Load()
-				}
-				fmt.Fprintf(stderr, "ps bench %s %s: %.0fs/%v, %d ops\n", *transport, *workload, time.Since(start).Seconds(), *duration, n)
+		if *jsonOut {
+			if err := json.NewEncoder(stdout).Encode(res); err != nil {
+				return err
 			}
 		}
+		all = append(all, res)
 	}
-	after, err := ctl.Stats(ctx)
-	if err != nil {
-		return err
+	if !*jsonOut {
+		printBench(stdout, all)
 	}
-	c1 := readRDMACounters()
-	res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list)}
-	pull, push := newHist(), newHist()
-	var wall int64
-	for i, p := range wps {
-		if p.res == nil {
-			return fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
-		}
-		pull.merge(p.res.Pull)
-		push.merge(p.res.Push)
-		res.WorkerCPU += float64(p.res.CPUns) / 1e9
-		res.Errors += p.res.Errors
-		if p.res.FirstErr != "" {
-			fmt.Fprintf(stderr, "ps bench: worker %d: %d errors, first: %s\n", i, p.res.Errors, p.res.FirstErr)
-		}
-		wall = max(wall, p.res.Wallns)
-	}
-	for i := range after {
-		res.ServerCPU += (after[i].User + after[i].System - before[i].User - before[i].System).Seconds()
-	}
-	res.CPU = res.ServerCPU + res.WorkerCPU
-	res.Duration = float64(wall) / 1e9
-	total := pull.n + push.n
-	for _, o := range []struct {
-		name string
-		h    *hist
-	}{{"pull", pull}, {"push", push}} {
-		if o.h.n == 0 {
-			continue
-		}
-		op := benchOp{Op: o.name, Count: o.h.n, Mean: o.h.mean() / 1e3, P50: o.h.quantile(0.5) / 1e3, P99: o.h.quantile(0.99) / 1e3,
-			P999: o.h.quantile(0.999) / 1e3, OpsPerSec: float64(o.h.n) / res.Duration, Hist: o.h.buckets()}
-		if total > 0 {
-			op.CPUPerKop = res.CPU / (float64(total) / 1000)
-		}
-		res.Ops = append(res.Ops, op)
-	}
-	if c0 != nil && c1 != nil {
-		res.Counters = rdmaCounter{}
-		for k, v := range c1 {
-			res.Counters[k] = v - c0[k]
-		}
-		var rnr uint64
-		for k, v := range res.Counters {
-			if strings.Contains(k, "rnr") {
-				rnr += v
-			}
-		}
-		res.RNR = &rnr
-	}
-	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(res)
-	}
-	printBench(stdout, []benchResult{res})
 	return nil
 }
 
@@ -787,6 +933,9 @@ func printBench(w io.Writer, rs []benchResult) {
 	for _, r := range rs {
 		for _, o := range r.Ops {
 			fmt.Fprintf(w, "%-9s %-9s %-4s %9d %9.1f %9.1f %9.1f %9.1f %9.0f %11.4f\n", r.Workload, r.Transport, o.Op, o.Count, o.Mean, o.P50, o.P99, o.P999, o.OpsPerSec, o.CPUPerKop)
+		}
+		if r.Offered > 0 {
+			fmt.Fprintf(w, "%-9s %-9s open loop: offered %.0f steps/s, achieved %.0f, late %d\n", r.Workload, r.Transport, r.Offered, r.Achieved, r.Late)
 		}
 	}
 }

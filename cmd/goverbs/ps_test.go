@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,5 +84,87 @@ func TestPSUsage(t *testing.T) {
 		if r := goverbs(t, 20*time.Second, args...); r.code != 1 {
 			t.Errorf("%v: exit %d, want 1: %s", args, r.code, r.stderr)
 		}
+	}
+}
+
+// The open loop's schedule: every arrival before the end is counted once,
+// either taken (and started) or late, whatever the point where the
+// workers stop taking; the gaps average 1/rate.
+func TestPSArrivals(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	end := t0.Add(10 * time.Second)
+	mk := func() *arrivals {
+		return &arrivals{next: t0, end: end, rate: 500, rng: mrand.New(mrand.NewPCG(7, 1))}
+	}
+	// All arrivals before end, from the same sequence.
+	var want int64
+	for a := mk(); a.take().Before(end); {
+		want++
+	}
+	if want < 4500 || want > 5500 {
+		t.Fatalf("%d arrivals in 10 s at 500/s", want)
+	}
+	for _, stopAfter := range []int64{0, 1, want / 2, want - 1, want, want + 1} {
+		a := mk()
+		var taken int64
+		for taken < stopAfter {
+			taken++
+			if !a.take().Before(end) {
+				break
+			}
+		}
+		steps, late := a.count()
+		started := min(stopAfter, want)
+		if steps != want || late != want-started {
+			t.Errorf("workers stopped after %d takes: steps %d late %d, want %d and %d", stopAfter, steps, late, want, want-started)
+		}
+	}
+}
+
+// TestPSBenchOpenLoop: --rates runs the workers once per rate with the
+// servers up, one JSON line each with the offered and achieved rates; a
+// rate far above what any machine serves leaves arrivals late and its
+// latency (counted from the schedule) above the light rate's.
+func TestPSBenchOpenLoop(t *testing.T) {
+	transports := []string{"tcp"}
+	if len(rxetest.Active(t)) >= 2 {
+		transports = append(transports, "rdma")
+	}
+	for _, tr := range transports {
+		r := goverbs(t, 90*time.Second, "ps", "bench", "--transport", tr, "--workload", "inference", "--workers", "2",
+			"--duration", "2s", "--rates", "20,1e7", "--json")
+		if r.code != 0 {
+			t.Fatalf("%s: exit %d: %s %s", tr, r.code, r.stdout, r.stderr)
+		}
+		var rs []benchResult
+		dec := json.NewDecoder(strings.NewReader(r.stdout))
+		for dec.More() {
+			var res benchResult
+			if err := dec.Decode(&res); err != nil {
+				t.Fatalf("%s: %v: %q", tr, err, r.stdout)
+			}
+			rs = append(rs, res)
+		}
+		if len(rs) != 2 || rs[0].Offered != 20 || rs[1].Offered != 1e7 {
+			t.Fatalf("%s: want two results offered 20 and 1e7 steps/s: %+v", tr, rs)
+		}
+		light, heavy := rs[0], rs[1]
+		if light.Errors != 0 || heavy.Errors != 0 || light.Achieved <= 0 || light.Achieved > 100 || len(light.Ops) == 0 || len(heavy.Ops) == 0 {
+			t.Errorf("%s: light %+v heavy %+v", tr, light, heavy)
+		}
+		if heavy.Late == 0 || heavy.Achieved >= heavy.Offered {
+			t.Errorf("%s: 1e7 steps/s offered: achieved %.0f, late %d; want arrivals left late", tr, heavy.Achieved, heavy.Late)
+		}
+		if heavy.Ops[0].P50 <= light.Ops[0].P50 {
+			t.Errorf("%s: pull p50 %.1f us overloaded, %.1f us at 20 steps/s: queueing not counted", tr, heavy.Ops[0].P50, light.Ops[0].P50)
+		}
+		t.Logf("%s: 20/s: achieved %.1f, pull p50 %.0f us; 1e7/s: achieved %.0f, late %d, pull p50 %.0f us", tr,
+			light.Achieved, light.Ops[0].P50, heavy.Achieved, heavy.Late, heavy.Ops[0].P50)
+	}
+	if r := goverbs(t, 20*time.Second, "ps", "bench", "--transport", "tcp", "--rates", "10,x"); r.code != 1 || !strings.Contains(r.stderr, `"x" is not a rate`) {
+		t.Errorf("--rates 10,x: exit %d: %s", r.code, r.stderr)
+	}
+	if r := goverbs(t, 20*time.Second, "ps", "bench", "--transport", "tcp", "--rate", "-5"); r.code != 1 || !strings.Contains(r.stderr, "--rate") {
+		t.Errorf("--rate -5: exit %d: %s", r.code, r.stderr)
 	}
 }

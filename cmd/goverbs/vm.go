@@ -87,6 +87,7 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 	timeout := fs.String("timeout", "0", "stop CMD after this many seconds (or a duration like 5m); exit status 124")
 	fs.StringVar(&o.Mem, "mem", "", "guest memory, qemu syntax (default 2G, or 1G per node; env GOVERBS_VM_MEM)")
 	hugePages := fs.String("hugepages", "", "2 MiB huge pages each guest reserves, 0 for none like most machines (default 64; env GOVERBS_VM_HUGEPAGES)")
+	mtu := fs.String("mtu", "", "MTU of the links rxe runs on: 1500 gives IB MTU 1024, 9000 (jumbo frames, as RoCE fabrics run) gives 4096 (default 1500; env GOVERBS_VM_MTU)")
 	fs.StringVar(&o.Kernel, "kernel", os.Getenv("GOVERBS_VM_KERNEL"), "guest kernel: a linux-image .deb, a folder with boot/vmlinuz-V and lib/modules/V, a vmlinuz (modules from /lib/modules/V); default Debian's linux-image-amd64")
 	fs.IntVar(&o.Devices, "devices", 0, "rxe devices per guest (default 2 in one guest, 1 per node)")
 	fs.IntVar(&o.Nodes, "nodes", 1, "number of guests on a private virtual L2 network")
@@ -131,6 +132,13 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 			return o, nil, bad("--hugepages: %v", err)
 		}
 		o.HugePages = n
+	}
+	if *mtu != "" {
+		n, err := vm.ParseMTU(*mtu)
+		if err != nil {
+			return o, nil, bad("--mtu: %v", err)
+		}
+		o.MTU = n
 	}
 	for _, r := range rw {
 		o.RW = append(o.RW, r)

@@ -53,6 +53,9 @@ func TestVMBadInput(t *testing.T) {
 		{nil, []string{"vm", "--hugepages", "-1", "true"}, 2, "--hugepages: huge pages: want a count"},
 		{nil, []string{"vm", "--hugepages", "many", "true"}, 2, "--hugepages"},
 		{[]string{"GOVERBS_VM_HUGEPAGES=x"}, []string{"vm", "true"}, 2, "GOVERBS_VM_HUGEPAGES"},
+		{nil, []string{"vm", "--mtu", "100", "true"}, 2, "--mtu: MTU \"100\": want a number of bytes from 1280 to 65535"},
+		{nil, []string{"vm", "--mtu", "jumbo", "true"}, 2, "--mtu"},
+		{[]string{"GOVERBS_VM_MTU=70000"}, []string{"vm", "true"}, 2, "GOVERBS_VM_MTU"},
 		{nil, []string{"vm", "--nosuchflag", "true"}, 2, "not defined"},
 		{nil, []string{"vm", "--kernel", "/nonexistent/vmlinuz", "true"}, 2, "--kernel wants"},
 		{[]string{"GOVERBS_VM_QEMU=/nonexistent/qemu-system-x86_64"}, []string{"vm", "true"}, 125, "qemu not found"},
@@ -106,6 +109,40 @@ func TestVMHugePages(t *testing.T) {
 		if r.code != 0 || r.stdout != tc.want+" 1\n" {
 			t.Errorf("%s goverbs vm %q: exit %d, nr_hugepages and hugetlbfs mounts %q, want %q\n%s", tc.env, tc.args, r.code, r.stdout, tc.want+" 1", r.stderr)
 		}
+	}
+}
+
+// --mtu and GOVERBS_VM_MTU set the MTU of the links rxe runs on (1500
+// unless told; the flag wins) and rxe follows: IB MTU 1024 at 1500, 4096 at
+// 9000. At 9000, an 8 KiB ibv_rc_pingpong with path MTU 4096 crosses the
+// veth (4 KiB packets, which a 1500 link could not carry), and in a
+// cluster each node's NIC has the MTU.
+func TestVMMTU(t *testing.T) {
+	needGuests(t)
+	t.Parallel()
+	show := `echo "$(</sys/class/net/v0/mtu) $(</sys/class/net/v1/mtu) $(ibv_devinfo -d rxe0 | awk '/active_mtu/ {print $2}')"`
+	pp := `; ibv_rc_pingpong -d rxe1 -g 1 -m 4096 -s 8192 -n 20 -p 18515 >/dev/null 2>&1 & ` +
+		`for i in $(seq 200); do ss -Hltn 'sport = :18515' | grep -q . && break; sleep 0.05; done; ` +
+		`timeout 60 ibv_rc_pingpong -d rxe0 -g 1 -m 4096 -s 8192 -n 20 -p 18515 10.99.0.2 | grep -c 'iters in'; wait`
+	for _, tc := range []struct {
+		env  string
+		args []string
+		cmd  string
+		want string
+	}{
+		{"GOVERBS_VM_MTU=", nil, show, "1500 1500 1024\n"},
+		{"GOVERBS_VM_MTU=1500", []string{"--mtu", "9000"}, show + pp, "9000 9000 4096\n1\n"},
+	} {
+		args := append(append([]string{}, tc.args...), "--", "bash", "-c", tc.cmd)
+		r := vmRun(t, 5*time.Minute, []string{tc.env}, args...)
+		if r.code != 0 || r.stdout != tc.want {
+			t.Errorf("%s goverbs vm %q: exit %d, veth MTUs, active_mtu and pingpong %q, want %q\n%s", tc.env, tc.args, r.code, r.stdout, tc.want, r.stderr)
+		}
+	}
+	r := vmRun(t, 5*time.Minute, nil, "--nodes", "2", "--mtu", "9000", "--", "bash", "-c",
+		`for n in 0 1; do goverbs vm exec $n bash -c 'echo "$(</sys/class/net/$(</sys/class/infiniband/rxe0/parent)/mtu) $(ibv_devinfo -d rxe0 | awk "/active_mtu/ {print \$2}")"'; done`)
+	if r.code != 0 || r.stdout != "9000 4096\n9000 4096\n" {
+		t.Errorf("goverbs vm --nodes 2 --mtu 9000: exit %d, rxe0's NIC MTU and active_mtu per node %q, want 9000 4096 twice\n%s", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -184,8 +184,8 @@ func (nd *node) prepare(argv, shares []string, self string) error {
 	if os.Getenv("GOVERBS_VM_TEST_BADCLOCK") == "1" {
 		t0 += 3600
 	}
-	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nHUGEPAGES=%d\nHOST_T0=%d\nSHARES=(",
-		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices, r.hugePages(), t0)
+	fmt.Fprintf(&c, "KVER=%s\nKMODDIR=%s\nTIMEOUT=%d\nMODE=%s\nNODE=%d\nNODES=%d\nDEVICES=%d\nHUGEPAGES=%d\nMTU=%d\nHOST_T0=%d\nSHARES=(",
+		shq(r.kernel.version), shq(r.kernel.modDir), int(r.Timeout.Seconds()), mode, nd.idx, r.Nodes, r.Devices, r.hugePages(), r.MTU, t0)
 	for i, d := range shares {
 		fmt.Fprintf(&c, " %s", shq(fmt.Sprintf("rw%d=%s", i, d)))
 	}

@@ -49,12 +49,38 @@ const DefaultHugePages = 64
 // NoHugePages as Options.HugePages boots guests without huge pages.
 const NoHugePages = -1
 
+// DefaultMTU is the guests' link MTU unless Options.MTU or GOVERBS_VM_MTU
+// say otherwise: rxe then runs at IB MTU 1024. Jumbo frames (9000) give
+// IB MTU 4096, as RoCE fabrics usually run.
+const DefaultMTU = 1500
+
+// MinMTU and MaxMTU bound Options.MTU: IPv6's minimum link MTU, and the
+// largest a veth or virtio-net link (and the host's switch) carries.
+const (
+	MinMTU = 1280
+	MaxMTU = 65535
+)
+
+// ParseMTU parses a link MTU as --mtu and GOVERBS_VM_MTU give it: "" is
+// DefaultMTU.
+func ParseMTU(s string) (int, error) {
+	if s == "" {
+		return DefaultMTU, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < MinMTU || n > MaxMTU {
+		return 0, fmt.Errorf("MTU %q: want a number of bytes from %d to %d (9000 for jumbo frames)", s, MinMTU, MaxMTU)
+	}
+	return n, nil
+}
+
 // Options configure Run. The zero value (plus Stdout/Stderr) is one guest
 // with defaults.
 type Options struct {
 	Prog      string          // name used in messages ("goverbs vm")
 	Mem       string          // guest memory, qemu syntax; "" = 2G (1 guest) or 1G per node
 	HugePages int             // 2 MiB huge pages per guest; 0 = GOVERBS_VM_HUGEPAGES or 64; NoHugePages = none
+	MTU       int             // MTU of the links rxe runs on (veth, or each node's NIC); 0 = GOVERBS_VM_MTU or 1500
 	CPUs      int             // vCPUs per guest; 0 = auto (slot logic)
 	Timeout   time.Duration   // 0 = none; whole seconds
 	Kernel    string          // "" = Debian's linux-image-amd64; or a .deb, a folder, a vmlinuz
@@ -238,6 +264,16 @@ func (r *runner) run(argv []string) (int, error) {
 			return 0, fail(ExitUsage, "GOVERBS_VM_HUGEPAGES: %v", err)
 		}
 		r.HugePages = n
+	}
+	if r.MTU == 0 {
+		n, err := ParseMTU(os.Getenv("GOVERBS_VM_MTU"))
+		if err != nil {
+			return 0, fail(ExitUsage, "GOVERBS_VM_MTU: %v", err)
+		}
+		r.MTU = n
+	}
+	if r.MTU < MinMTU || r.MTU > MaxMTU {
+		return 0, fail(ExitUsage, "MTU %d: want %d to %d", r.MTU, MinMTU, MaxMTU)
 	}
 	if r.HugePages < NoHugePages {
 		return 0, fail(ExitUsage, "huge pages %d: want a count, or NoHugePages", r.HugePages)

@@ -81,6 +81,19 @@ func TestParseHugePages(t *testing.T) {
 	}
 }
 
+func TestParseMTU(t *testing.T) {
+	for s, want := range map[string]int{"": DefaultMTU, "1500": 1500, "9000": 9000, "1280": MinMTU, "65535": MaxMTU} {
+		if n, err := ParseMTU(s); err != nil || n != want {
+			t.Errorf("ParseMTU(%q) = %d, %v; want %d", s, n, err, want)
+		}
+	}
+	for _, s := range []string{"0", "1279", "65536", "-9000", "9k", " 9000"} {
+		if n, err := ParseMTU(s); err == nil {
+			t.Errorf("ParseMTU(%q) = %d, no error", s, n)
+		}
+	}
+}
+
 // The init scripts configure routing and mount over /: they must refuse to
 // run anywhere but as PID 1 of the guest.
 func TestInitRefusesOnHost(t *testing.T) {
