@@ -245,7 +245,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
 		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers), kick: make(chan struct{}, 1),
 		resume: make(chan struct{}, 1), wc: make([]cq.WC, 64),
-		work: make(chan work), backlog: make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))}
+		work: make(chan work)}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -253,6 +253,13 @@ func New(cfg Config) (*Endpoint, error) {
 	fail := func(err error) (*Endpoint, error) {
 		if e.ctx != nil {
 			e.ctx.Close()
+		}
+		// No queue is left to write into the pools and no buffer went
+		// out to a user: unmap them (a failed New kept them mapped).
+		for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
+			if a != nil {
+				a.Discard()
+			}
 		}
 		return nil, fmt.Errorf("bx: endpoint on %s: %w", cfg.Device, err)
 	}
@@ -262,6 +269,13 @@ func New(cfg Config) (*Endpoint, error) {
 	if e.gid, err = e.ctx.DefaultGID(int(cfg.Port)); err != nil {
 		return fail(err)
 	}
+	// Every peer's credits are receive buffers on one SRQ: refuse what
+	// the device cannot post before sizing anything by it.
+	if posted, max := int64(cfg.MaxPeers)*int64(cfg.Credits), int64(e.ctx.Attr().MaxSRQWR); posted > max {
+		return fail(fmt.Errorf("Config.MaxPeers %d x Credits %d = %d receive buffers; the device's shared receive queue takes %d",
+			cfg.MaxPeers, cfg.Credits, posted, max))
+	}
+	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
 	if e.pd, err = e.ctx.AllocPD(); err != nil {
 		return fail(err)
 	}

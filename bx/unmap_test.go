@@ -2,12 +2,14 @@ package bx_test
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/procstat"
+	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
 // vmSize is the process's mapped memory in bytes.
@@ -73,4 +75,38 @@ func TestCloseUnmapsPools(t *testing.T) {
 		t.Errorf("closed endpoints left %d MiB of the %d MiB they mapped", grown>>20, opened>>20)
 	}
 	exchange(true)
+}
+
+// TestNewFailureUnmapsPools: a New that fails after its pools exist (here
+// posting the receive buffers: 1024 of 8 KiB do not fit a 4 MiB
+// MemoryLimit) leaves no pool mapped; before, each such failure kept its
+// pools (6 MiB and more). And a New asking for more receive buffers than
+// the device's SRQ takes fails first, naming the product, before it sizes
+// anything by it.
+func TestNewFailureUnmapsPools(t *testing.T) {
+	a, _ := rxetest.Pair(t)
+	try := func() {
+		e, err := bx.New(bx.Config{Device: a, Token: token, MemoryLimit: 4 << 20, MaxMessage: 1 << 20})
+		if err == nil {
+			e.Close()
+			t.Fatal("New with 1024 receive buffers of 8 KiB in a 4 MiB MemoryLimit succeeded")
+		}
+	}
+	try() // warm up: the first failure may map what stays (slabs, the context's caches)
+	before := vmSize(t)
+	const n = 10
+	for range n {
+		try()
+	}
+	after := vmSize(t)
+	t.Logf("VmSize %d -> %d MiB over %d failed New", before>>20, after>>20, n)
+	// Each failure had registered an eager, a rendezvous and a target pool
+	// (2 MiB at least each): 10 leaks would be 60 MiB or more.
+	if after > before+16<<20 {
+		t.Errorf("VmSize grew from %d to %d MiB over %d failed New: pools left mapped", before>>20, after>>20, n)
+	}
+	_, err := bx.New(bx.Config{Device: a, Token: token, Credits: 1 << 20})
+	if err == nil || !strings.Contains(err.Error(), "Credits 1048576") || !strings.Contains(err.Error(), "shared receive queue takes") {
+		t.Errorf("New with 2^20 credits a peer: %v; want the SRQ's limit named", err)
+	}
 }
