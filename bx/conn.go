@@ -397,7 +397,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 // Close tells the peer (its Read returns io.EOF after the data) and
 // releases what is buffered: the message being read and every message
 // queued behind it, so their receive buffers and the peer's credits come
-// back. Its error says the peer could not be told (Stream.Close).
+// back. It does not wait: when the peer holds every credit (it is not
+// reading), the close message goes out from a worker once one comes back,
+// as a TCP FIN queues behind unread data.
 func (c *Conn) Close() error {
 	if c == nil || c.s == nil {
 		return errors.New("bx: Close of a nil Conn")
@@ -406,7 +408,7 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.wake(true)
-	err := c.s.Close()
+	err := c.s.close(false)
 	c.rmu.Lock()
 	if c.cur != nil {
 		c.cur.Release()
