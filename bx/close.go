@@ -63,7 +63,13 @@ func (s *Stream) sendable(ctx context.Context) error {
 // Config.HandshakeTimeout, or because it is gone mid-close); the stream is
 // closed here all the same. A Send in progress on another goroutine may
 // still deliver after the close message: the peer releases it.
-func (s *Stream) Close() error {
+func (s *Stream) Close() error { return s.close(true) }
+
+// close is Close; without wait (Conn.Close, which must not block the way
+// a net.Conn's Close does not) the close message goes out now if a credit
+// is there and otherwise from a worker once one is (sendClose), and close
+// returns at once.
+func (s *Stream) close(wait bool) error {
 	if err := s.usable(context.Background()); err != nil {
 		return err
 	}
@@ -90,6 +96,10 @@ func (s *Stream) Close() error {
 	}
 	s.wake()
 	if !send {
+		return nil
+	}
+	if !wait {
+		p.sendClose(s.id)
 		return nil
 	}
 	b, err := p.e.alloc(0)

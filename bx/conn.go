@@ -27,9 +27,18 @@ type Conn struct {
 	wdl    atomic.Pointer[time.Time]
 
 	// kick wakes a Read blocked in Recv when the read deadline changes
-	// (net/http aborts a background read by moving it to the past).
-	kmu  sync.Mutex
-	kick context.CancelFunc
+	// (net/http aborts a background read by moving it to the past), wkick
+	// a Write blocked in Send (for credits or window) when the write
+	// deadline changes; Close wakes both.
+	kmu   sync.Mutex
+	kick  context.CancelFunc
+	wkick context.CancelFunc
+}
+
+// expired reports whether the deadline in p has passed.
+func expired(p *atomic.Pointer[time.Time]) bool {
+	t := p.Load()
+	return t != nil && !t.IsZero() && !time.Now().Before(*t)
 }
 
 // Addr names one end of a Conn: the endpoint's device and the stream.
@@ -293,8 +302,13 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
+	// A passed deadline fails the Read even with data buffered, as for
+	// the standard library's conns.
+	if expired(&c.rdl) {
+		return 0, os.ErrDeadlineExceeded
+	}
 	for c.cur == nil || c.off == len(c.cur.Data()) {
-		if t := c.rdl.Load(); t != nil && !t.IsZero() && !time.Now().Before(*t) {
+		if expired(&c.rdl) {
 			return 0, os.ErrDeadlineExceeded
 		}
 		if c.cur != nil {
@@ -335,22 +349,43 @@ func (c *Conn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// Write sends b.
+// Write sends b, in messages of at most the eager size. A Write blocked
+// for credits or the send window returns at the write deadline, also one
+// set (or moved) while it waits, and at Close; it then reports how much of
+// b went out.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.closed.Load() {
-		return 0, net.ErrClosed
-	}
-	ctx, cancel := deadlineCtx(&c.wdl)
-	defer cancel()
 	e := c.s.p.e
 	n := 0
-	for n < len(b) {
+	for n < len(b) || len(b) == 0 {
+		if c.closed.Load() {
+			return n, net.ErrClosed
+		}
+		if expired(&c.wdl) {
+			return n, os.ErrDeadlineExceeded
+		}
+		if len(b) == 0 {
+			return 0, nil
+		}
 		k := min(len(b)-n, e.cfg.EagerSize)
-		if err := c.s.Send(ctx, b[n:n+k]); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = os.ErrDeadlineExceeded
+		ctx, cancel := deadlineCtx(&c.wdl)
+		c.kmu.Lock()
+		c.wkick = cancel
+		c.kmu.Unlock()
+		err := c.s.Send(ctx, b[n:n+k])
+		c.kmu.Lock()
+		c.wkick = nil
+		c.kmu.Unlock()
+		cancel()
+		if err != nil {
+			switch {
+			case c.closed.Load():
+				return n, net.ErrClosed
+			case errors.Is(err, context.Canceled):
+				continue // the deadline moved: look again (nothing was sent)
+			case errors.Is(err, context.DeadlineExceeded):
+				return n, os.ErrDeadlineExceeded
 			}
 			return n, err
 		}
@@ -362,7 +397,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 // Close tells the peer (its Read returns io.EOF after the data) and
 // releases what is buffered: the message being read and every message
 // queued behind it, so their receive buffers and the peer's credits come
-// back. Its error says the peer could not be told (Stream.Close).
+// back. It does not wait: when the peer holds every credit (it is not
+// reading), the close message goes out from a worker once one comes back,
+// as a TCP FIN queues behind unread data.
 func (c *Conn) Close() error {
 	if c == nil || c.s == nil {
 		return errors.New("bx: Close of a nil Conn")
@@ -370,8 +407,8 @@ func (c *Conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	err := c.s.Close()
-	c.wake()
+	c.wake(true)
+	err := c.s.close(false)
 	c.rmu.Lock()
 	if c.cur != nil {
 		c.cur.Release()
@@ -381,10 +418,15 @@ func (c *Conn) Close() error {
 	return err
 }
 
-func (c *Conn) wake() {
+// wake wakes a blocked Read, and with write a blocked Write, to look at
+// the deadlines and the closed flag again.
+func (c *Conn) wake(write bool) {
 	c.kmu.Lock()
 	if c.kick != nil {
 		c.kick()
+	}
+	if write && c.wkick != nil {
+		c.wkick()
 	}
 	c.kmu.Unlock()
 }
@@ -400,15 +442,25 @@ func (c *Conn) RemoteAddr() net.Addr { return Addr{Peer: c.s.p.id, Stream: c.s.i
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.wdl.Store(&t)
-	return c.SetReadDeadline(t)
+	c.rdl.Store(&t)
+	c.wake(true)
+	return nil
 }
 
 // SetReadDeadline bounds Read, including one already blocked.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.rdl.Store(&t)
-	c.wake()
+	c.wake(false)
 	return nil
 }
 
-// SetWriteDeadline bounds Write.
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.Store(&t); return nil }
+// SetWriteDeadline bounds Write, including one already blocked.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.wdl.Store(&t)
+	c.kmu.Lock()
+	if c.wkick != nil {
+		c.wkick()
+	}
+	c.kmu.Unlock()
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,68 @@ func TestConnAcceptQueueFull(t *testing.T) {
 		c.Close()
 	}
 	conns[0].Close()
+}
+
+// TestConnCloseDoesNotWait: Conn.Close returns while the peer holds every
+// credit (it is not reading), as a TCP Close does; the close message goes
+// out once a credit comes back, and the peer then reads what was written
+// and io.EOF. Before, Close waited for a credit up to HandshakeTimeout
+// (here 30 minutes, past the hang bound however slow the machine;
+// nettest's PresentTimeout showed the default 10 s).
+func TestConnCloseDoesNotWait(t *testing.T) {
+	srv, cli, _, _ := pair(t, func(c *bx.Config) { c.HandshakeTimeout = 30 * time.Minute })
+	ln := srv.Listener()
+	defer ln.Close()
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	c, err := cli.DialConn(ctx, srv.ListenAddrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	// Write until a write blocks for credits: the peer reads nothing.
+	msg := make([]byte, 100)
+	var sent int
+	for {
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		n, err := c.Write(msg)
+		sent += n
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("write after %d bytes: %v", sent, err)
+			}
+			break
+		}
+		wd.Progress()
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("Close did not return with the peer's credits exhausted: %v", hang.Cause(ctx, ctx.Err()))
+	}
+	// The peer reads everything, then io.EOF: the close went out behind it.
+	type result struct {
+		n   int
+		err error
+	}
+	read := make(chan result, 1)
+	go func() { b, err := io.ReadAll(sc); read <- result{len(b), err} }()
+	select {
+	case r := <-read:
+		if r.err != nil || r.n != sent {
+			t.Fatalf("peer read %d of %d bytes, then %v", r.n, sent, r.err)
+		}
+	case <-ctx.Done():
+		sc.Close()
+		t.Fatalf("the peer's read did not end (no close message behind the data): %v", hang.Cause(ctx, ctx.Err()))
+	}
 }
