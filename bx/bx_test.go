@@ -227,13 +227,11 @@ func TestWrongToken(t *testing.T) {
 	}
 }
 
-// TestRecoveryForcedError forces the client's QPs to ERR in the middle of a
-// numbered stream: the peers rebuild the lanes over the control plane and
-// every message arrives exactly once, in order.
-func TestRecoveryForcedError(t *testing.T) {
-	_, cli, p, sp := pair(t, nil)
-	const n = 400
-	ctx, wd := hang.For(t, "", 90*time.Second) // a hang bound (no progress), not a speed bound
+// numberedAcrossBreak sends n numbered messages on stream 3 from p, breaks
+// p's lanes (QPs to ERR) halfway, and checks that sp receives every one
+// once, in order.
+func numberedAcrossBreak(t *testing.T, ctx context.Context, wd *hang.Watchdog, p, sp *bx.Peer, n int) {
+	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
 		var b [8]byte
@@ -266,6 +264,16 @@ func TestRecoveryForcedError(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRecoveryForcedError forces the client's QPs to ERR in the middle of a
+// numbered stream: the peers rebuild the lanes over the control plane and
+// every message arrives exactly once, in order.
+func TestRecoveryForcedError(t *testing.T) {
+	_, cli, p, sp := pair(t, nil)
+	const n = 400
+	ctx, wd := hang.For(t, "", 90*time.Second) // a hang bound (no progress), not a speed bound
+	numberedAcrossBreak(t, ctx, wd, p, sp, n)
 	if cli.Stats().Recoveries.Load() == 0 {
 		t.Error("no recovery counted")
 	}

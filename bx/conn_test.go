@@ -1,6 +1,7 @@
 package bx_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,22 @@ import (
 	"github.com/goverbs/goverbs/internal/hang"
 )
 
+// dialConn dials a Conn from cli to srv and accepts it on srv's Listener
+// ln.
+func dialConn(t *testing.T, ctx context.Context, cli, srv *bx.Endpoint, ln net.Listener) (c, sc net.Conn) {
+	t.Helper()
+	c, err := cli.DialConn(ctx, srv.ListenAddrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err = ln.Accept()
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c, sc
+}
+
 // TestConnCloseReleasesQueued: Conn.Close gives back the receive buffers
 // of every message queued, not only the one being read.
 func TestConnCloseReleasesQueued(t *testing.T) {
@@ -22,15 +39,8 @@ func TestConnCloseReleasesQueued(t *testing.T) {
 	defer ln.Close()
 	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
 	defer wd.Stop()
-	c, err := cli.DialConn(ctx, srv.ListenAddrs()[0].String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer c.Close()
-	sc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// DialConn dialed a peer connection of its own.
 	sp, err := srv.Accept(ctx)
 	if err != nil {
@@ -125,14 +135,7 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 	defer ln.Close()
 	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
 	defer wd.Stop()
-	c, err := cli.DialConn(ctx, srv.ListenAddrs()[0].String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer sc.Close()
 	// Write until a write blocks for credits: the peer reads nothing.
 	msg := make([]byte, 100)

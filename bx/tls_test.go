@@ -2,7 +2,6 @@ package bx_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -44,38 +43,7 @@ func TestTLS(t *testing.T) {
 	// Recovery over TLS: break the client's QPs mid-stream; every message
 	// arrives once, in order.
 	const n = 200
-	errc := make(chan error, 1)
-	go func() {
-		var b [8]byte
-		for i := range n {
-			binary.LittleEndian.PutUint64(b[:], uint64(i))
-			if err := p.Stream(3).Send(ctx, b[:]); err != nil {
-				errc <- err
-				return
-			}
-			if i == n/2 {
-				if err := p.BreakLanesForTest(); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}
-		errc <- nil
-	}()
-	for i := range n {
-		m, err := sp.Stream(3).Recv(ctx)
-		if err != nil {
-			t.Fatalf("message %d: %v", i, hang.Cause(ctx, err))
-		}
-		wd.Progress()
-		if got := binary.LittleEndian.Uint64(m.Data()); got != uint64(i) {
-			t.Fatalf("message %d carries %d", i, got)
-		}
-		m.Release()
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	numberedAcrossBreak(t, ctx, wd, p, sp, n)
 	if cli.Stats().Recoveries.Load() == 0 {
 		t.Error("no recovery counted")
 	}
