@@ -210,8 +210,14 @@ func (p *Peer) sendClose(id uint32) {
 		p.e.stats.ClosedDrops.Add(1)
 		return
 	}
-	if !p.trySendMsg(id, flagClose, 0, &b) {
-		p.e.queue(work{p: p, resp: b, reply: true, stream: id, flags: flagClose})
+	p.sendOrQueue(id, flagClose, 0, b)
+}
+
+// sendOrQueue sends b on stream id without waiting: from here if it can go
+// at once (trySendMsg), else from a worker, which may wait for a credit.
+func (p *Peer) sendOrQueue(id uint32, flags uint16, call uint64, b Buffer) {
+	if !p.trySendMsg(id, flags, call, &b) {
+		p.e.queue(work{p: p, resp: b, reply: true, stream: id, flags: flags, call: call})
 	}
 }
 

@@ -283,9 +283,7 @@ func (p *Peer) opened(m *Msg) {
 		return // the dialer's context ends its wait
 	}
 	copy(b.Payload(), refuse)
-	if !p.trySendMsg(id, flags, call, &b) {
-		e.queue(work{p: p, resp: b, reply: true, stream: id, flags: flags, call: call})
-	}
+	p.sendOrQueue(id, flags, call, b)
 }
 
 func deadlineCtx(p *atomic.Pointer[time.Time]) (context.Context, context.CancelFunc) {
@@ -407,7 +405,7 @@ func (c *Conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	c.wake(true)
+	c.wake(true, true)
 	err := c.s.close(false)
 	c.rmu.Lock()
 	if c.cur != nil {
@@ -418,11 +416,11 @@ func (c *Conn) Close() error {
 	return err
 }
 
-// wake wakes a blocked Read, and with write a blocked Write, to look at
+// wake wakes a blocked Read (read) and a blocked Write (write) to look at
 // the deadlines and the closed flag again.
-func (c *Conn) wake(write bool) {
+func (c *Conn) wake(read, write bool) {
 	c.kmu.Lock()
-	if c.kick != nil {
+	if read && c.kick != nil {
 		c.kick()
 	}
 	if write && c.wkick != nil {
@@ -443,24 +441,20 @@ func (c *Conn) RemoteAddr() net.Addr { return Addr{Peer: c.s.p.id, Stream: c.s.i
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.wdl.Store(&t)
 	c.rdl.Store(&t)
-	c.wake(true)
+	c.wake(true, true)
 	return nil
 }
 
 // SetReadDeadline bounds Read, including one already blocked.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.rdl.Store(&t)
-	c.wake(false)
+	c.wake(true, false)
 	return nil
 }
 
 // SetWriteDeadline bounds Write, including one already blocked.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.wdl.Store(&t)
-	c.kmu.Lock()
-	if c.wkick != nil {
-		c.wkick()
-	}
-	c.kmu.Unlock()
+	c.wake(false, true)
 	return nil
 }

@@ -256,11 +256,7 @@ func New(cfg Config) (*Endpoint, error) {
 		}
 		// No queue is left to write into the pools and no buffer went
 		// out to a user: unmap them (a failed New kept them mapped).
-		for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
-			if a != nil {
-				a.Discard()
-			}
-		}
+		e.discardPools()
 		return nil, fmt.Errorf("bx: endpoint on %s: %w", cfg.Device, err)
 	}
 	if e.ctx, err = uverbs.Open(cfg.Device); err != nil {
@@ -402,11 +398,22 @@ func (e *Endpoint) Close() error {
 	// Buffer not handed back): its Data or Payload must stay readable, so
 	// then the memory stays mapped for good, as mr.Allocator.Close does.
 	if e.liveMsgs.Load() == 0 && e.userBufs.Load() == 0 {
-		for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
-			if a != nil {
-				if derr := a.Discard(); derr != nil && err == nil {
-					err = derr
-				}
+		if derr := e.discardPools(); err == nil {
+			err = derr
+		}
+	}
+	return err
+}
+
+// discardPools unmaps the buffer pools New made (mr.Allocator.Discard):
+// only once nothing can write into them and no buffer is out with a user.
+// It returns the first error.
+func (e *Endpoint) discardPools() error {
+	var err error
+	for _, a := range []*mr.Allocator{e.eager, e.large, e.rndv} {
+		if a != nil {
+			if derr := a.Discard(); derr != nil && err == nil {
+				err = derr
 			}
 		}
 	}

@@ -391,9 +391,7 @@ func (p *Peer) serveInline(h Handler, req *Msg) {
 	if !ok {
 		return
 	}
-	if !p.trySendMsg(stream, flags, call, &b) {
-		p.e.queue(work{p: p, resp: b, reply: true, stream: stream, flags: flags, call: call})
-	}
+	p.sendOrQueue(stream, flags, call, b)
 }
 
 // respond runs the handler and builds the response in a buffer of ours,
