@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 		dev, addr, _ := strings.Cut(spec, ",")
 		os.Exit(childServer(dev, addr))
 	}
+	hang.OnDump(bx.DumpState) // a hang's report shows credits and windows
 	os.Exit(m.Run())
 }
 

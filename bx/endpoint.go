@@ -330,6 +330,7 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	e.stopCh, e.stop = context.WithCancel(context.Background())
 	liveEndpoints.Add(1)
+	endpoints.Store(e, struct{}{})
 	e.wg.Add(2)
 	go e.progress()
 	go e.ticker()
@@ -385,6 +386,7 @@ func (e *Endpoint) Close() error {
 	e.cqGone = true
 	e.pollMu.Unlock()
 	liveEndpoints.Add(-1)
+	endpoints.Delete(e)
 	e.win.Close()
 	// A peer shutting down on its own, or a Msg released late, may still
 	// return a buffer: from now on it goes nowhere.

@@ -715,16 +715,33 @@ func (p *Peer) maybeUpdate(now time.Time) bool {
 			p.sendUpdate(l)
 			due = false
 		}
-		if l.deliveredSeq() > l.ackSent.Load() {
+		// An acknowledgement still owed keeps the ticker running only
+		// while a data credit could carry it: without one, the next
+		// grant's arrival pokes the ticker (received).
+		if l.deliveredSeq() > l.ackSent.Load() && p.credits.Available() > 0 {
 			busy = true
 		}
 	}
 	return busy || !p.ret.Quiet()
 }
 
+// updateCredit takes the credit an explicit update consumes at the peer.
+// The peer's last credit (flow.ControlReserve) may go only to an update
+// that returns credits, so that its receiver can send again once it
+// arrives; an update that only acknowledges takes a data credit or waits.
+// Spent on acknowledgements, the reserve ran out on both sides at once:
+// each then owed the other credits it could never send (bx
+// TestEchoBufferOrder hung so, and TestAckOnlyKeepsReserve does at once).
+func (p *Peer) updateCredit() bool {
+	if p.ret.Pending() > 0 {
+		return p.credits.TryAcquireControl()
+	}
+	return p.credits.TryAcquire(1)
+}
+
 func (p *Peer) sendUpdate(l *lane) {
 	l.mu.Lock()
-	if !l.live || !p.credits.TryAcquireControl() {
+	if !l.live || !p.updateCredit() {
 		l.mu.Unlock()
 		return
 	}

@@ -210,6 +210,16 @@ func (q *CQ) Poll(wc []WC) (int, error) {
 	return q.drv.Poll(wc), nil
 }
 
+// Empty reports whether the CQ holds no completion to poll now (a closed
+// CQ is empty). Like Poll it makes no system call; a completion may arrive
+// just after it looked.
+func (q *CQ) Empty() bool {
+	if q.closed.Load() {
+		return true
+	}
+	return q.drv.Empty()
+}
+
 func (q *CQ) destroy() error {
 	req := ioctl.DestroyCQ{Handle: q.handle}
 	var resp ioctl.DestroyCQResp

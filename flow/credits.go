@@ -303,3 +303,11 @@ func (c *Credits) Close() {
 		w.wake(ErrClosed)
 	}
 }
+
+// String describes the credits' state, for diagnostics.
+func (c *Credits) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("epoch %d granted %d consumed %d (total %d, data %d) waiting %d closed %v",
+		c.epoch, c.granted, c.consumed, c.total(), c.data(), c.q.n, c.closed)
+}

@@ -266,3 +266,11 @@ func (r *Returner) Reset(epoch uint32, grant uint64) error {
 	r.since = time.Time{}
 	return nil
 }
+
+// String describes the returner's state, for diagnostics.
+func (r *Returner) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return fmt.Sprintf("epoch %d grant %d consumed %d released %d control %d (untold %d) told %d pending %d since %v",
+		r.epoch, r.grant, r.consumed, r.released, r.ctlReleased, r.ctlUntold, r.told, r.granted()-r.told, r.since)
+}

@@ -223,6 +223,34 @@ func dumpStacks(e *Error) {
 	n := runtime.Stack(buf, true)
 	fmt.Fprintf(out, "=== hang: %v\n=== goroutines of pid %d when the watchdog fired (%d bytes%s):\n%s\n=== end of goroutines\n",
 		e, os.Getpid(), n, map[bool]string{true: ", cut at 1 MiB"}[n == len(buf)], buf[:n])
+	dumpersMu.Lock()
+	ds := append([]func(io.Writer){}, dumpers...)
+	dumpersMu.Unlock()
+	if len(ds) > 0 {
+		fmt.Fprintf(out, "=== state when the watchdog fired:\n")
+		for _, d := range ds {
+			d(out)
+		}
+		fmt.Fprintf(out, "=== end of state\n")
+	}
+}
+
+var (
+	dumpersMu sync.Mutex
+	dumpers   []func(io.Writer)
+)
+
+// OnDump adds f to what a firing watchdog writes after the goroutines: the
+// state of the work it watched as the work itself describes it (bx's
+// credits and windows, say), which stacks alone do not show. Call it from
+// TestMain or init.
+func OnDump(f func(io.Writer)) {
+	if f == nil {
+		return
+	}
+	dumpersMu.Lock()
+	dumpers = append(dumpers, f)
+	dumpersMu.Unlock()
 }
 
 // Progress records one step of progress.
