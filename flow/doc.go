@@ -68,6 +68,10 @@
 //   - An update is only sent when it carries at least one new credit, so
 //     its receiver can send at least one message once it arrives: at most
 //     one side of a pair is ever at zero credits with nothing in flight.
+//     An update that carries something else only (bx's acknowledgements)
+//     takes a data credit (TryAcquire), never the reserve: two such
+//     updates crossing left both sides at zero, each owing the other
+//     credits it could not send.
 //   - The side that can send sees from its own counters when the peer has
 //     no data credit left (told - consumed <= ControlReserve) and then
 //     returns whatever it holds, even only re-posted control buffers,
