@@ -27,7 +27,7 @@ const (
 	ctlSetup   = 4 // both: endpoint id, GID, lanes, grant
 	ctlRecover = 5 // dialer: new lanes of a new epoch, next expected sequence per lane
 	ctlRecAck  = 6 // acceptor: its new lanes, next expected sequence per lane
-	ctlBye     = 7 // orderly close
+	ctlBye     = 7 // close; body: the reason, if not an orderly Close (maxReason bytes at most)
 	ctlFail    = 8 // the other side refuses (no reason is given before authentication)
 	ctlPing    = 9 // liveness
 )
@@ -39,14 +39,17 @@ const (
 	maxCtl = 4096
 	// maxLanes bounds the QPs a peer may ask for.
 	maxLanes = 16
+	// maxReason bounds the reason a bye carries.
+	maxReason = 512
 )
 
 // ctlMsg is a decoded control message.
 type ctlMsg struct {
-	Type  uint8
-	Nonce []byte
-	MAC   []byte
-	Setup setup
+	Type   uint8
+	Reason string // ctlBye: why the peer closed ("" for an orderly Close)
+	Nonce  []byte
+	MAC    []byte
+	Setup  setup
 }
 
 // lane is one QP's connection data.
@@ -137,7 +140,12 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 			return m, err
 		}
 		m.Setup = s
-	case ctlBye, ctlFail, ctlPing:
+	case ctlBye:
+		if len(body) > maxReason {
+			return m, fmt.Errorf("bx: bye with a reason of %d bytes", len(body))
+		}
+		m.Reason = sanitizeReason(body)
+	case ctlFail, ctlPing:
 		if len(body) != 0 {
 			return m, fmt.Errorf("bx: control message %d with %d body bytes", m.Type, len(body))
 		}
@@ -350,4 +358,30 @@ func tlsRefused(c net.Conn, err error) error {
 		return fmt.Errorf("%w: the peer refused the session (our certificate?): %w", ErrTLS, err)
 	}
 	return err
+}
+
+// byeReason is what a bye tells the peer of why (an error of ours): empty
+// for an orderly Close, else the error's text, cut at maxReason bytes.
+func byeReason(why error) []byte {
+	if why == nil || errors.Is(why, ErrClosed) {
+		return nil
+	}
+	r := why.Error()
+	if len(r) > maxReason {
+		r = r[:maxReason]
+	}
+	return []byte(r)
+}
+
+// sanitizeReason makes a peer's reason safe to print: printable ASCII
+// only, anything else as '?'.
+func sanitizeReason(b []byte) string {
+	r := make([]byte, len(b))
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			c = '?'
+		}
+		r[i] = c
+	}
+	return string(r)
 }

@@ -250,6 +250,11 @@ func TestForgedDescriptor(t *testing.T) {
 			select {
 			case <-forger.Done():
 				t.Logf("forger sees: %v", forger.Err())
+				// Told by the victim's bye (not by a failure of its own),
+				// the forger learns why.
+				if ferr := forger.Err().Error(); strings.Contains(ferr, "peer closed the connection") && !strings.Contains(ferr, victim.Err().Error()) {
+					t.Errorf("forger sees %q, without the victim's reason %q", ferr, victim.Err())
+				}
 			case <-time.After(hang.Scale(20 * time.Second)):
 				t.Errorf("the forging peer was not disconnected in %v (%s)", hang.Scale(20*time.Second), hang.How())
 			}

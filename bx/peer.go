@@ -409,7 +409,11 @@ func (p *Peer) control() {
 		}
 		switch m.Type {
 		case ctlBye:
-			p.shutdown(fmt.Errorf("%w: peer closed the connection", ErrPeerGone), false)
+			if m.Reason != "" {
+				p.shutdown(fmt.Errorf("%w: peer closed the connection: %s", ErrPeerGone, m.Reason), false)
+			} else {
+				p.shutdown(fmt.Errorf("%w: peer closed the connection", ErrPeerGone), false)
+			}
 			return
 		case ctlRecover:
 			p.acceptRecovery(m.Setup)
@@ -460,7 +464,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 	}
 	p.mu.Unlock()
 	if bye {
-		p.writeCtl(ctlBye, nil)
+		p.writeCtl(ctlBye, byeReason(why))
 	}
 	p.ctl.Close()
 	close(p.down)
