@@ -86,6 +86,7 @@ type lane struct {
 	ready     []*Msg     // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
+	ackWait   uint64           // the ticker's: 1 + ackSent when it last saw an acknowledgement owed (ackIdle)
 	scratch   [HeaderSize]byte // credit updates, sent inline
 }
 
@@ -715,7 +716,7 @@ func (p *Peer) maybeUpdate(now time.Time) bool {
 	due := p.ret.NeedsUpdate(now)
 	busy := false
 	for _, l := range p.lanes {
-		if due || l.deliveredSeq() > l.ackSent.Load() {
+		if due || l.ackIdle() {
 			p.sendUpdate(l)
 			due = false
 		}
@@ -727,6 +728,26 @@ func (p *Peer) maybeUpdate(now time.Time) bool {
 		}
 	}
 	return busy || !p.ret.Quiet()
+}
+
+// ackIdle reports whether the lane owes the peer an acknowledgement that
+// no message of ours carried for a whole tick: the lane is idle on our
+// side, so an explicit one is due. While messages flow each carries the
+// newest acknowledgement, and an explicit one would be an extra doorbell
+// per tick. Only the ticker calls it.
+func (l *lane) ackIdle() bool {
+	sent := l.ackSent.Load()
+	if l.deliveredSeq() <= sent {
+		l.ackWait = 0
+		return false
+	}
+	// Owed. Since the last tick, a message of ours would have moved
+	// ackSent past what it was.
+	if l.ackWait == sent+1 {
+		return true
+	}
+	l.ackWait = sent + 1
+	return false
 }
 
 // updateCredit takes the credit an explicit update consumes at the peer.

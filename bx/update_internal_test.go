@@ -56,3 +56,28 @@ func TestUpdateCredit(t *testing.T) {
 		})
 	}
 }
+
+// TestAckIdle: an explicit acknowledgement goes out only when one was owed
+// for a whole tick with no message of ours carrying it; while messages
+// flow, each carries it and the ticker sends none.
+func TestAckIdle(t *testing.T) {
+	var l lane
+	step := func(delivered, sent uint64, want bool) {
+		t.Helper()
+		l.delivered = delivered
+		l.ackSent.Store(sent)
+		if got := l.ackIdle(); got != want {
+			t.Fatalf("delivered %d, ack sent %d: ackIdle() = %v, want %v", delivered, sent, got, want)
+		}
+	}
+	step(5, 5, false) // nothing owed
+	step(6, 5, false) // owed: wait a tick
+	step(6, 5, true)  // still owed, nothing sent since: send
+	step(6, 6, false) // sent
+	// Traffic: each tick finds one owed, but a message of ours carried
+	// the previous one in between.
+	step(7, 6, false)
+	step(8, 7, false)
+	step(9, 8, false)
+	step(9, 8, true) // then it stopped
+}
