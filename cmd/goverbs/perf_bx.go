@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,7 +35,8 @@ import (
 // The exchange is goverbs perf's (JSON lines on --port); the data plane is
 // on --port + 1: bx's control plane (Listen/Dial) or the TCP connection.
 
-var perfBXTests = map[string]bool{"bx_lat": true, "tcp_lat": true, "bx_bw": true, "tcp_bw": true}
+var perfBXTests = map[string]bool{"bx_lat": true, "tcp_lat": true, "bx_bw": true, "tcp_bw": true,
+	"grpc_lat": true, "grpc_tcp_lat": true, "grpc_bw": true, "grpc_tcp_bw": true}
 
 // perfToken authenticates the two bx endpoints; both sides run goverbs
 // perf, so a fixed token (or GOVERBS_PERF_TOKEN) is enough for a benchmark.
@@ -53,6 +55,7 @@ type perfBXOptions struct {
 	cpuprof string
 	server  string
 	bw, tcp bool
+	grpc    bool // gRPC unary calls (perf_grpc.go) instead of bx Calls or the TCP framing
 }
 
 // perfBXCPU is one process's CPU time per call, in usec.
@@ -92,11 +95,14 @@ type perfBXResult struct {
 const perfBXUsage = `Usage:
   goverbs perf bx_lat|tcp_lat|bx_bw|tcp_bw [options]          server
   goverbs perf bx_lat|tcp_lat|bx_bw|tcp_bw [options] <host>   client
+  goverbs perf grpc_lat|grpc_tcp_lat|grpc_bw|grpc_tcp_bw ...  (the same)
 
 Calls of SIZE bytes each way to an echo server: over ByteExpress (bx) or
-the same framing over one kernel TCP connection (tcp). _lat: one call at a
-time, full round trip; _bw: --tx-depth calls outstanding. Both sides report
-the CPU time per call of each process.
+the same framing over one kernel TCP connection (tcp); grpc_*: gRPC unary
+calls of raw bytes over bx Conns (package bx/bxgrpc) or over kernel TCP
+(grpc_tcp_*). _lat: one call at a time, full round trip; _bw: --tx-depth
+calls outstanding. Both sides report the CPU time per call of each
+process.
 
 Options:
   -d, --ib-dev=<dev>     RDMA device (bx tests; default the first device)
@@ -114,7 +120,7 @@ Options:
 `
 
 func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
-	o := &perfBXOptions{test: test, bw: test == "bx_bw" || test == "tcp_bw", tcp: test == "tcp_lat" || test == "tcp_bw"}
+	o := &perfBXOptions{test: test, bw: strings.HasSuffix(test, "_bw"), tcp: strings.Contains(test, "tcp_"), grpc: strings.HasPrefix(test, "grpc_")}
 	fs := flag.NewFlagSet("goverbs perf "+test, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	for _, n := range []string{"d", "ib-dev"} {
@@ -243,7 +249,15 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	if client {
 		// The server listens before it answers the hello.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if o.tcp {
+		if o.grpc {
+			gc, err := newPerfGRPCCaller(ep, dataAddr, max(4<<20, 2*o.size+4096))
+			if err != nil {
+				cancel()
+				return fail(err)
+			}
+			defer gc.Close()
+			caller = gc
+		} else if o.tcp {
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "tcp", dataAddr)
 			if err != nil {
@@ -263,7 +277,16 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		cancel()
 	} else {
 		laddr := ":" + strconv.Itoa(o.port+1)
-		if o.tcp {
+		if o.grpc {
+			gs := perfGRPCServer(max(4<<20, 2*o.size+4096))
+			defer gs.Stop()
+			if tl, err = perfGRPCServe(gs, ep, laddr); err != nil {
+				return fail(err)
+			}
+			if tl != nil {
+				defer tl.Close()
+			}
+		} else if o.tcp {
 			if tl, err = net.Listen("tcp", laddr); err != nil {
 				return fail(err)
 			}
@@ -278,7 +301,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	}
 	if !client {
 		// bx: the peer is accepted (its handshake done) before the start.
-		if ep != nil {
+		if ep != nil && !o.grpc {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			_, err := ep.Accept(ctx)
 			cancel()
@@ -397,6 +420,9 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	} else if o.spin != 0 {
 		rep.Spin = o.spin.String()
 	}
+	if o.grpc {
+		rep.Transport = "grpc over " + rep.Transport
+	}
 	meas := peer
 	if client {
 		rep.Role = "client"
@@ -462,6 +488,10 @@ func perfBXBW(c perfCaller, req []byte, iters, window int) (perfBWResult, error)
 	} else {
 		for range window {
 			wg.Add(1)
+			c := c
+			if cc, ok := c.(interface{ concurrent() perfCaller }); ok {
+				c = cc.concurrent() // a caller of its own (gRPC: its response buffer)
+			}
 			go func() {
 				defer wg.Done()
 				for next.Add(1) <= int64(iters) {

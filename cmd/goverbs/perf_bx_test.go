@@ -11,8 +11,9 @@ import (
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
-// TestPerfBX runs bx_lat, tcp_lat, bx_bw and tcp_bw as two processes (server
-// on the second device, client on the first) and checks both reports.
+// TestPerfBX runs bx_lat, tcp_lat, bx_bw and tcp_bw, and their gRPC
+// counterparts, as two processes (server on the second device, client on
+// the first) and checks both reports.
 func TestPerfBX(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, _ := serverTarget(t, srv)
@@ -30,6 +31,11 @@ func TestPerfBX(t *testing.T) {
 		{"tcp_lat -s 100000", 10, ""},
 		{"bx_bw -s 4096 -t 8", 200, ""},
 		{"tcp_bw -s 4096 -t 8", 200, ""},
+		{"grpc_lat", 30, ""},
+		{"grpc_lat -s 100000", 10, ""},
+		{"grpc_tcp_lat", 30, ""},
+		{"grpc_bw -s 4096 -t 8", 100, ""},
+		{"grpc_tcp_bw -s 4096 -t 8", 100, ""},
 	} {
 		t.Run(strings.TrimSpace(tc.args+" "+tc.cliArgs), func(t *testing.T) {
 			port := perfPort
@@ -61,6 +67,16 @@ func TestPerfBX(t *testing.T) {
 				}
 				if rep.Test != test || rep.Role != x.who || rep.MeasuredBy != "client" {
 					t.Errorf("%s: test %q role %q measured by %q", x.who, rep.Test, rep.Role, rep.MeasuredBy)
+				}
+				want := "bx"
+				if strings.Contains(test, "tcp_") {
+					want = "tcp"
+				}
+				if strings.HasPrefix(test, "grpc_") {
+					want = "grpc over " + want
+				}
+				if rep.Transport != want {
+					t.Errorf("%s: transport %q, want %q", x.who, rep.Transport, want)
 				}
 				if rep.CPU.Client <= 0 || rep.CPU.Server <= 0 {
 					t.Errorf("%s: CPU per call %+v", x.who, rep.CPU)
