@@ -669,8 +669,27 @@ var forcePoll atomic.Bool
 // the progress goroutine; got reports whether it took a message (or a
 // closed channel) from ch.
 func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got bool) {
+	got = e.pollUntil(ctx, func() bool {
+		select {
+		case m, ok = <-ch:
+			return true
+		default:
+			return false
+		}
+	})
+	return m, ok, got
+}
+
+// pollUntil is pollFor for any waiter: it polls the CQ while done reports
+// false (done takes what the waiter waits for when it is there, and is
+// called again after each poll that completed something), for 10 Spins
+// without a completion at most, and reports whether done did report true.
+// A Stream.Recv polls so for its next message: a net.Conn's reader then
+// gets its data with no hand-off from the progress goroutine, and the
+// progress goroutine, waiting meanwhile, does not spin beside it.
+func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 	if e.cfg.Spin <= 0 || !e.mayPoll() || !e.callerPolls.CompareAndSwap(false, true) {
-		return nil, false, false
+		return false
 	}
 	defer func() {
 		e.callerPolls.Store(false)
@@ -681,29 +700,25 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 	}()
 	var idle time.Time
 	for i := 1; ; i++ {
-		select {
-		case m, ok = <-ch:
-			return m, ok, true
-		default:
+		if done() {
+			return true
 		}
 		if e.pollMu.TryLock() {
 			if e.cqGone { // Close: the CQ is going
 				e.pollMu.Unlock()
-				return nil, false, false
+				return false
 			}
 			n, err := e.pollLocked()
 			e.pollMu.Unlock()
 			if err != nil {
-				return nil, false, false
+				return false
 			}
 			if n > 0 {
-				select {
-				case m, ok = <-ch:
+				if done() {
 					// Our own poll delivered it (or the progress
 					// goroutine's last one, just before we took over).
 					e.stats.SelfPolled.Add(1)
-					return m, ok, true
-				default:
+					return true
 				}
 				idle, i = time.Time{}, 0
 				continue
@@ -711,13 +726,13 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 		}
 		if i%16 == 0 {
 			if ctx.Err() != nil {
-				return nil, false, false
+				return false
 			}
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
 			} else if now.Sub(idle) >= 10*e.cfg.Spin {
-				return nil, false, false
+				return false
 			}
 		}
 		if i%4 == 0 {
