@@ -7,7 +7,9 @@
 package rxetest
 
 import (
+	"io"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/goverbs/goverbs/uverbs"
@@ -80,4 +82,38 @@ func itoa(n int) string {
 		return string(rune('0' + n))
 	}
 	return "many"
+}
+
+// Example runs a godoc Example function that needs the guest's devices
+// (rxe0 and rxe1, the names the examples use) and returns what it printed.
+// Such examples have no "Output:" comment, since go test would run them on
+// machines without devices too; a test calls them through Example instead
+// and checks their output. It skips without the devices.
+func Example(t *testing.T, f func()) string {
+	t.Helper()
+	names := Active(t)
+	have := map[string]bool{}
+	for _, n := range names {
+		have[n] = true
+	}
+	if !have["rxe0"] || !have["rxe1"] {
+		skip(t, "the examples use rxe0 and rxe1, have "+strings.Join(names, ", "))
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(r)
+		r.Close()
+		out <- string(b)
+	}()
+	stdout := os.Stdout
+	os.Stdout = w
+	defer func() { os.Stdout = stdout }()
+	f()
+	os.Stdout = stdout
+	w.Close()
+	return <-out
 }
