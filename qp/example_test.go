@@ -18,6 +18,8 @@ import (
 // must learn to connect to it (QPN, PSN, GID), which two processes
 // exchange out of band, over TCP for example (examples/sendrecv does).
 type endpoint struct {
+	ctx *uverbs.Context
+	mem *mr.Memory
 	q   *qp.QP
 	c   *cq.CQ
 	m   *mr.MR
@@ -27,7 +29,7 @@ type endpoint struct {
 }
 
 func open(dev string) *endpoint {
-	ctx, err := uverbs.Open(dev) // closed with everything it holds when the process exits
+	ctx, err := uverbs.Open(dev)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -58,7 +60,18 @@ func open(dev string) *endpoint {
 	if err != nil {
 		log.Fatal(err)
 	}
-	return &endpoint{q: q, c: c, m: m, buf: mem.Bytes(), psn: rand.Uint32() & 0xffffff, gid: gid}
+	return &endpoint{ctx: ctx, mem: mem, q: q, c: c, m: m, buf: mem.Bytes(), psn: rand.Uint32() & 0xffffff, gid: gid}
+}
+
+// close destroys the QP, CQ, MR and PD (the context's Close destroys what
+// it still holds, newest first), then unmaps the memory.
+func (e *endpoint) close() {
+	if err := e.ctx.Close(); err != nil {
+		log.Print(err)
+	}
+	if err := e.mem.Close(); err != nil {
+		log.Print(err)
+	}
 }
 
 func (e *endpoint) connect(peer *endpoint) {
@@ -88,6 +101,8 @@ func (e *endpoint) poll() cq.WC {
 // other; one SENDs, the other RECVs into a posted buffer.
 func ExampleQP_Connect() {
 	a, b := open("rxe0"), open("rxe1")
+	defer a.close()
+	defer b.close()
 	a.connect(b)
 	b.connect(a)
 
