@@ -7,7 +7,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/goverbs/goverbs/bx"
@@ -111,18 +110,8 @@ func ExampleEndpoint_DialConn() {
 // TestExamples runs this package's examples on the guest's devices and
 // checks what they print (they have no Output comment: see rxetest.Example).
 func TestExamples(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		f    func()
-		want string
-	}{
-		{"ExamplePeer_Call", ExamplePeer_Call, "HELLO"},
-		{"ExampleEndpoint_DialConn", ExampleEndpoint_DialConn, "200 OK"},
-	} {
-		out := rxetest.Example(t, c.f)
-		if c.want == "" && out != "" || !strings.Contains(out, c.want) {
-			t.Errorf("%s printed %q, want %q in it", c.name, out, c.want)
-		}
-		t.Logf("%s: %s", c.name, out)
-	}
+	rxetest.RunExamples(t, []rxetest.ExampleCase{
+		{Name: "ExamplePeer_Call", F: ExamplePeer_Call, Want: "HELLO"},
+		{Name: "ExampleEndpoint_DialConn", F: ExampleEndpoint_DialConn, Want: "200 OK"},
+	})
 }

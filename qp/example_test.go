@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/goverbs/goverbs/cq"
@@ -129,17 +128,7 @@ func ExampleQP_Connect() {
 // TestExamples runs this package's examples on the guest's devices and
 // checks what they print (they have no Output comment: see rxetest.Example).
 func TestExamples(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		f    func()
-		want string
-	}{
-		{"ExampleQP_Connect", ExampleQP_Connect, "receive 7: \"hello over RC\""},
-	} {
-		out := rxetest.Example(t, c.f)
-		if c.want == "" && out != "" || !strings.Contains(out, c.want) {
-			t.Errorf("%s printed %q, want %q in it", c.name, out, c.want)
-		}
-		t.Logf("%s: %s", c.name, out)
-	}
+	rxetest.RunExamples(t, []rxetest.ExampleCase{
+		{Name: "ExampleQP_Connect", F: ExampleQP_Connect, Want: "receive 7: \"hello over RC\""},
+	})
 }

@@ -3,7 +3,6 @@ package uverbs_test
 import (
 	"fmt"
 	"log"
-	"strings"
 	"testing"
 
 	"github.com/goverbs/goverbs/internal/rxetest"
@@ -52,18 +51,8 @@ func ExampleOpen() {
 // TestExamples runs this package's examples on the guest's devices and
 // checks what they print (they have no Output comment: see rxetest.Example).
 func TestExamples(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		f    func()
-		want string
-	}{
-		{"ExampleListWithoutGIDs", ExampleListWithoutGIDs, "rxe0 rxe"},
-		{"ExampleOpen", ExampleOpen, "rxe0 "},
-	} {
-		out := rxetest.Example(t, c.f)
-		if c.want == "" && out != "" || !strings.Contains(out, c.want) {
-			t.Errorf("%s printed %q, want %q in it", c.name, out, c.want)
-		}
-		t.Logf("%s: %s", c.name, out)
-	}
+	rxetest.RunExamples(t, []rxetest.ExampleCase{
+		{Name: "ExampleListWithoutGIDs", F: ExampleListWithoutGIDs, Want: "rxe0 rxe"},
+		{Name: "ExampleOpen", F: ExampleOpen, Want: "rxe0 "},
+	})
 }

@@ -117,3 +117,23 @@ func Example(t *testing.T, f func()) string {
 	w.Close()
 	return <-out
 }
+
+// ExampleCase is an Example function and a string its output must hold
+// ("" for an example that must print nothing).
+type ExampleCase struct {
+	Name string
+	F    func()
+	Want string
+}
+
+// RunExamples runs each case through Example and checks its output.
+func RunExamples(t *testing.T, cases []ExampleCase) {
+	t.Helper()
+	for _, c := range cases {
+		out := Example(t, c.F)
+		if c.Want == "" && out != "" || !strings.Contains(out, c.Want) {
+			t.Errorf("%s printed %q, want %q in it", c.Name, out, c.Want)
+		}
+		t.Logf("%s: %s", c.Name, out)
+	}
+}
