@@ -177,53 +177,75 @@ func TestSnapshot(t *testing.T) {
 	}
 }
 
-// TestSnapshotStalls: with 2 data credits, one lane of 1 message and a slow
-// handler, concurrent calls must wait for credits and window room, and the
-// snapshot says so.
+// TestSnapshotStalls: concurrent calls against a slow handler must wait
+// for credits (2 data credits, a roomy window) or for window room (a lane
+// of 1 message), and the snapshot says so. Each limit gets a run of its
+// own: with both tight, which one a call waits for depends on when
+// acknowledgements and credits come back.
 func TestSnapshotStalls(t *testing.T) {
-	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Credits, c.Lanes, c.LaneMsgs = 3, 1, 1 })
-	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-		time.Sleep(2 * time.Millisecond)
-		return []byte("ok"), nil
-	})
-	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
-	const g, per = 8, 5
-	var wg sync.WaitGroup
-	errs := make(chan error, g)
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range per {
-				m, err := p.Call(ctx, 1, []byte("x"))
-				if err != nil {
-					errs <- hang.Cause(ctx, err)
-					return
-				}
-				m.Release()
-				wd.Progress()
+	for _, c := range []struct {
+		name     string
+		credits  int
+		laneMsgs int64
+		window   bool // the window stalls, else the credits
+	}{
+		{"credits", 3, 64, false},
+		{"window", 64, 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, cli, p, _ := pair(t, func(cfg *bx.Config) { cfg.Credits, cfg.Lanes, cfg.LaneMsgs = c.credits, 1, c.laneMsgs })
+			srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+				time.Sleep(2 * time.Millisecond)
+				return []byte("ok"), nil
+			})
+			ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+			const g, per = 8, 5
+			var wg sync.WaitGroup
+			errs := make(chan error, g)
+			for range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range per {
+						m, err := p.Call(ctx, 1, []byte("x"))
+						if err != nil {
+							errs <- hang.Cause(ctx, err)
+							return
+						}
+						m.Release()
+						wd.Progress()
+					}
+				}()
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	s := cli.Snapshot()
-	ps := s.Peers[0]
-	t.Logf("credits %+v (available %d), window %+v", ps.Credits, ps.CreditsAvailable, ps.Window)
-	if ps.Window.Stalls == 0 || ps.Window.WaitTime <= 0 || ps.Window.Waiting != 0 || ps.Window.Limits.Msgs != 1 {
-		t.Errorf("window: %+v, want stalls with wait time, none waiting now", ps.Window)
-	}
-	if ps.Credits.Stalls == 0 || ps.Credits.WaitTime <= 0 || ps.Credits.Waiting != 0 {
-		t.Errorf("credits: %+v, want stalls with wait time, none waiting now", ps.Credits)
-	}
-	if ps.CreditsAvailable > 2 {
-		t.Errorf("%d credits available of 2", ps.CreditsAvailable)
-	}
-	if c := class(s, "1"); c.Latency.Count != g*per || c.Latency.Quantile(0.5) < time.Millisecond {
-		t.Errorf("class 1: %d calls, p50 %v; want %d, >= 1ms (the handler sleeps 2ms)", c.Latency.Count, c.Latency.Quantile(0.5), g*per)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			s := cli.Snapshot()
+			ps := s.Peers[0]
+			t.Logf("credits %+v (available %d), window %+v", ps.Credits, ps.CreditsAvailable, ps.Window)
+			if ps.Window.Waiting != 0 || ps.Window.Limits.Msgs != c.laneMsgs {
+				t.Errorf("window: %+v, want none waiting now, limit %d", ps.Window, c.laneMsgs)
+			}
+			if ps.Credits.Waiting != 0 {
+				t.Errorf("credits: %+v, want none waiting now", ps.Credits)
+			}
+			if c.window && (ps.Window.Stalls == 0 || ps.Window.WaitTime <= 0) {
+				t.Errorf("window: %+v, want stalls with wait time", ps.Window)
+			}
+			if !c.window {
+				if ps.Credits.Stalls == 0 || ps.Credits.WaitTime <= 0 {
+					t.Errorf("credits: %+v, want stalls with wait time", ps.Credits)
+				}
+				if ps.CreditsAvailable > 2 {
+					t.Errorf("%d credits available of 2", ps.CreditsAvailable)
+				}
+			}
+			if cl := class(s, "1"); cl.Latency.Count != g*per || cl.Latency.Quantile(0.5) < time.Millisecond {
+				t.Errorf("class 1: %d calls, p50 %v; want %d, >= 1ms (the handler sleeps 2ms)", cl.Latency.Count, cl.Latency.Quantile(0.5), g*per)
+			}
+		})
 	}
 }
 
