@@ -410,11 +410,11 @@ func (p *Peer) control() {
 		}
 		switch m.Type {
 		case ctlBye:
+			why := "peer closed the connection"
 			if m.Reason != "" {
-				p.shutdown(fmt.Errorf("%w: peer closed the connection: %s", ErrPeerGone, m.Reason), false)
-			} else {
-				p.shutdown(fmt.Errorf("%w: peer closed the connection", ErrPeerGone), false)
+				why += ": " + m.Reason
 			}
+			p.shutdown(fmt.Errorf("%w: %s", ErrPeerGone, why), false)
 			return
 		case ctlRecover:
 			p.acceptRecovery(m.Setup)
@@ -756,7 +756,7 @@ func (l *lane) ackIdle() bool {
 // arrives; an update that only acknowledges takes a data credit or waits.
 // Spent on acknowledgements, the reserve ran out on both sides at once:
 // each then owed the other credits it could never send (bx
-// TestEchoBufferOrder hung so, and TestAckOnlyKeepsReserve does at once).
+// TestEchoBufferOrder hung so; TestUpdateCredit checks the rule).
 func (p *Peer) updateCredit() bool {
 	if p.ret.Pending() > 0 {
 		return p.credits.TryAcquireControl()

@@ -293,15 +293,16 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 		// here between a request and its response.
 		e := s.p.e
 		e.waiting.Add(1)
-		if e.pollUntil(ctx, s.ready) {
-			e.waiting.Add(-1)
-			continue
+		woke := e.pollUntil(ctx, s.ready)
+		if !woke {
+			select {
+			case <-s.notify:
+				woke = true
+			case <-ctx.Done():
+			}
 		}
-		select {
-		case <-s.notify:
-			e.waiting.Add(-1)
-		case <-ctx.Done():
-			e.waiting.Add(-1)
+		e.waiting.Add(-1)
+		if !woke {
 			return nil, ctx.Err()
 		}
 	}

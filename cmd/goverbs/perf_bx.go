@@ -250,7 +250,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		// The server listens before it answers the hello.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if o.grpc {
-			gc, err := newPerfGRPCCaller(ep, dataAddr, max(4<<20, 2*o.size+4096))
+			gc, err := newPerfGRPCCaller(ep, dataAddr, perfGRPCMaxMsg(o.size))
 			if err != nil {
 				cancel()
 				return fail(err)
@@ -278,13 +278,10 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	} else {
 		laddr := ":" + strconv.Itoa(o.port+1)
 		if o.grpc {
-			gs := perfGRPCServer(max(4<<20, 2*o.size+4096))
+			gs := perfGRPCServer(perfGRPCMaxMsg(o.size))
 			defer gs.Stop()
-			if tl, err = perfGRPCServe(gs, ep, laddr); err != nil {
+			if err := perfGRPCServe(gs, ep, laddr); err != nil {
 				return fail(err)
-			}
-			if tl != nil {
-				defer tl.Close()
 			}
 		} else if o.tcp {
 			if tl, err = net.Listen("tcp", laddr); err != nil {

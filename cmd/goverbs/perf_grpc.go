@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 
@@ -44,6 +43,10 @@ func (perfRawCodec) Unmarshal(data []byte, v any) error {
 	return nil
 }
 
+// perfGRPCMaxMsg is the gRPC message limit both sides set for calls of
+// size bytes: gRPC's default 4 MiB, or room for the payload and framing.
+func perfGRPCMaxMsg(size int) int { return max(4<<20, 2*size+4096) }
+
 // perfGRPCServer is a gRPC server with the echo method.
 func perfGRPCServer(maxMsg int) *grpc.Server {
 	s := grpc.NewServer(grpc.ForceServerCodec(perfRawCodec{}), grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg))
@@ -65,21 +68,21 @@ func perfGRPCServer(maxMsg int) *grpc.Server {
 }
 
 // perfGRPCServe serves s: on ep's Listener (bx, after ep.Listen), or on a
-// TCP listener at laddr.
-func perfGRPCServe(s *grpc.Server, ep *bx.Endpoint, laddr string) (net.Listener, error) {
+// TCP listener at laddr. s.Stop closes the listener.
+func perfGRPCServe(s *grpc.Server, ep *bx.Endpoint, laddr string) error {
 	if ep != nil {
 		if _, err := ep.Listen(laddr); err != nil {
-			return nil, err
+			return err
 		}
 		go bxgrpc.Serve(s, ep)
-		return nil, nil
+		return nil
 	}
 	l, err := net.Listen("tcp", laddr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	go s.Serve(l)
-	return l, nil
+	return nil
 }
 
 // perfGRPCCaller makes the calls of a client.
@@ -115,9 +118,4 @@ func (c *perfGRPCCaller) call(req []byte) ([]byte, func(), error) {
 // response buffer on the shared connection.
 func (c *perfGRPCCaller) concurrent() perfCaller { return &perfGRPCCaller{cc: c.cc} }
 
-func (c *perfGRPCCaller) Close() error {
-	if c.cc == nil {
-		return errors.New("perf: no gRPC connection")
-	}
-	return c.cc.Close()
-}
+func (c *perfGRPCCaller) Close() error { return c.cc.Close() }
