@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
@@ -494,7 +495,13 @@ func TestServerRestart(t *testing.T) {
 	}
 	srv.stop()
 	// Calls made while no server listens wait (WaitForReady) for the new
-	// one.
+	// one. A call made before the client saw its connection go is sent on
+	// it and fails (Unavailable), as over TCP: wait until it left READY.
+	for st := cc.GetState(); st == connectivity.Ready; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			t.Fatalf("the client's connection stayed READY after the server stopped: %v", ctx.Err())
+		}
+	}
 	var answered atomic.Int32
 	errc := make(chan error, 4)
 	for i := range 4 {
