@@ -36,7 +36,10 @@ const (
 	nonceSize = 32
 	macSize   = sha256.Size
 	// maxCtl bounds a control message: a peer cannot make us allocate more.
-	maxCtl = 4096
+	// A recovery setup with maxGrants windows is the largest.
+	maxCtl = 64 << 10
+	// maxGrants bounds the transfers in progress a recovery setup names.
+	maxGrants = 4096
 	// maxLanes bounds the QPs a peer may ask for.
 	maxLanes = 16
 	// maxReason bounds the reason a bye carries.
@@ -72,6 +75,9 @@ type setup struct {
 	// Consumed is, in recovery, how many of those the peer's messages used.
 	Consumed uint64
 	Lanes    []laneInfo
+	// Grants are, in recovery, the new windows of transfers still waiting
+	// for their FIN (grant.go).
+	Grants []regrant
 }
 
 func writeCtl(c net.Conn, typ uint8, body []byte, deadline time.Duration) error {
@@ -157,9 +163,18 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 
 const setupFixed = 8 + 4 + 16 + 8 + 8 + 1
 const laneSize = 4 + 4 + 8 + 8
+const regrantSize = 1 + 8 + 4
 
 func (s *setup) encode() []byte {
-	b := make([]byte, setupFixed+laneSize*len(s.Lanes))
+	g := setupFixed + laneSize*len(s.Lanes)
+	b := make([]byte, g+2+regrantSize*len(s.Grants))
+	binary.LittleEndian.PutUint16(b[g:], uint16(len(s.Grants)))
+	for i, r := range s.Grants {
+		o := g + 2 + i*regrantSize
+		b[o] = r.Lane
+		binary.LittleEndian.PutUint64(b[o+1:], r.Ref)
+		binary.LittleEndian.PutUint32(b[o+9:], r.RKey)
+	}
 	binary.LittleEndian.PutUint64(b[0:], s.ID)
 	binary.LittleEndian.PutUint32(b[8:], s.Epoch)
 	copy(b[12:28], s.GID[:])
@@ -193,8 +208,26 @@ func decodeSetup(b []byte) (setup, error) {
 	if n == 0 || n > maxLanes {
 		return s, fmt.Errorf("bx: setup with %d lanes outside 1..%d", n, maxLanes)
 	}
-	if len(b) != setupFixed+n*laneSize {
+	g := setupFixed + n*laneSize
+	if len(b) < g+2 {
 		return s, fmt.Errorf("bx: setup of %d bytes for %d lanes", len(b), n)
+	}
+	ng := int(binary.LittleEndian.Uint16(b[g:]))
+	if ng > maxGrants {
+		return s, fmt.Errorf("bx: setup with %d windows of transfers in progress, more than %d", ng, maxGrants)
+	}
+	if len(b) != g+2+ng*regrantSize {
+		return s, fmt.Errorf("bx: setup of %d bytes for %d lanes and %d windows", len(b), n, ng)
+	}
+	if ng > 0 {
+		s.Grants = make([]regrant, ng)
+	}
+	for i := range s.Grants {
+		o := g + 2 + i*regrantSize
+		s.Grants[i] = regrant{Lane: b[o], Ref: binary.LittleEndian.Uint64(b[o+1:]), RKey: binary.LittleEndian.Uint32(b[o+9:])}
+		if int(s.Grants[i].Lane) >= n {
+			return s, fmt.Errorf("bx: setup names a window on lane %d of %d", s.Grants[i].Lane, n)
+		}
 	}
 	s.Lanes = make([]laneInfo, n)
 	for i := range s.Lanes {

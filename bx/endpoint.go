@@ -157,10 +157,12 @@ type Endpoint struct {
 	pd    *uverbs.PD
 	gid   uverbs.GID
 	eager *mr.Allocator // LocalWrite: receive buffers, eager sends
-	large *mr.Allocator // LocalWrite|RemoteWrite: rendezvous targets, the only remotely accessible memory
+	large *mr.Allocator // LocalWrite: rendezvous targets, reachable only through a window per transfer
+	grants grantPool   // the targets' own regions and the windows (grant.go)
 	rndv  *mr.Allocator // LocalWrite: rendezvous sources
 
 	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send (set while progress runs)
+	finHook atomic.Pointer[func(cts)]  // tests: run before each FIN we send, on a goroutine of its own
 	srq     *qp.SRQ
 	cq      *cq.CQ
 	win     *flow.Window
@@ -271,6 +273,9 @@ func New(cfg Config) (*Endpoint, error) {
 		return fail(fmt.Errorf("Config.MaxPeers %d x Credits %d = %d receive buffers; the device's shared receive queue takes %d",
 			cfg.MaxPeers, cfg.Credits, posted, max))
 	}
+	if e.ctx.Attr().MaxMW == 0 {
+		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer", e.ctx.Name()))
+	}
 	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
 	if e.pd, err = e.ctx.AllocPD(); err != nil {
 		return fail(err)
@@ -295,7 +300,8 @@ func New(cfg Config) (*Endpoint, error) {
 	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
-	lc.Access = mr.LocalWrite | mr.RemoteWrite
+	// Targets too are local memory: a peer reaches one only through the
+	// window bound for its transfer (grant.go).
 	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
@@ -393,8 +399,13 @@ func (e *Endpoint) Close() error {
 	e.srqMu.Lock()
 	e.srqGone = true
 	e.srqMu.Unlock()
+	// The peers are shut down: no window serves a transfer any more.
+	gerr := e.closeGrants()
 	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
 	err := e.ctx.Close()
+	if err == nil {
+		err = gerr
+	}
 	// Nothing can write into the pools now. Unmap them unless a user
 	// still holds one of their buffers (a Msg not released, an Alloc'ed
 	// Buffer not handed back): its Data or Payload must stay readable, so
@@ -853,6 +864,10 @@ func (e *Endpoint) complete(w *cq.WC) {
 			e.repost(b)
 			return
 		}
-		l.peer.received(l, b, int(w.ByteLen), w.QPNum)
+		var inv uint32
+		if w.Flags&provider.WCWithInv != 0 {
+			inv = w.InvRKey
+		}
+		l.peer.received(l, b, int(w.ByteLen), w.QPNum, inv)
 	}
 }

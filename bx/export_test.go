@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"time"
+
+	"github.com/goverbs/goverbs/qp"
 )
 
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
@@ -142,3 +144,48 @@ func (p *Peer) CreditStateForTest(peer *Peer) string {
 // what CreditsForTest of a direction into e comes back to once every
 // message of it arrived and was released.
 func (e *Endpoint) GrantForTest() uint64 { return uint64(e.cfg.Credits) }
+
+// BeforeFinForTest makes the endpoint call f with every clear-to-send it
+// receives (the target's address, rkey and length) before it writes the
+// payload and sends the FIN; f runs on a goroutine of its own and may
+// block to hold the transfer back.
+func (e *Endpoint) BeforeFinForTest(f func(addr uint64, rkey, n uint32)) {
+	h := func(c cts) { f(c.Addr, c.RKey, c.Len) }
+	e.finHook.Store(&h)
+}
+
+// ForgeWriteForTest posts an RDMA WRITE of data to addr/rkey on the
+// stream's lane, outside any rendezvous: what a peer that kept or
+// guessed a target could do. A refused WRITE completes in error, which
+// the endpoint treats as for a real one.
+func (p *Peer) ForgeWriteForTest(stream uint32, addr uint64, rkey uint32, data []byte) error {
+	src, err := p.e.rndv.Alloc(len(data))
+	if err != nil {
+		return err
+	}
+	copy(src.Bytes(), data)
+	l := p.lanes[int(stream)%len(p.lanes)]
+	l.mu.Lock()
+	l.ssge[0] = src.SGE(len(data))
+	l.swr[0] = qp.SendWR{ID: tagWrite, Opcode: qp.OpRDMAWrite, Flags: qp.Signaled, SGEs: l.ssge[0:1], RemoteAddr: addr, RKey: rkey}
+	err = l.qp.PostSend(l.swr[:1])
+	l.mu.Unlock()
+	go func() {
+		// The device reads src until the WRITE completes: free it once
+		// the peer is gone or surely done.
+		select {
+		case <-p.down:
+		case <-time.After(10 * time.Second):
+		}
+		p.e.rndv.Free(src)
+	}()
+	return err
+}
+
+// WindowsForTest reports the endpoint's memory windows: allocated, and
+// free (unbound, for the next transfer).
+func (e *Endpoint) WindowsForTest() (all, free int) {
+	e.grants.mu.Lock()
+	defer e.grants.mu.Unlock()
+	return len(e.grants.all), len(e.grants.free)
+}

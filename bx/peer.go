@@ -82,6 +82,7 @@ type lane struct {
 	rqpn      uint32     // the QP whose receives count; older ones' are dropped
 	delivered uint64     // highest sequence delivered in order
 	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
+	targets   map[uint64]*writeOp // our rendezvous the peer sent a CTS for, by the RTS's sequence, until acknowledged
 	free      []*inbound // under rmu: flushed entries for reuse
 	ready     []*Msg     // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
@@ -102,9 +103,13 @@ type out struct {
 	paid  uint32 // 1 + the credit epoch of the credit it consumed
 	// A FIN goes behind the RDMA WRITE of the payload, also when resent.
 	write *writeOp
+	// A CTS binds the window of its grant in the same post (grant.go).
+	g *grant
 }
 
-// writeOp is the RDMA WRITE of a rendezvous payload.
+// writeOp is the RDMA WRITE of a rendezvous payload, into the window the
+// peer's CTS (or, after recovery, its setup) named. Its fields are under
+// the lane's rmu.
 type writeOp struct {
 	sge  qp.SGE
 	addr uint64
@@ -118,6 +123,7 @@ type inbound struct {
 	h    header
 	msg  *Msg
 	done bool
+	g    *grant // a rendezvous: the window its payload is written through
 }
 
 // Dial connects to the endpoint listening at addr (host:port of its
@@ -230,10 +236,10 @@ func newLaneQP(e *Endpoint) (*qp.QP, error) {
 }
 
 // laneSendWR is a lane's send queue depth: its window of messages, a CTS
-// for each of the peer's, a FIN and its WRITE for each of ours, and credit
-// updates.
+// and its window's bind for each of the peer's, a FIN and its WRITE for
+// each of ours, and credit updates.
 func laneSendWR(c *Config) int {
-	return 4*int(c.LaneMsgs) + c.Credits + 16
+	return 5*int(c.LaneMsgs) + c.Credits + 16
 }
 
 func (p *Peer) localSetup(epoch uint32) setup {
@@ -488,6 +494,9 @@ func (p *Peer) shutdown(why error, bye bool) {
 		l.outs = nil
 		l.mu.Unlock()
 		l.win.Close()
+		// The windows go first: they close the targets to the peer, and
+		// a QP with a window bound on it cannot be destroyed.
+		p.unbindLane(l)
 	}
 	p.destroyLanes()
 	// With the QPs gone nothing writes into rendezvous targets any more.
@@ -495,6 +504,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 		l.rmu.Lock()
 		pending := l.pending
 		l.pending = nil
+		l.targets = nil
 		l.rmu.Unlock()
 		for _, in := range pending {
 			p.dropInbound(in)
@@ -504,6 +514,8 @@ func (p *Peer) shutdown(why error, bye bool) {
 
 // dropInbound returns the buffer of a message that will not be delivered.
 func (p *Peer) dropInbound(in *inbound) {
+	p.e.closeGrant(in.g)
+	in.g = nil
 	switch {
 	case in.msg == nil:
 	case in.msg.large:
@@ -627,7 +639,7 @@ func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
 	h.Stream, h.Seq = s, o.seq
 	l.outs = append(l.outs, o)
 	if l.live {
-		err = p.post(l, h, o.buf, o.write)
+		err = p.post(l, h, &l.outs[len(l.outs)-1], false)
 	} else {
 		// Recovery is rebuilding the lane: finishResend posts it, in
 		// order, behind what it resends, from the header kept here.
@@ -654,11 +666,39 @@ func (p *Peer) sendErr(err error) error {
 	return err
 }
 
-// post writes the header (with fresh acknowledgement and credits) into buf
-// and posts it, behind the RDMA WRITE w if there is one (one doorbell).
-// l.mu is held.
-func (p *Peer) post(l *lane, h header, buf mr.Buf, w *writeOp) error {
-	h.Ack = l.deliveredSeq()
+// post writes the header (with fresh acknowledgement and credits) into
+// o's buffer and posts it, in one doorbell with what goes with it: a FIN
+// behind the RDMA WRITE of its payload (and as a SEND_WITH_INV of the
+// window it wrote through), a CTS behind the bind of its window when the
+// window is not bound on this QP yet. resend: o went out on an earlier QP
+// (or was queued during recovery), so a CTS carries its grant's current
+// rkey. l.mu is held.
+func (p *Peer) post(l *lane, h header, o *out, resend bool) error {
+	buf := o.buf
+	n := 0
+	var w writeOp
+	l.rmu.Lock()
+	h.Ack = l.delivered
+	if g := o.g; g != nil {
+		if g.qp != l.qp {
+			if !g.prepared {
+				if err := p.e.prepare(g); err != nil {
+					l.rmu.Unlock()
+					return err
+				}
+				resend = true
+			}
+			l.swr[0] = g.bindWR(l.qp)
+			n = 1
+		}
+		if resend {
+			setCTSRKey(buf.Bytes()[HeaderSize:], g.rkey)
+		}
+	}
+	if o.write != nil {
+		w = *o.write
+	}
+	l.rmu.Unlock()
 	h.Credit, _ = p.ret.Piggyback()
 	h.Epoch = p.ret.Epoch()
 	l.ackSent.Store(h.Ack)
@@ -668,16 +708,16 @@ func (p *Peer) post(l *lane, h header, buf mr.Buf, w *writeOp) error {
 	if l.sends%16 == 0 {
 		flags = qp.Signaled
 	}
-	if w != nil {
+	if o.write != nil {
 		// Unsignaled like most sends; an error still completes (tagWrite).
 		l.ssge[0], l.ssge[1] = w.sge, buf.SGE(buf.Len())
 		l.swr[0] = qp.SendWR{ID: tagWrite, Opcode: qp.OpRDMAWrite, SGEs: l.ssge[0:1], RemoteAddr: w.addr, RKey: w.rkey}
-		l.swr[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[1:2]}
+		l.swr[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpSendWithInv, Flags: flags, SGEs: l.ssge[1:2], InvRKey: w.rkey}
 		return l.qp.PostSend(l.swr[:2])
 	}
 	l.ssge[0] = buf.SGE(buf.Len())
-	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[0:1]}
-	return l.qp.PostSend(l.swr[:1])
+	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[0:1]}
+	return l.qp.PostSend(l.swr[:n+1])
 }
 
 func (l *lane) deliveredSeq() uint64 {
@@ -694,6 +734,12 @@ func (p *Peer) ack(l *lane, seq uint64) {
 	l.mu.Lock()
 	n := 0
 	for n < len(l.outs) && l.outs[n].seq <= seq {
+		if l.outs[n].hasRV {
+			// Delivered: no WRITE of it is resent any more.
+			l.rmu.Lock()
+			delete(l.targets, l.outs[n].seq)
+			l.rmu.Unlock()
+		}
 		p.freeOut(l, l.outs[n])
 		n++
 	}
@@ -794,7 +840,7 @@ func (p *Peer) sendUpdate(l *lane) {
 // to the message's place in the sequence, so a message of a QP that
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
-func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
+func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 	// An acknowledgement or credits to return, sooner or later: the ticker
 	// is poked after every change this makes (Consumed, a control buffer
 	// re-posted, the delivered sequence), never before. Poked first, the
@@ -877,10 +923,27 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
 			return
 		}
+		// The peer may write t through a window of its own, bound with
+		// the CTS (grant.go).
+		g, err := p.e.newGrant(t, int(d.Len))
+		if err == nil {
+			err = p.e.prepare(g)
+		}
+		if err != nil {
+			p.e.closeGrant(g)
+			p.e.large.Free(t)
+			l.rmu.Unlock()
+			p.e.repost(b)
+			p.ret.Released(1)
+			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
+			return
+		}
+		in.g = g
 		in.msg = p.e.newMsg()
 		*in.msg = Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
 		p.e.liveMsgs.Add(1)
 		l.pending = append(l.pending, in)
+		c := cts{Ref: h.Seq, Addr: t.Addr(), RKey: g.rkey, Len: d.Len}
 		l.rmu.Unlock()
 		// The request's buffer goes back at once; the payload will land
 		// in a buffer of our own that the peer WRITEs.
@@ -888,12 +951,11 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.e.repost(b)
 		p.ret.Released(1)
 		p.e.stats.Rendezvous.Add(1)
-		c := cts{Ref: h.Seq, Addr: t.Addr(), RKey: t.RKey(), Len: d.Len}
 		if hk := p.e.ctsHook.Load(); hk != nil {
 			(*hk)(&c)
 		}
-		if !p.sendCTS(l, h.Stream, c, true) {
-			go p.sendCTS(l, h.Stream, c, false)
+		if !p.sendCTS(l, h.Stream, c, g, true) {
+			go p.sendCTS(l, h.Stream, c, g, false)
 		}
 		return
 	case typCTS, typFin:
@@ -901,9 +963,11 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		var f fin
 		var err error
 		if h.Type == typCTS {
-			err = c.decode(data[HeaderSize:], p.e.cfg.MaxMessage)
+			if err = c.decode(data[HeaderSize:], p.e.cfg.MaxMessage); err == nil {
+				err = l.cleared(c)
+			}
 		} else if err = f.decode(data[HeaderSize:]); err == nil {
-			err = l.finished(f.Ref)
+			err = l.finished(f.Ref, inv)
 		}
 		if err != nil {
 			fail(err, true)
@@ -917,8 +981,12 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 		p.ack(l, h.Ack)
 		p.e.repost(b)
 		p.ret.Released(1)
-		if h.Type == typCTS && !p.sendFin(l, h.Stream, c, true) {
-			go p.sendFin(l, h.Stream, c, false)
+		if h.Type == typCTS {
+			if hk := p.e.finHook.Load(); hk != nil {
+				go func() { (*hk)(c); p.sendFin(l, h.Stream, c, false) }()
+			} else if !p.sendFin(l, h.Stream, c, true) {
+				go p.sendFin(l, h.Stream, c, false)
+			}
 		}
 		p.deliverAll(ready)
 		return
@@ -938,19 +1006,43 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn uint32) {
 // starts being handled, before anything of it is recorded.
 var receivedHook atomic.Pointer[func()]
 
-// finished marks the rendezvous with sequence ref done: its FIN arrived.
-// l.rmu is held.
-func (l *lane) finished(ref uint64) error {
+// finished marks the rendezvous with sequence ref done: its FIN arrived,
+// as a SEND_WITH_INV that closed the transfer's window (inv, 0 if the
+// receive did not invalidate). l.rmu is held.
+func (l *lane) finished(ref uint64, inv uint32) error {
 	for _, in := range l.pending {
 		if in.h.Seq == ref {
-			if in.msg == nil || !in.msg.large || in.done {
+			if in.msg == nil || !in.msg.large || in.done || in.g == nil {
 				break
 			}
+			if inv != in.g.rkey || inv == 0 {
+				// The window may still be open: the peer is shut down,
+				// which closes it.
+				return fmt.Errorf("lane %d: FIN for sequence %d invalidated rkey %#x, not its window %#x", l.idx, ref, inv, in.g.rkey)
+			}
+			l.peer.e.finishGrant(in.g)
+			in.g = nil
 			in.done = true
 			return nil
 		}
 	}
 	return fmt.Errorf("lane %d: FIN for sequence %d, which is no rendezvous in progress", l.idx, ref)
+}
+
+// cleared records the window the peer's CTS names for our rendezvous: the
+// WRITE and the FIN go there, also when resent (recovery may point them at
+// a new window, applyRegrants). Recorded under l.rmu, like recovery's
+// view of what arrived, so a CTS of a replaced QP never overrides a
+// window recovery named. l.rmu is held.
+func (l *lane) cleared(c cts) error {
+	if _, dup := l.targets[c.Ref]; dup {
+		return fmt.Errorf("lane %d: a second clear-to-send for sequence %d", l.idx, c.Ref)
+	}
+	if l.targets == nil {
+		l.targets = map[uint64]*writeOp{}
+	}
+	l.targets[c.Ref] = &writeOp{addr: c.Addr, rkey: c.RKey}
+	return nil
 }
 
 // sendCTS tells the peer where to write the payload of its RTS. With try
@@ -960,7 +1052,7 @@ func (l *lane) finished(ref uint64) error {
 // another thread costs more than the CTS itself); without, on a goroutine
 // of its own, it may wait for a credit. The CTS is final: tests forge it
 // before the first try.
-func (p *Peer) sendCTS(l *lane, stream uint32, c cts, try bool) (done bool) {
+func (p *Peer) sendCTS(l *lane, stream uint32, c cts, g *grant, try bool) (done bool) {
 	if try && !p.canSendNow() {
 		return false
 	}
@@ -970,7 +1062,7 @@ func (p *Peer) sendCTS(l *lane, stream uint32, c cts, try bool) (done bool) {
 		return true
 	}
 	c.encode(b.Bytes()[HeaderSize:])
-	return p.sendCtl(l, stream, header{Type: typCTS, Length: ctsSize}, out{buf: b, ctl: true}, try)
+	return p.sendCtl(l, stream, header{Type: typCTS, Length: ctsSize}, out{buf: b, ctl: true, g: g}, try)
 }
 
 // sendFin writes the payload the peer's CTS asks for and posts the FIN
@@ -988,9 +1080,17 @@ func (p *Peer) sendFin(l *lane, stream uint32, c cts, try bool) (done bool) {
 			break
 		}
 	}
+	var w *writeOp
+	if found {
+		l.rmu.Lock()
+		if w = l.targets[c.Ref]; w != nil {
+			w.sge = src.SGE(src.Len())
+		}
+		l.rmu.Unlock()
+	}
 	l.mu.Unlock()
 	switch {
-	case !found:
+	case !found || w == nil:
 		if p.state.Load() != stateDead {
 			p.shutdown(fmt.Errorf("%w: lane %d: clear-to-send for sequence %d, which is no rendezvous of ours", ErrProtocol, l.idx, c.Ref), true)
 		}
@@ -1005,7 +1105,7 @@ func (p *Peer) sendFin(l *lane, stream uint32, c cts, try bool) (done bool) {
 		return true
 	}
 	(&fin{Ref: c.Ref}).encode(b.Bytes()[HeaderSize:])
-	o := out{buf: b, ctl: true, write: &writeOp{sge: src.SGE(src.Len()), addr: c.Addr, rkey: c.RKey}}
+	o := out{buf: b, ctl: true, write: w}
 	return p.sendCtl(l, stream, header{Type: typFin, Length: finSize}, o, try)
 }
 

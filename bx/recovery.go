@@ -123,6 +123,10 @@ func (p *Peer) dialerRound(deadline time.Time) error {
 	if err := p.finishConnect(local, remote); err != nil {
 		return &retryError{err}
 	}
+	// Our new windows are bound before the acceptor may resend a WRITE.
+	if err := p.bindPrepared(); err != nil {
+		return &retryError{err}
+	}
 	if err := p.writeCtl(ctlPing, nil); err != nil {
 		return err
 	}
@@ -152,6 +156,10 @@ func (p *Peer) resyncSetup(epoch uint32) (setup, error) {
 	}
 	s := p.localSetup(epoch)
 	s.Grant, s.Consumed = granted, consumed
+	// Transfers waiting for their FIN get windows for the new QPs.
+	if s.Grants, err = p.prepareRegrants(); err != nil {
+		return setup{}, err
+	}
 	return s, nil
 }
 
@@ -218,7 +226,13 @@ func (p *Peer) acceptRound(remote setup) (*setup, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.finishConnect(local, remote); err != nil {
+	err = p.finishConnect(local, remote)
+	if err == nil {
+		// Our new windows are bound before the dialer may resend a WRITE
+		// (it resends once it has our answer).
+		err = p.bindPrepared()
+	}
+	if err != nil {
 		if werr := p.writeCtl(ctlRecAck, local.encode()); werr != nil {
 			return nil, werr
 		}
@@ -254,6 +268,7 @@ func (p *Peer) rebuild() error {
 		e.mu.Lock()
 		delete(e.byQPN, old.QPN())
 		e.mu.Unlock()
+		p.unbindLane(l)
 		old.Close()
 		q, err := newLaneQP(e)
 		if err != nil {
@@ -297,6 +312,9 @@ func (p *Peer) finishConnect(local, remote setup) error {
 // finishResend resends what the peer does not have, then lets senders in.
 func (p *Peer) finishResend(remote setup) error {
 	epoch, _, _ := p.credits.State()
+	// Our WRITEs of transfers in progress go to the windows the peer
+	// bound for them on its new QPs.
+	p.applyRegrants(remote.Grants)
 	for i, l := range p.lanes {
 		next := remote.Lanes[i].Next
 		l.mu.Lock()
@@ -321,7 +339,7 @@ func (p *Peer) finishResend(remote setup) error {
 				}
 				o.paid = epoch + 1
 			}
-			if err := p.post(l, h, o.buf, o.write); err != nil {
+			if err := p.post(l, h, o, true); err != nil {
 				l.mu.Unlock()
 				return err
 			}

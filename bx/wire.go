@@ -11,7 +11,10 @@ import (
 const HeaderSize = 48
 
 // wireVersion 2: rendezvous by RDMA WRITE (RTS, CTS, FIN) instead of READ.
-const wireVersion = 2
+// 3: the CTS names a memory window bound for the one transfer, the FIN is a
+// SEND_WITH_INV of it, and a recovery setup carries the new windows of
+// transfers in progress (grant.go).
+const wireVersion = 3
 
 // Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
 // resent after a QP failure until acknowledged); credit updates are not.
@@ -172,6 +175,10 @@ func (c *cts) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[16:], c.RKey)
 	binary.LittleEndian.PutUint32(b[20:], c.Len)
 }
+
+// setCTSRKey rewrites the rkey of an encoded CTS (a resend names the
+// window recovery bound anew).
+func setCTSRKey(b []byte, rkey uint32) { binary.LittleEndian.PutUint32(b[16:], rkey) }
 
 func (c *cts) decode(b []byte, maxLen int) error {
 	if len(b) < ctsSize {

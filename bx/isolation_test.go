@@ -1,0 +1,219 @@
+package bx_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+// trio is a victim endpoint with two peers on other endpoints: an honest
+// one and a forger.
+type trio struct {
+	v, h, f        *bx.Endpoint
+	hp, fp         *bx.Peer // the honest peer's and the forger's view of the victim
+	vh, vf         *bx.Peer // the victim's view of them
+	ctx            context.Context
+	wd             *hang.Watchdog
+	honest, forged []byte
+}
+
+func newTrio(t *testing.T) *trio {
+	t.Helper()
+	da, db := rxetest.Pair(t)
+	mk := func(dev string) *bx.Endpoint {
+		e, err := bx.New(bx.Config{Device: dev, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("close endpoint: %v", err)
+			}
+		})
+		return e
+	}
+	tr := &trio{v: mk(db), h: mk(da), f: mk(da)}
+	addr, err := tr.v.Listen(listenAddr(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.ctx, tr.wd = hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	dial := func(e *bx.Endpoint) (*bx.Peer, *bx.Peer) {
+		p, err := e.Dial(tr.ctx, addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		vp, err := tr.v.Accept(tr.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, vp
+	}
+	tr.hp, tr.vh = dial(tr.h)
+	tr.fp, tr.vf = dial(tr.f)
+	tr.honest = bytes.Repeat([]byte("honest payload "), 7000) // 105 kB: rendezvous
+	tr.forged = bytes.Repeat([]byte{0xee}, 4096)
+	return tr
+}
+
+// recv receives one message from p on stream 1 and checks it is want.
+func (tr *trio) recv(t *testing.T, p *bx.Peer, want []byte, what string) *bx.Msg {
+	t.Helper()
+	m, err := p.Stream(1).Recv(tr.ctx)
+	if err != nil {
+		t.Fatalf("%s: %v", what, hang.Cause(tr.ctx, err))
+	}
+	if !bytes.Equal(m.Data(), want) {
+		t.Fatalf("%s: %d bytes arrived, not the %d sent (first difference at %d)", what, len(m.Data()), len(want), firstDiff(m.Data(), want))
+	}
+	tr.wd.Progress()
+	return m
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// refused checks that the forger's WRITE was refused by the victim's
+// device (a remote access error ends the forger's connection with a
+// protocol error) and that the victim dropped the forger.
+func (tr *trio) refused(t *testing.T) {
+	t.Helper()
+	select {
+	case <-tr.fp.Done():
+	case <-time.After(hang.Scale(20 * time.Second)):
+		t.Fatalf("the forged WRITE did not fail the forger's connection in %v: it was not refused (%s)", hang.Scale(20*time.Second), hang.How())
+	}
+	err := tr.fp.Err()
+	if !errors.Is(err, bx.ErrProtocol) || !strings.Contains(err.Error(), "remote access error") {
+		t.Errorf("forger: %v, want a protocol error with the remote access error", err)
+	}
+	select {
+	case <-tr.vf.Done():
+		t.Logf("victim's side of the forger: %v", tr.vf.Err())
+	case <-time.After(hang.Scale(20 * time.Second)):
+		t.Errorf("the victim still has the forger as a peer after %v", hang.Scale(20*time.Second))
+	}
+}
+
+// carriesOn checks that the honest peer and the victim still talk.
+func (tr *trio) carriesOn(t *testing.T) {
+	t.Helper()
+	for i, m := range [][]byte{[]byte("still here"), tr.honest} {
+		if err := tr.hp.Stream(1).Send(tr.ctx, m); err != nil {
+			t.Fatalf("honest send %d after the forgery: %v", i, err)
+		}
+		tr.recv(t, tr.vh, m, "honest message after the forgery").Release()
+	}
+	if tr.hp.Err() != nil || tr.vh.Err() != nil {
+		t.Errorf("honest peer's connection: %v / %v", tr.hp.Err(), tr.vh.Err())
+	}
+}
+
+// TestWindowIsolation: a peer may write exactly the rendezvous target it
+// was granted, and only until its transfer completes (issue 14, item 2).
+// The forging peer runs bx with a hook that posts RDMA WRITEs of its own
+// choosing on its lane to the victim; the victim's device refuses each
+// with a remote access error (the forger's QP goes to ERR), the victim's
+// data stay as sent, the forger is disconnected, the honest peer carries
+// on. Before memory windows every one of these WRITEs landed: all targets
+// were one region with one rkey that every peer learned from its first
+// CTS.
+func TestWindowIsolation(t *testing.T) {
+	t.Run("another peer's granted target", func(t *testing.T) {
+		tr := newTrio(t)
+		// The honest peer's transfer is granted and held before its
+		// WRITE: its window is open while the forger tries it.
+		granted := make(chan [2]uint64, 1)
+		release := make(chan struct{})
+		tr.h.BeforeFinForTest(func(addr uint64, rkey, _ uint32) {
+			granted <- [2]uint64{addr, uint64(rkey)}
+			<-release
+		})
+		go tr.hp.Stream(1).Send(tr.ctx, tr.honest)
+		var g [2]uint64
+		select {
+		case g = <-granted:
+		case <-tr.ctx.Done():
+			t.Fatal("the honest transfer was never granted")
+		}
+		if err := tr.fp.ForgeWriteForTest(1, g[0], uint32(g[1]), tr.forged); err != nil {
+			t.Fatal(err)
+		}
+		tr.refused(t)
+		close(release)
+		tr.recv(t, tr.vh, tr.honest, "the honest transfer the forger aimed at").Release()
+		tr.carriesOn(t)
+	})
+	t.Run("another peer's target through its own window", func(t *testing.T) {
+		tr := newTrio(t)
+		var mu sync.Mutex
+		var hg, fg [2]uint64
+		release := make(chan struct{})
+		both := make(chan struct{}, 2)
+		hold := func(dst *[2]uint64) func(addr uint64, rkey, _ uint32) {
+			return func(addr uint64, rkey, _ uint32) {
+				mu.Lock()
+				*dst = [2]uint64{addr, uint64(rkey)}
+				mu.Unlock()
+				both <- struct{}{}
+				<-release
+			}
+		}
+		tr.h.BeforeFinForTest(hold(&hg))
+		tr.f.BeforeFinForTest(hold(&fg))
+		go tr.hp.Stream(1).Send(tr.ctx, tr.honest)
+		go tr.fp.Stream(1).Send(tr.ctx, tr.honest)
+		for range 2 {
+			select {
+			case <-both:
+			case <-tr.ctx.Done():
+				t.Fatal("the two transfers were never granted")
+			}
+		}
+		mu.Lock()
+		// The forger's own open window, pointed at the honest target.
+		err := tr.fp.ForgeWriteForTest(1, hg[0], uint32(fg[1]), tr.forged)
+		mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.refused(t)
+		close(release)
+		tr.recv(t, tr.vh, tr.honest, "the honest transfer the forger aimed at").Release()
+		tr.carriesOn(t)
+	})
+	t.Run("its own target after FIN", func(t *testing.T) {
+		tr := newTrio(t)
+		granted := make(chan [2]uint64, 1)
+		tr.f.BeforeFinForTest(func(addr uint64, rkey, _ uint32) { granted <- [2]uint64{addr, uint64(rkey)} })
+		if err := tr.fp.Stream(1).Send(tr.ctx, tr.honest); err != nil {
+			t.Fatal(err)
+		}
+		g := <-granted
+		// Delivered: the message is the user's now and must not change.
+		m := tr.recv(t, tr.vf, tr.honest, "the forger's own transfer")
+		defer m.Release()
+		if err := tr.fp.ForgeWriteForTest(1, g[0], uint32(g[1]), tr.forged); err != nil {
+			t.Fatal(err)
+		}
+		tr.refused(t)
+		if !bytes.Equal(m.Data(), tr.honest) {
+			t.Errorf("a delivered message changed under the user: first difference at %d", firstDiff(m.Data(), tr.honest))
+		}
+		tr.carriesOn(t)
+	})
+}
