@@ -151,15 +151,15 @@ func (c *Config) defaults() error {
 // shared receive queue whose buffers all peers' messages land in, one
 // event-driven CQ, buffer pools, and the peers it talks to.
 type Endpoint struct {
-	cfg   Config
-	id    uint64
-	ctx   *uverbs.Context
-	pd    *uverbs.PD
-	gid   uverbs.GID
-	eager *mr.Allocator // LocalWrite: receive buffers, eager sends
-	large *mr.Allocator // LocalWrite: rendezvous targets, reachable only through a window per transfer
-	grants grantPool   // the targets' own regions and the windows (grant.go)
-	rndv  *mr.Allocator // LocalWrite: rendezvous sources
+	cfg    Config
+	id     uint64
+	ctx    *uverbs.Context
+	pd     *uverbs.PD
+	gid    uverbs.GID
+	eager  *mr.Allocator // LocalWrite: receive buffers, eager sends
+	large  *mr.Allocator // LocalWrite: rendezvous targets, reachable only through a window per transfer
+	grants grantPool     // the targets' own regions and the windows (grant.go)
+	rndv   *mr.Allocator // LocalWrite: rendezvous sources
 
 	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send (set while progress runs)
 	finHook atomic.Pointer[func(cts)]  // tests: run before each FIN we send, on a goroutine of its own

@@ -78,13 +78,13 @@ type lane struct {
 
 	live bool // under mu: the QP is connected and resends are done; else sends only queue
 
-	rmu       sync.Mutex // receive side, touched by the progress goroutine and Release
-	rqpn      uint32     // the QP whose receives count; older ones' are dropped
-	delivered uint64     // highest sequence delivered in order
-	pending   []*inbound // received, not delivered: a rendezvous waiting for its FIN, and what follows it
+	rmu       sync.Mutex          // receive side, touched by the progress goroutine and Release
+	rqpn      uint32              // the QP whose receives count; older ones' are dropped
+	delivered uint64              // highest sequence delivered in order
+	pending   []*inbound          // received, not delivered: a rendezvous waiting for its FIN, and what follows it
 	targets   map[uint64]*writeOp // our rendezvous the peer sent a CTS for, by the RTS's sequence, until acknowledged
-	free      []*inbound // under rmu: flushed entries for reuse
-	ready     []*Msg     // the pollMu holder's: what flush took, to deliver
+	free      []*inbound          // under rmu: flushed entries for reuse
+	ready     []*Msg              // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
 	ackSent   atomic.Uint64
 	ackWait   uint64           // the ticker's: 1 + ackSent when it last saw an acknowledgement owed (ackIdle)
