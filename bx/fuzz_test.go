@@ -2,6 +2,7 @@ package bx
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 )
 
@@ -55,6 +56,8 @@ func FuzzHeader(f *testing.F) {
 func FuzzControl(f *testing.F) {
 	s := setup{ID: 1, Epoch: 2, Grant: 64, Consumed: 3, Lanes: []laneInfo{{QPN: 17, PSN: 5, Next: 1}, {QPN: 18, PSN: 6, Next: 9, Acked: 4}}}
 	f.Add(append([]byte{ctlSetup}, s.encode()...))
+	s.Grants = []regrant{{Lane: 1, Ref: 7, RKey: 0x1234}, {Lane: 0, Ref: 2, RKey: 0x99}}
+	f.Add(append([]byte{ctlRecover}, s.encode()...))
 	f.Add(append([]byte{ctlHello}, make([]byte, nonceSize)...))
 	f.Add(append([]byte{ctlAuth}, make([]byte, nonceSize+macSize)...))
 	f.Add([]byte{ctlPing})
@@ -73,8 +76,16 @@ func FuzzControl(f *testing.F) {
 					t.Fatalf("accepted lane %+v acknowledging what it does not have", l)
 				}
 			}
+			for _, g := range m.Setup.Grants {
+				if int(g.Lane) >= len(m.Setup.Lanes) {
+					t.Fatalf("accepted a window on lane %d of %d", g.Lane, len(m.Setup.Lanes))
+				}
+			}
+			if len(m.Setup.Grants) > maxGrants {
+				t.Fatalf("accepted %d windows", len(m.Setup.Grants))
+			}
 			again, err := decodeSetup(m.Setup.encode())
-			if err != nil || again.ID != m.Setup.ID || len(again.Lanes) != len(m.Setup.Lanes) {
+			if err != nil || again.ID != m.Setup.ID || len(again.Lanes) != len(m.Setup.Lanes) || !slices.Equal(again.Grants, m.Setup.Grants) {
 				t.Fatalf("setup round trip: %+v %v", again, err)
 			}
 		}

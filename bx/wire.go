@@ -126,9 +126,10 @@ func (h *header) decode(b []byte) error {
 // from its own pool and answers with a CTS naming it; the sender RDMA
 // WRITEs the payload there and posts a FIN behind the WRITE on the same QP,
 // so the payload is in place when the FIN arrives (RC order). The receiver
-// delivers the message at the FIN, in sequence order. Receivers expose
-// only their rendezvous targets, for remote write; no memory is remotely
-// readable. (An earlier version had the receiver READ the payload; rxe on
+// delivers the message at the FIN, in sequence order. A receiver exposes
+// only the one target of each transfer, for remote write, to the one peer,
+// through a memory window that the FIN (a SEND_WITH_INV) closes
+// (grant.go); no memory is remotely readable. (An earlier version had the receiver READ the payload; rxe on
 // Linux 6.1 turns a READ response that lost a packet mid-message into a
 // false success completion and a QP error, so READ was dropped.)
 
@@ -159,7 +160,7 @@ func (r *rndv) decode(b []byte, maxLen int) error {
 }
 
 // cts answers the RTS with lane sequence Ref: write its Len bytes at Addr
-// with RKey.
+// through the window RKey, then invalidate it with the FIN.
 type cts struct {
 	Ref  uint64
 	Addr uint64
