@@ -27,23 +27,7 @@ var token = []byte("0123456789abcdef-test-token")
 func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer, sp *bx.Peer) {
 	t.Helper()
 	da, db := rxetest.Pair(t)
-	mk := func(dev string) *bx.Endpoint {
-		cfg := bx.Config{Device: dev, Token: token}
-		if mod != nil {
-			mod(&cfg)
-		}
-		e, err := bx.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close endpoint: %v", err)
-			}
-		})
-		return e
-	}
-	srv, cli = mk(db), mk(da)
+	srv, cli = newEndpoint(t, db, mod), newEndpoint(t, da, mod)
 	addr, err := srv.Listen(listenAddr(t, db))
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +41,26 @@ func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer
 		t.Fatal(err)
 	}
 	return srv, cli, p, sp
+}
+
+// newEndpoint opens an endpoint on dev with the test token, closed (and
+// its Close checked) at the end of the test.
+func newEndpoint(t testing.TB, dev string, mod func(*bx.Config)) *bx.Endpoint {
+	t.Helper()
+	cfg := bx.Config{Device: dev, Token: token}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e, err := bx.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("close endpoint: %v", err)
+		}
+	})
+	return e
 }
 
 // listenAddr is the IPv4 address of the device's netdev, port 0.

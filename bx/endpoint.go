@@ -161,7 +161,7 @@ type Endpoint struct {
 	grants grantPool     // the targets' own regions and the windows (grant.go)
 	rndv   *mr.Allocator // LocalWrite: rendezvous sources
 
-	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send (set while progress runs)
+	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send, as it is posted
 	finHook atomic.Pointer[func(cts)]  // tests: run before each FIN we send, on a goroutine of its own
 	srq     *qp.SRQ
 	cq      *cq.CQ

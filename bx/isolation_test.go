@@ -28,19 +28,7 @@ type trio struct {
 func newTrio(t *testing.T) *trio {
 	t.Helper()
 	da, db := rxetest.Pair(t)
-	mk := func(dev string) *bx.Endpoint {
-		e, err := bx.New(bx.Config{Device: dev, Token: token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close endpoint: %v", err)
-			}
-		})
-		return e
-	}
-	tr := &trio{v: mk(db), h: mk(da), f: mk(da)}
+	tr := &trio{v: newEndpoint(t, db, nil), h: newEndpoint(t, da, nil), f: newEndpoint(t, da, nil)}
 	addr, err := tr.v.Listen(listenAddr(t, db))
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +97,20 @@ func (tr *trio) refused(t *testing.T) {
 	}
 }
 
+// forgeWhileHeld makes the forger WRITE to addr through rkey while the
+// honest transfer is held before its WRITE, checks the WRITE is refused,
+// then lets the honest transfer finish and checks it and what follows.
+func (tr *trio) forgeWhileHeld(t *testing.T, addr uint64, rkey uint32, release chan struct{}) {
+	t.Helper()
+	if err := tr.fp.ForgeWriteForTest(1, addr, rkey, tr.forged); err != nil {
+		t.Fatal(err)
+	}
+	tr.refused(t)
+	close(release)
+	tr.recv(t, tr.vh, tr.honest, "the honest transfer the forger aimed at").Release()
+	tr.carriesOn(t)
+}
+
 // carriesOn checks that the honest peer and the victim still talk.
 func (tr *trio) carriesOn(t *testing.T) {
 	t.Helper()
@@ -150,13 +152,7 @@ func TestWindowIsolation(t *testing.T) {
 		case <-tr.ctx.Done():
 			t.Fatal("the honest transfer was never granted")
 		}
-		if err := tr.fp.ForgeWriteForTest(1, g[0], uint32(g[1]), tr.forged); err != nil {
-			t.Fatal(err)
-		}
-		tr.refused(t)
-		close(release)
-		tr.recv(t, tr.vh, tr.honest, "the honest transfer the forger aimed at").Release()
-		tr.carriesOn(t)
+		tr.forgeWhileHeld(t, g[0], uint32(g[1]), release)
 	})
 	t.Run("another peer's target through its own window", func(t *testing.T) {
 		tr := newTrio(t)
@@ -185,16 +181,10 @@ func TestWindowIsolation(t *testing.T) {
 			}
 		}
 		mu.Lock()
-		// The forger's own open window, pointed at the honest target.
-		err := tr.fp.ForgeWriteForTest(1, hg[0], uint32(fg[1]), tr.forged)
+		addr, rkey := hg[0], uint32(fg[1])
 		mu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.refused(t)
-		close(release)
-		tr.recv(t, tr.vh, tr.honest, "the honest transfer the forger aimed at").Release()
-		tr.carriesOn(t)
+		// The forger's own open window, pointed at the honest target.
+		tr.forgeWhileHeld(t, addr, rkey, release)
 	})
 	t.Run("its own target after FIN", func(t *testing.T) {
 		tr := newTrio(t)
@@ -216,4 +206,34 @@ func TestWindowIsolation(t *testing.T) {
 		}
 		tr.carriesOn(t)
 	})
+}
+
+// TestWindowsRecycled: a window closed by its FIN serves the next
+// transfer; windows do not pile up with the transfers.
+func TestWindowsRecycled(t *testing.T) {
+	srv, _, p, sp := pair(t, nil)
+	ctx, wd := hang.For(t, "", 30*time.Second)   // a hang bound (no progress), not a speed bound
+	msg := bytes.Repeat([]byte("window "), 3000) // 21 kB: rendezvous
+	const n = 40
+	for i := range n {
+		if err := p.Stream(1).Send(ctx, msg); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		m, err := sp.Stream(1).Recv(ctx)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, hang.Cause(ctx, err))
+		}
+		if !bytes.Equal(m.Data(), msg) {
+			t.Fatalf("message %d differs", i)
+		}
+		m.Release()
+		wd.Progress()
+	}
+	all, free := srv.WindowsForTest()
+	if all < 1 || all > 4 || free != all {
+		t.Errorf("after %d transfers one at a time: %d windows allocated, %d free; want 1 to 4, all free", n, all, free)
+	}
+	if got := srv.Stats().Rendezvous.Load(); got != n {
+		t.Errorf("%d rendezvous counted, want %d", got, n)
+	}
 }

@@ -639,7 +639,7 @@ func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
 	h.Stream, h.Seq = s, o.seq
 	l.outs = append(l.outs, o)
 	if l.live {
-		err = p.post(l, h, &l.outs[len(l.outs)-1], false)
+		err = p.post(l, h, &l.outs[len(l.outs)-1])
 	} else {
 		// Recovery is rebuilding the lane: finishResend posts it, in
 		// order, behind what it resends, from the header kept here.
@@ -670,10 +670,10 @@ func (p *Peer) sendErr(err error) error {
 // o's buffer and posts it, in one doorbell with what goes with it: a FIN
 // behind the RDMA WRITE of its payload (and as a SEND_WITH_INV of the
 // window it wrote through), a CTS behind the bind of its window when the
-// window is not bound on this QP yet. resend: o went out on an earlier QP
-// (or was queued during recovery), so a CTS carries its grant's current
-// rkey. l.mu is held.
-func (p *Peer) post(l *lane, h header, o *out, resend bool) error {
+// window is not bound on this QP yet; a CTS names the window its grant
+// has now (recovery may have bound another since it was built). l.mu is
+// held.
+func (p *Peer) post(l *lane, h header, o *out) error {
 	buf := o.buf
 	n := 0
 	var w writeOp
@@ -686,13 +686,18 @@ func (p *Peer) post(l *lane, h header, o *out, resend bool) error {
 					l.rmu.Unlock()
 					return err
 				}
-				resend = true
 			}
 			l.swr[0] = g.bindWR(l.qp)
 			n = 1
 		}
-		if resend {
-			setCTSRKey(buf.Bytes()[HeaderSize:], g.rkey)
+		body := buf.Bytes()[HeaderSize:]
+		setCTSRKey(body, g.rkey)
+		if hk := p.e.ctsHook.Load(); hk != nil {
+			var c cts
+			if c.decode(body, p.e.cfg.MaxMessage) == nil {
+				(*hk)(&c)
+				c.encode(body)
+			}
 		}
 	}
 	if o.write != nil {
@@ -943,7 +948,9 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		*in.msg = Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
 		p.e.liveMsgs.Add(1)
 		l.pending = append(l.pending, in)
-		c := cts{Ref: h.Seq, Addr: t.Addr(), RKey: g.rkey, Len: d.Len}
+		// The rkey goes in when the CTS is posted: recovery may bind a
+		// new window meanwhile.
+		c := cts{Ref: h.Seq, Addr: t.Addr(), Len: d.Len}
 		l.rmu.Unlock()
 		// The request's buffer goes back at once; the payload will land
 		// in a buffer of our own that the peer WRITEs.
@@ -951,9 +958,6 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		p.e.repost(b)
 		p.ret.Released(1)
 		p.e.stats.Rendezvous.Add(1)
-		if hk := p.e.ctsHook.Load(); hk != nil {
-			(*hk)(&c)
-		}
 		if !p.sendCTS(l, h.Stream, c, g, true) {
 			go p.sendCTS(l, h.Stream, c, g, false)
 		}
@@ -983,7 +987,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		p.ret.Released(1)
 		if h.Type == typCTS {
 			if hk := p.e.finHook.Load(); hk != nil {
-				go func() { (*hk)(c); p.sendFin(l, h.Stream, c, false) }()
+				p.heldFin(*hk, l, h.Stream, c)
 			} else if !p.sendFin(l, h.Stream, c, true) {
 				go p.sendFin(l, h.Stream, c, false)
 			}
@@ -1005,6 +1009,16 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 // receivedHook is a test hook (export_test.go): it runs as each message
 // starts being handled, before anything of it is recorded.
 var receivedHook atomic.Pointer[func()]
+
+// heldFin runs the test hook hk, then sends the FIN, on a goroutine (a
+// function of its own: a closure in received would move received's header
+// to the heap on every call).
+func (p *Peer) heldFin(hk func(cts), l *lane, stream uint32, c cts) {
+	go func() {
+		hk(c)
+		p.sendFin(l, stream, c, false)
+	}()
+}
 
 // finished marks the rendezvous with sequence ref done: its FIN arrived,
 // as a SEND_WITH_INV that closed the transfer's window (inv, 0 if the

@@ -339,7 +339,7 @@ func (p *Peer) finishResend(remote setup) error {
 				}
 				o.paid = epoch + 1
 			}
-			if err := p.post(l, h, o, true); err != nil {
+			if err := p.post(l, h, o); err != nil {
 				l.mu.Unlock()
 				return err
 			}
