@@ -181,6 +181,8 @@ func psWorkloadOf(name string, servers int) (psWorkload, error) {
 	switch name {
 	case "inference":
 		return psWorkload{name, 4, []ps.Spec{emb}}, nil
+	case "pull":
+		return psWorkload{name, 1, []ps.Spec{emb}}, nil
 	case "training":
 		return psWorkload{name, 4, []ps.Spec{emb,
 			{Name: "dense_small", Kind: ps.Dense, Size: 4096, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 2},
@@ -188,7 +190,7 @@ func psWorkloadOf(name string, servers int) (psWorkload, error) {
 	case "incast":
 		return psWorkload{name, 16, []ps.Spec{{Name: incastTensor(servers), Kind: ps.Dense, Size: 16384, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 4}}}, nil
 	}
-	return psWorkload{}, fmt.Errorf("workload %q: want inference, training or incast", name)
+	return psWorkload{}, fmt.Errorf("workload %q: want inference, training, incast or pull", name)
 }
 
 // incastTensor is a dense tensor name the ring places on server 0: every
@@ -269,6 +271,12 @@ func (s *psStepper) step(ctx context.Context, record bool) error {
 			s.grads(rows)
 			return s.timed(push, func() error { _, err := s.c.Push(ctx, "emb", keys, rows); return err })
 		}
+	case "pull":
+		// Inference's pull alone (32 keys of dim 32: a 271-byte request,
+		// a 4116-byte response), to set against the bare transport
+		// (scripts/bench-ps).
+		keys := s.randKeys(32)
+		return s.timed(pull, func() error { return s.c.Pull(ctx, "emb", keys, s.rows[:32*embDim]) })
 	case "training":
 		keys := s.randKeys(128)
 		rows := s.rows[:128*embDim]
@@ -362,7 +370,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "rdma", "rdma or tcp")
 	addrs := fs.String("addrs", "", "server addresses, comma separated")
-	workload := fs.String("workload", "inference", "inference, training or incast")
+	workload := fs.String("workload", "inference", "inference, training, incast or pull")
 	workers := fs.Int("workers", 1, "worker goroutines")
 	duration := fs.Duration("duration", 10*time.Second, "measured time")
 	device := fs.String("device", "", "RDMA device")
@@ -544,7 +552,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("goverbs ps bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "rdma", "rdma (ByteExpress) or tcp")
-	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server)")
+	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server), pull (inference's pull alone, one worker)")
 	workers := fs.Int("workers", 0, "worker goroutines in all (default: 4, incast 16)")
 	servers := fs.Int("servers", 2, "servers to start")
 	procs := fs.Int("worker-procs", 0, "worker processes (default: one per 8 workers)")
