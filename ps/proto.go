@@ -85,6 +85,7 @@ type Request struct {
 	Name string
 	Dim  int    // OpPull, OpPush, OpDefine
 	N    int    // keys (OpPull, OpPush) or floats (OpPullDense, OpPushDense)
+	name []byte // the name, a view (the server's path: no string made)
 	keys []byte // n x u64
 	vals []byte // f32s
 	Spec Spec   // OpDefine
@@ -206,6 +207,17 @@ func EncodeStats() []byte { return appendHead(nil, OpStats, "") }
 // DecodeRequest parses a request. It never panics and never allocates in
 // proportion to what the message claims: key and value slices are views.
 func DecodeRequest(b []byte) (Request, error) {
+	r, err := decodeRequest(b)
+	if r.Name == "" {
+		r.Name = string(r.name)
+	}
+	return r, err
+}
+
+// decodeRequest is DecodeRequest in place: the name stays a view (r.name)
+// and r.Name is set only for OpDefine (its Spec keeps it), so the server
+// decodes a pull or push without allocating.
+func decodeRequest(b []byte) (Request, error) {
 	var r Request
 	if len(b) < 4 {
 		return r, fmt.Errorf("%w: request of %d bytes", ErrMalformed, len(b))
@@ -221,7 +233,7 @@ func DecodeRequest(b []byte) (Request, error) {
 	if len(b) < 4+nl {
 		return r, fmt.Errorf("%w: name of %d bytes in a %d-byte request", ErrMalformed, nl, len(b))
 	}
-	r.Name = string(b[4 : 4+nl])
+	r.name = b[4 : 4+nl]
 	body := b[4+nl:]
 	u32 := func(o int) int { return int(binary.LittleEndian.Uint32(body[o:])) }
 	switch r.Op {
@@ -267,6 +279,7 @@ func DecodeRequest(b []byte) (Request, error) {
 		if len(body) != defineBody {
 			return r, fmt.Errorf("%w: define body of %d bytes, want %d", ErrMalformed, len(body), defineBody)
 		}
+		r.Name = string(r.name)
 		s := Spec{Name: r.Name, Kind: Kind(body[0]), Opt: Optimizer{Kind: OptKind(body[1])}}
 		s.Dim = u32(4)
 		n := binary.LittleEndian.Uint64(body[8:])

@@ -183,7 +183,7 @@ func (s *Server) Handle(req, b []byte) (out []byte) {
 		}
 		s.ops.observe(op, time.Since(start), failed)
 	}()
-	r, err := DecodeRequest(req)
+	r, err := decodeRequest(req)
 	if err == nil {
 		op = r.Op
 		b, err = s.serve(&r, appendRespHead(b, s.inc))

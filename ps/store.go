@@ -1,9 +1,11 @@
 package ps
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 )
 
 // Kind is a parameter's shape.
@@ -101,9 +103,11 @@ const chunk = 4096
 // Store is one server's shard: parameters by name. It is safe for
 // concurrent use; pushes to one row (dense chunk) are atomic.
 type Store struct {
-	cfg    StoreConfig
-	mu     sync.RWMutex
-	params map[string]*param
+	cfg StoreConfig
+	// params is read without a lock (an immutable map, replaced whole by
+	// Define under mu): a request's lookup costs no shared write.
+	mu     sync.Mutex
+	params atomic.Pointer[map[string]*param]
 }
 
 type param struct {
@@ -127,7 +131,9 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.MaxValues <= 0 {
 		cfg.MaxValues = 1 << 24
 	}
-	return &Store{cfg: cfg, params: map[string]*param{}}
+	st := &Store{cfg: cfg}
+	st.params.Store(&map[string]*param{})
+	return st
 }
 
 // Define creates a parameter; defining an existing one with the same spec
@@ -141,7 +147,8 @@ func (s *Store) Define(spec Spec) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p, ok := s.params[spec.Name]; ok {
+	old := *s.params.Load()
+	if p, ok := old[spec.Name]; ok {
 		if p.spec != spec {
 			return errorf(codeConflict, "parameter %q already defined as %+v, not %+v", spec.Name, p.spec, spec)
 		}
@@ -165,25 +172,38 @@ func (s *Store) Define(spec Spec) error {
 		}
 		p.chunks = make([]sync.Mutex, (spec.Size+chunk-1)/chunk)
 	}
-	s.params[spec.Name] = p
+	m := make(map[string]*param, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[spec.Name] = p
+	s.params.Store(&m)
 	return nil
 }
 
 // Specs lists the defined parameters.
 func (s *Store) Specs() []Spec {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
 	var out []Spec
-	for _, p := range s.params {
+	for _, p := range *s.params.Load() {
 		out = append(out, p.spec)
 	}
 	return out
 }
 
 func (s *Store) get(name string, kind Kind) (*param, error) {
-	s.mu.RLock()
-	p := s.params[name]
-	s.mu.RUnlock()
+	return s.check((*s.params.Load())[name], name, kind)
+}
+
+// getB is get for a name that is a view of a request (no string made).
+func (s *Store) getB(name []byte, kind Kind) (*param, error) {
+	p := (*s.params.Load())[string(name)]
+	if p != nil && p.spec.Kind == kind {
+		return p, nil
+	}
+	return s.check(p, string(name), kind)
+}
+
+func (s *Store) check(p *param, name string, kind Kind) (*param, error) {
 	if p == nil {
 		return nil, errorf(codeUnknownParam, "no parameter %q", name)
 	}
@@ -260,12 +280,12 @@ func (p *param) readRow(k uint64, dst []float32) {
 
 // pullReq serves a decoded OpPull: rows are appended to b.
 func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
-	p, err := s.get(r.Name, Sparse)
+	p, err := s.getB(r.name, Sparse)
 	if err != nil {
 		return b, err
 	}
 	if r.Dim != p.spec.Dim {
-		return b, errorf(codeDim, "table %q has dim %d, request says %d", r.Name, p.spec.Dim, r.Dim)
+		return b, errorf(codeDim, "table %q has dim %d, request says %d", r.name, p.spec.Dim, r.Dim)
 	}
 	if err := s.checkKeys(p, r.N, r.Key); err != nil {
 		return b, err
@@ -275,12 +295,25 @@ func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
 	b = appendU32(b, uint32(r.N))
 	o := len(b)
 	b = grow(b, 4*r.N*dim)
-	row := make([]float32, dim)
 	for i := 0; i < r.N; i++ {
-		p.readRow(r.Key(i), row)
-		putFloats(b[o+4*i*dim:], row)
+		p.readRowBytes(r.Key(i), b[o+4*i*dim:o+4*(i+1)*dim])
 	}
 	return b, nil
+}
+
+// readRowBytes is readRow straight into a response (little-endian f32s).
+func (p *param) readRowBytes(k uint64, dst []byte) {
+	st := &p.stripes[stripeOf(k)]
+	st.mu.Lock()
+	if r, ok := st.rows[k]; ok {
+		putFloats(dst, r[:len(dst)/4])
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	for j := range len(dst) / 4 {
+		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(initValue(p.spec.Seed, k, j)))
+	}
 }
 
 func grow(b []byte, n int) []byte {
@@ -311,12 +344,12 @@ func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skip
 }
 
 func (s *Store) pushReq(r *Request) (applied, skipped int, err error) {
-	p, err := s.get(r.Name, Sparse)
+	p, err := s.getB(r.name, Sparse)
 	if err != nil {
 		return 0, 0, err
 	}
 	if r.Dim != p.spec.Dim {
-		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.Name, p.spec.Dim, r.Dim)
+		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.name, p.spec.Dim, r.Dim)
 	}
 	return s.push(p, r.N, r.Key, r.Float)
 }
@@ -341,14 +374,10 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 			}
 		}
 	}
-	g := make([]float32, dim)
 	for i := 0; i < n; i++ {
 		if s.cfg.NaN == NaNSkip && bad(i) {
 			skipped++
 			continue
-		}
-		for j := range g {
-			g[j] = grad(i*dim + j)
 		}
 		k := key(i)
 		st := &p.stripes[stripeOf(k)]
@@ -372,24 +401,27 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 		if p.spec.Opt.Kind == Adagrad {
 			h = row[dim:]
 		}
-		apply(p.spec.Opt, row[:dim], h, g)
+		apply(p.spec.Opt, row[:dim], h, grad, i*dim)
 		st.mu.Unlock()
 		applied++
 	}
 	return applied, skipped, nil
 }
 
-// apply is the optimizer step on one row; h is nil for SGD.
-func apply(o Optimizer, w, h, g []float32) {
+// apply is the optimizer step on one row (chunk) w, with the gradient
+// grad(off), grad(off+1), ... read where it is (a request's bytes, or the
+// caller's slice): no copy. h is nil for SGD.
+func apply(o Optimizer, w, h []float32, grad func(int) float32, off int) {
 	switch o.Kind {
 	case SGD:
 		for j := range w {
-			w[j] -= o.LR * g[j]
+			w[j] -= o.LR * grad(off+j)
 		}
 	case Adagrad:
 		for j := range w {
-			h[j] += g[j] * g[j]
-			w[j] -= o.LR * g[j] / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
+			g := grad(off + j)
+			h[j] += g * g
+			w[j] -= o.LR * g / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
 		}
 	}
 }
@@ -413,12 +445,12 @@ func (s *Store) PullDense(name string, out []float32) error {
 }
 
 func (s *Store) pullDenseReq(r *Request, b []byte) ([]byte, error) {
-	p, err := s.get(r.Name, Dense)
+	p, err := s.getB(r.name, Dense)
 	if err != nil {
 		return b, err
 	}
 	if r.N != p.spec.Size {
-		return b, errorf(codeDim, "tensor %q has %d values, request says %d", r.Name, p.spec.Size, r.N)
+		return b, errorf(codeDim, "tensor %q has %d values, request says %d", r.name, p.spec.Size, r.N)
 	}
 	b = appendU32(b, uint32(r.N))
 	o := len(b)
@@ -442,7 +474,7 @@ func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, e
 }
 
 func (s *Store) pushDenseReq(r *Request) (applied, skipped int, err error) {
-	p, err := s.get(r.Name, Dense)
+	p, err := s.getB(r.name, Dense)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -468,23 +500,18 @@ func (s *Store) pushDense(p *param, n int, grad func(int) float32) (applied, ski
 			}
 		}
 	}
-	g := make([]float32, min(chunk, n))
 	for c := range p.chunks {
 		if s.cfg.NaN == NaNSkip && badChunk(c) >= 0 {
 			skipped++
 			continue
 		}
 		lo, hi := c*chunk, min((c+1)*chunk, n)
-		g := g[:hi-lo]
-		for i := range g {
-			g[i] = grad(lo + i)
-		}
 		var h []float32
 		if p.h != nil {
 			h = p.h[lo:hi]
 		}
 		p.chunks[c].Lock()
-		apply(p.spec.Opt, p.w[lo:hi], h, g)
+		apply(p.spec.Opt, p.w[lo:hi], h, grad, lo)
 		p.chunks[c].Unlock()
 		applied++
 	}

@@ -1,0 +1,156 @@
+package ps_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/goverbs/goverbs/ps"
+)
+
+// The hot path (issue 15 item 1): the per-operation cost of a pull and a
+// push on the server and the client, in steady state. The benchmarks
+// report allocations (-benchmem); TestHotPathAllocs asserts that steady
+// state allocates nothing.
+
+// hotSpec is the ps bench's embedding table (cmd/goverbs: inference).
+var hotSpec = ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 32, Rows: 1 << 20,
+	Opt: ps.Optimizer{Kind: ps.Adagrad, LR: 0.05, Eps: 1e-6, InitAcc: 0.1}, Seed: 1}
+
+const hotKeys = 32 // inference's batch: 271 request bytes, 4116 response bytes
+
+func hotBatch(rng *rand.Rand) ([]uint64, []float32) {
+	keys := make([]uint64, hotKeys)
+	for i := range keys {
+		keys[i] = rng.Uint64N(hotSpec.Rows)
+	}
+	g := make([]float32, hotKeys*hotSpec.Dim)
+	for i := range g {
+		g[i] = float32(rng.NormFloat64() * 0.001)
+	}
+	return keys, g
+}
+
+// hotServer is a tcp server on loopback with hotSpec defined and the rows
+// of keys materialised (pushed once).
+func hotServer(t testing.TB, e env, keys []uint64, g []float32) (*ps.Server, *ps.Client) {
+	s := e.server(t, "", nil)
+	c := e.client(t, []string{s.Addr().String()})
+	ctx := context.Background()
+	must(t, c.Define(ctx, hotSpec))
+	if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+func BenchmarkDecodeRequest(b *testing.B) {
+	keys, _ := hotBatch(rand.New(rand.NewPCG(1, 2)))
+	req := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ps.DecodeRequest(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkServerHandle(b *testing.B) {
+	keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
+	s, _ := hotServer(b, envFor(b, "tcp"), keys, g)
+	for _, tc := range []struct {
+		name string
+		req  []byte
+	}{
+		{"pull", ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)},
+		{"push", ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			buf := s.Handle(tc.req, nil)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tc.req) + len(buf)))
+			for b.Loop() {
+				buf = s.Handle(tc.req, buf[:0])
+			}
+		})
+	}
+}
+
+func BenchmarkStorePull(b *testing.B) {
+	keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
+	st := ps.NewStore(ps.StoreConfig{})
+	must(b, st.Define(hotSpec))
+	if _, _, err := st.Push(hotSpec.Name, keys, g); err != nil {
+		b.Fatal(err)
+	}
+	out := make([]float32, len(g))
+	b.ReportAllocs()
+	for b.Loop() {
+		must(b, st.Pull(hotSpec.Name, keys, out))
+	}
+}
+
+// BenchmarkClient: a Client's Pull and Push against one server, one call
+// outstanding (the server in this process: allocations are both sides').
+func BenchmarkClient(b *testing.B) {
+	for _, tr := range transports {
+		b.Run(tr, func(b *testing.B) {
+			keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
+			_, c := hotServer(b, envFor(b, tr), keys, g)
+			ctx := context.Background()
+			out := make([]float32, len(g))
+			b.Run("pull", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					must(b, c.Pull(ctx, hotSpec.Name, keys, out))
+				}
+			})
+			b.Run("push", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestHotPathAllocs: in steady state, serving a pull or a push (decoded in
+// place) and a client's pull or push over tcp (both ends in this process)
+// allocate nothing.
+func TestHotPathAllocs(t *testing.T) {
+	keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
+	s, c := hotServer(t, envFor(t, "tcp"), keys, g)
+	ctx := context.Background()
+	pull := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+	push := ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)
+	buf := s.Handle(push, nil)
+	out := make([]float32, len(g))
+	for _, tc := range []struct {
+		name string
+		f    func()
+	}{
+		{"Server.Handle pull", func() { buf = s.Handle(pull, buf[:0]) }},
+		{"Server.Handle push", func() { buf = s.Handle(push, buf[:0]) }},
+		{"Client.Pull tcp", func() { must(t, c.Pull(ctx, hotSpec.Name, keys, out)) }},
+		{"Client.Push tcp", func() {
+			if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		if n := testing.AllocsPerRun(200, tc.f); n != 0 {
+			t.Errorf("%s: %v allocations per operation, want 0", tc.name, n)
+		}
+	}
+	// The pull still reads what was pushed.
+	want := make([]float32, len(out))
+	must(t, s.Store().Pull(hotSpec.Name, keys, want))
+	must(t, c.Pull(ctx, hotSpec.Name, keys, out))
+	if fmt.Sprint(out) != fmt.Sprint(want) {
+		t.Errorf("pull over tcp differs from the store's rows")
+	}
+}
