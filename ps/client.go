@@ -528,3 +528,45 @@ func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err erro
 	})
 	return out, err
 }
+
+// Pending is a pull or push in flight (PullAsync, PushAsync). A worker
+// keeps several outstanding, as parameter-server clients do (compute on
+// one batch while the next one's rows are on their way), and waits for
+// each when it needs it.
+type Pending struct {
+	done chan struct{}
+	res  PushResult
+	err  error
+}
+
+// Wait waits for the operation and returns its result (a pull's: zero
+// PushResult) and error. It may be called more than once.
+func (p *Pending) Wait() (PushResult, error) {
+	<-p.done
+	return p.res, p.err
+}
+
+// Done is closed when the operation is over.
+func (p *Pending) Done() <-chan struct{} { return p.done }
+
+// PullAsync starts Pull(ctx, table, keys, out) and returns at once: keys
+// and out must stay untouched until it is done.
+func (c *Client) PullAsync(ctx context.Context, table string, keys []uint64, out []float32) *Pending {
+	p := &Pending{done: make(chan struct{})}
+	go func() {
+		p.err = c.Pull(ctx, table, keys, out)
+		close(p.done)
+	}()
+	return p
+}
+
+// PushAsync starts Push(ctx, table, keys, grads) and returns at once: keys
+// and grads must stay untouched until it is done.
+func (c *Client) PushAsync(ctx context.Context, table string, keys []uint64, grads []float32) *Pending {
+	p := &Pending{done: make(chan struct{})}
+	go func() {
+		p.res, p.err = c.Push(ctx, table, keys, grads)
+		close(p.done)
+	}()
+	return p
+}

@@ -154,3 +154,59 @@ func TestHotPathAllocs(t *testing.T) {
 		t.Errorf("pull over tcp differs from the store's rows")
 	}
 }
+
+// TestAsync: a worker keeps several pulls and pushes outstanding on two
+// servers; each pull returns the rows the servers hold, each push what it
+// applied.
+func TestAsync(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			e := envFor(t, tr)
+			_, addrs := e.servers(t, 2, nil)
+			c := e.client(t, addrs)
+			ctx := context.Background()
+			must(t, c.Define(ctx, hotSpec))
+			ref := ps.NewStore(ps.StoreConfig{})
+			must(t, ref.Define(hotSpec))
+			rng := rand.New(rand.NewPCG(3, 4))
+			const depth = 8
+			var keys [depth][]uint64
+			var grads, outs [depth][]float32
+			var pushes, pulls [depth]*ps.Pending
+			for i := range depth {
+				keys[i], grads[i] = hotBatch(rng)
+				for j := range keys[i] {
+					keys[i][j] = uint64(i*hotKeys + j) // distinct rows per batch
+				}
+				outs[i] = make([]float32, len(grads[i]))
+				pushes[i] = c.PushAsync(ctx, hotSpec.Name, keys[i], grads[i])
+			}
+			for i := range depth {
+				res, err := pushes[i].Wait()
+				must(t, err)
+				if res.Applied != hotKeys || res.Skipped != 0 {
+					t.Errorf("push %d: %+v, want %d rows applied", i, res, hotKeys)
+				}
+				pulls[i] = c.PullAsync(ctx, hotSpec.Name, keys[i], outs[i])
+			}
+			for i := range depth {
+				<-pulls[i].Done()
+				if _, err := pulls[i].Wait(); err != nil {
+					t.Fatalf("pull %d: %v", i, err)
+				}
+				// As a local store that applied the same pushes: the
+				// rows were pushed to the right server, applied once, and
+				// pulled back into the right places.
+				want := make([]float32, len(outs[i]))
+				if _, _, err := ref.Push(hotSpec.Name, keys[i], grads[i]); err != nil {
+					t.Fatal(err)
+				}
+				must(t, ref.Pull(hotSpec.Name, keys[i], want))
+				if fmt.Sprint(outs[i]) != fmt.Sprint(want) {
+					t.Fatalf("pull %d: %v, want %v", i, outs[i], want)
+				}
+
+			}
+		})
+	}
+}
