@@ -59,11 +59,16 @@ func BenchmarkDecodeRequest(b *testing.B) {
 func BenchmarkServerHandle(b *testing.B) {
 	keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
 	s, _ := hotServer(b, envFor(b, "tcp"), keys, g)
+	cold := make([]uint64, hotKeys) // never pushed: initial values
+	for i := range cold {
+		cold[i] = hotSpec.Rows - 1 - uint64(i)
+	}
 	for _, tc := range []struct {
 		name string
 		req  []byte
 	}{
 		{"pull", ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)},
+		{"pull-cold", ps.EncodePull(hotSpec.Name, hotSpec.Dim, cold)},
 		{"push", ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // The wire protocol. Every message is little endian and self-delimiting
@@ -124,18 +125,39 @@ func encodeHead(b []byte, op Op, name string) int {
 }
 
 func putKeys(b []byte, keys []uint64) {
+	if littleEndian {
+		copy(b[:8*len(keys)], unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(keys))), 8*len(keys)))
+		return
+	}
 	for i, k := range keys {
 		binary.LittleEndian.PutUint64(b[8*i:], k)
 	}
 }
 
+// littleEndian: the wire's byte order is the machine's, so floats and
+// keys move with one copy (memmove) instead of one conversion per value.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// floatBytes is f's memory as bytes.
+func floatBytes(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
 func putFloats(b []byte, f []float32) {
+	if littleEndian {
+		copy(b[:4*len(f)], floatBytes(f))
+		return
+	}
 	for i, v := range f {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
 }
 
 func getFloats(dst []float32, b []byte) {
+	if littleEndian {
+		copy(floatBytes(dst), b[:4*len(dst)])
+		return
+	}
 	_ = b[4*len(dst)-1:]
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))

@@ -225,7 +225,15 @@ func mix(x uint64) uint64 { // splitmix64's finaliser
 
 // initValue is a parameter's deterministic initial value in [-0.05, 0.05).
 func initValue(seed, key uint64, col int) float32 {
-	r := mix(seed ^ mix(key+0x9e3779b97f4a7c15) ^ uint64(col)*0xd1b54a32d192ed03)
+	return initValueOf(seed^keyMix(key), col)
+}
+
+// keyMix is the part of initValue that depends on the key alone: a row
+// computes it once (initValueOf).
+func keyMix(key uint64) uint64 { return mix(key + 0x9e3779b97f4a7c15) }
+
+func initValueOf(sk uint64, col int) float32 {
+	r := mix(sk ^ uint64(col)*0xd1b54a32d192ed03)
 	return (float32(r>>40)/float32(1<<24) - 0.5) * 0.1
 }
 
@@ -273,8 +281,9 @@ func (p *param) readRow(k uint64, dst []float32) {
 	st.mu.Unlock()
 	// Never pushed: its initial value, without materialising it (pulls of
 	// cold rows do not grow the store).
+	sk := p.spec.Seed ^ keyMix(k)
 	for j := range dst {
-		dst[j] = initValue(p.spec.Seed, k, j)
+		dst[j] = initValueOf(sk, j)
 	}
 }
 
@@ -311,8 +320,9 @@ func (p *param) readRowBytes(k uint64, dst []byte) {
 		return
 	}
 	st.mu.Unlock()
+	sk := p.spec.Seed ^ keyMix(k)
 	for j := range len(dst) / 4 {
-		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(initValue(p.spec.Seed, k, j)))
+		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(initValueOf(sk, j)))
 	}
 }
 
@@ -389,8 +399,9 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 				w = 2
 			}
 			row = make([]float32, w*dim)
+			sk := p.spec.Seed ^ keyMix(k)
 			for j := 0; j < dim; j++ {
-				row[j] = initValue(p.spec.Seed, k, j)
+				row[j] = initValueOf(sk, j)
 				if w == 2 {
 					row[dim+j] = p.spec.Opt.InitAcc
 				}
