@@ -23,7 +23,7 @@ type rdmaClient struct {
 	ep    *bx.Endpoint
 	addrs []string
 	mu    []sync.Mutex
-	peers []*bx.Peer
+	peers []atomic.Pointer[bx.Peer] // read without mu; written under mu[i]
 	next  atomic.Uint32
 }
 
@@ -50,13 +50,20 @@ func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: client: %w", err)
 	}
-	return &rdmaClient{ep: ep, addrs: cfg.Servers, mu: make([]sync.Mutex, len(cfg.Servers)), peers: make([]*bx.Peer, len(cfg.Servers))}, nil
+	return &rdmaClient{ep: ep, addrs: cfg.Servers, mu: make([]sync.Mutex, len(cfg.Servers)), peers: make([]atomic.Pointer[bx.Peer], len(cfg.Servers))}, nil
 }
 
 func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
+	if p := t.peers[i].Load(); p != nil {
+		select {
+		case <-p.Done():
+		default:
+			return p, nil // the fast path: no lock
+		}
+	}
 	t.mu[i].Lock()
 	defer t.mu[i].Unlock()
-	if p := t.peers[i]; p != nil {
+	if p := t.peers[i].Load(); p != nil {
 		select {
 		case <-p.Done():
 			// Gone (the server died or restarted): dial again.
@@ -68,7 +75,7 @@ func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.peers[i] = p
+	t.peers[i].Store(p)
 	return p, nil
 }
 
