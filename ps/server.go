@@ -311,14 +311,28 @@ func (s *Server) serveTCP(c net.Conn) {
 			c.Write(resp)
 			return
 		}
-		if cap(req) < n {
-			req = make([]byte, n)
+		var in []byte
+		peeked := n <= br.Size()
+		if peeked {
+			// Decoded in place in the reader's buffer: no copy.
+			p, err := br.Peek(n)
+			if err != nil {
+				return
+			}
+			in = p
+		} else {
+			if cap(req) < n {
+				req = make([]byte, n)
+			}
+			in = req[:n]
+			if _, err := io.ReadFull(br, in); err != nil {
+				return
+			}
 		}
-		req = req[:n]
-		if _, err := io.ReadFull(br, req); err != nil {
-			return
+		resp = s.Handle(in, append(resp[:0], 0, 0, 0, 0))
+		if peeked {
+			br.Discard(n)
 		}
-		resp = s.Handle(req, append(resp[:0], 0, 0, 0, 0))
 		binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
 		if _, err := c.Write(resp); err != nil {
 			return
