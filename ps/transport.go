@@ -79,12 +79,12 @@ func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
 	return p, nil
 }
 
-// smallRequest: a request up to this size is built in the call's own
-// scratch buffer and sent with Peer.Call, which copies it into a send
-// buffer kept on its stack; a larger one is built in place in an
-// allocator buffer (Endpoint.Alloc, CallBuffer: no copy, but a heap
-// Buffer per call).
-const smallRequest = 4096
+// smallRequest: a request up to this size (bx's default eager size) is
+// built in the call's own scratch buffer and sent with Peer.Call, which
+// copies it into a send buffer kept on its stack; a larger one is built in
+// place in an allocator buffer (Endpoint.Alloc, CallBuffer: no copy, but a
+// heap Buffer per call, which ps cannot keep: bx takes it).
+const smallRequest = 8192 - bx.HeaderSize
 
 func (t *rdmaClient) call(ctx context.Context, i int, k *call) error {
 	p, err := t.peer(ctx, i)
