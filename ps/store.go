@@ -350,7 +350,7 @@ func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skip
 	if len(grads) != len(keys)*dim {
 		return 0, 0, errorf(codeDim, "table %q has dim %d: %d keys need %d gradient values, have %d", name, dim, len(keys), len(keys)*dim, len(grads))
 	}
-	return s.push(p, len(keys), func(i int) uint64 { return keys[i] }, func(i int) float32 { return grads[i] })
+	return s.push(p, len(keys), func(i int) uint64 { return keys[i] }, gradBytes(grads))
 }
 
 func (s *Store) pushReq(r *Request) (applied, skipped int, err error) {
@@ -361,17 +361,17 @@ func (s *Store) pushReq(r *Request) (applied, skipped int, err error) {
 	if r.Dim != p.spec.Dim {
 		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.name, p.spec.Dim, r.Dim)
 	}
-	return s.push(p, r.N, r.Key, r.Float)
+	return s.push(p, r.N, r.Key, r.vals)
 }
 
-func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float32) (applied, skipped int, err error) {
+func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applied, skipped int, err error) {
 	if err := s.checkKeys(p, n, key); err != nil {
 		return 0, 0, err
 	}
 	dim := p.spec.Dim
 	bad := func(i int) bool {
 		for j := 0; j < dim; j++ {
-			if !finite(grad(i*dim + j)) {
+			if !finite(f32(grad, i*dim+j)) {
 				return true
 			}
 		}
@@ -420,21 +420,39 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 }
 
 // apply is the optimizer step on one row (chunk) w, with the gradient
-// grad(off), grad(off+1), ... read where it is (a request's bytes, or the
-// caller's slice): no copy. h is nil for SGD.
-func apply(o Optimizer, w, h []float32, grad func(int) float32, off int) {
+// values off, off+1, ... of grad (little-endian f32s: a request's bytes,
+// or the caller's slice seen as bytes), read where they are: no copy. h is
+// nil for SGD.
+func apply(o Optimizer, w, h []float32, grad []byte, off int) {
+	g := grad[4*off : 4*(off+len(w))]
 	switch o.Kind {
 	case SGD:
 		for j := range w {
-			w[j] -= o.LR * grad(off+j)
+			w[j] -= o.LR * f32(g, j)
 		}
 	case Adagrad:
 		for j := range w {
-			g := grad(off + j)
+			g := f32(g, j)
 			h[j] += g * g
 			w[j] -= o.LR * g / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
 		}
 	}
+}
+
+// f32 is the i-th little-endian float32 of b.
+func f32(b []byte, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
+
+// gradBytes is grads as little-endian bytes: a view where the machine is
+// little endian, else a copy.
+func gradBytes(grads []float32) []byte {
+	if littleEndian {
+		return floatBytes(grads)
+	}
+	b := make([]byte, 4*len(grads))
+	putFloats(b, grads)
+	return b
 }
 
 // PullDense copies a dense tensor into out (its size).
@@ -481,7 +499,7 @@ func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, e
 	if err != nil {
 		return 0, 0, err
 	}
-	return s.pushDense(p, len(grads), func(i int) float32 { return grads[i] })
+	return s.pushDense(p, len(grads), gradBytes(grads))
 }
 
 func (s *Store) pushDenseReq(r *Request) (applied, skipped int, err error) {
@@ -489,16 +507,16 @@ func (s *Store) pushDenseReq(r *Request) (applied, skipped int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	return s.pushDense(p, r.N, r.Float)
+	return s.pushDense(p, r.N, r.vals)
 }
 
-func (s *Store) pushDense(p *param, n int, grad func(int) float32) (applied, skipped int, err error) {
+func (s *Store) pushDense(p *param, n int, grad []byte) (applied, skipped int, err error) {
 	if n != p.spec.Size {
 		return 0, 0, errorf(codeDim, "tensor %q has %d values, gradient %d", p.spec.Name, p.spec.Size, n)
 	}
 	badChunk := func(c int) int {
 		for i := c * chunk; i < min((c+1)*chunk, n); i++ {
-			if !finite(grad(i)) {
+			if !finite(f32(grad, i)) {
 				return i
 			}
 		}
