@@ -20,11 +20,11 @@ import (
 // built in place in allocator buffers (CallBuffer); responses are read in
 // place in the buffers they landed in, then released.
 type rdmaClient struct {
-	ep    *bx.Endpoint
-	addrs []string
-	mu    []sync.Mutex
-	peers []atomic.Pointer[bx.Peer] // read without mu; written under mu[i]
-	next  atomic.Uint32
+	ep       *bx.Endpoint
+	addrs    []string
+	mu       []sync.Mutex
+	peers    []atomic.Pointer[bx.Peer] // read without mu; written under mu[i]
+	inflight atomic.Int32              // calls of this client in flight
 }
 
 func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
@@ -92,7 +92,11 @@ func (t *rdmaClient) call(ctx context.Context, i int, k *call) error {
 		return err
 	}
 	n := k.size()
-	stream := t.next.Add(1) % Streams
+	// Calls in flight spread over the streams (and so over the peer's
+	// lanes); a lone call (one worker, one outstanding) always takes the
+	// first, as a bare bx caller does, rather than alternating lanes.
+	stream := uint32(t.inflight.Add(1)-1) % Streams
+	defer t.inflight.Add(-1)
 	if k.inline() {
 		stream += Streams // served on the server's progress goroutine
 	}
