@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/ps"
 )
 
@@ -120,6 +121,51 @@ func BenchmarkClient(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkBareBX is the transport alone for BenchmarkClient/rdma/pull: a
+// bx Call of a pull's bytes (271) to an inline handler answering with a
+// pull response's (4116), the endpoints configured as ps's (goverbs perf
+// bx_lat -s 271 --resp-size 4116, in one process).
+func BenchmarkBareBX(b *testing.B) {
+	e := envFor(b, "rdma")
+	keys, _ := hotBatch(rand.New(rand.NewPCG(1, 2)))
+	req := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+	resp := make([]byte, 12+8+4*hotKeys*hotSpec.Dim)
+	srvCfg, cliCfg := ps.DefaultServerBX, ps.DefaultClientBX
+	srvCfg.Device, srvCfg.Token = e.srvDev, token
+	cliCfg.Device, cliCfg.Token = e.cliDev, token
+	srv, err := bx.New(srvCfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	srv.HandleInline(ps.Streams, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return resp, nil })
+	addr, err := srv.Listen(e.ip + ":0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cli, err := bx.New(cliCfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	p, err := cli.Dial(ctx, addr.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m, err := p.Call(ctx, ps.Streams, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(m.Data()) != len(resp) {
+			b.Fatalf("response of %d bytes", len(m.Data()))
+		}
+		m.Release()
 	}
 }
 
