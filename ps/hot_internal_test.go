@@ -26,3 +26,22 @@ func TestRespSize(t *testing.T) {
 		t.Errorf("bogus pull answered with status %d", b[0])
 	}
 }
+
+// TestInitValue: a row's initial values are what they were defined as
+// (the per-row and per-column parts split, the scaling a multiplication):
+// the formula, spelled out, for a spread of seeds, keys and columns.
+func TestInitValue(t *testing.T) {
+	ref := func(seed, key uint64, col int) float32 {
+		r := mix(seed ^ mix(key+0x9e3779b97f4a7c15) ^ uint64(col)*0xd1b54a32d192ed03)
+		return (float32(r>>40)/float32(1<<24) - 0.5) * 0.1
+	}
+	for _, seed := range []uint64{0, 1, 4, 1 << 63} {
+		for _, key := range []uint64{0, 1, 12345, 1<<20 - 1, 1<<64 - 1} {
+			for col := range 70 {
+				if got, want := initValue(seed, key, col), ref(seed, key, col); got != want {
+					t.Fatalf("initValue(%d, %d, %d) = %v, want %v", seed, key, col, got, want)
+				}
+			}
+		}
+	}
+}
