@@ -31,20 +31,198 @@ var DefaultClientBX = bx.Config{Lanes: 2, Credits: 64, MaxMessage: 4 << 20}
 // Client is a worker's handle on the servers. It is safe for concurrent
 // use by many goroutines.
 type Client struct {
-	ring  *Ring
-	t     transport
-	n     int
-	inc   []atomic.Uint64
-	mu    sync.Mutex
-	specs map[string]Spec
-	ops   opStats // per operation (metrics.go)
+	ring    *Ring
+	t       transport
+	n       int
+	inc     []atomic.Uint64
+	mu      sync.Mutex
+	specs   map[string]Spec
+	ops     opStats   // per operation (metrics.go)
+	batches sync.Pool // *batch
 }
 
-// transport carries one request to server i and returns its response,
-// valid until done is called.
+// transport carries one request to server i: it sends k (k.size bytes,
+// written by k.fill) and hands the response to k.finish while the bytes
+// are valid. It returns only its own failures; the response's are k's.
 type transport interface {
-	call(ctx context.Context, i, n int, fill func([]byte)) (resp []byte, done func(), err error)
+	call(ctx context.Context, i int, k *call) error
 	close() error
+}
+
+// call is one request to one server and what becomes of its response.
+// Pull and Push take theirs from a pool (Client.calls) and build the
+// request straight from the caller's keys and values: in steady state a
+// call allocates nothing. Define, Stats and Raw send encoded bytes (raw).
+type call struct {
+	op    Op
+	name  string
+	dim   int
+	keys  []uint64
+	pos   []int32   // the batch positions for this server; nil: all of keys
+	vals  []float32 // OpPull, OpPullDense: out; OpPush, OpPushDense: grads
+	raw   []byte    // the encoded request (Define, Stats, Raw), if isRaw
+	isRaw bool
+	read  func(body []byte) error
+
+	res PushResult // OpPush, OpPushDense
+	inc uint64     // the response's server incarnation (0: none)
+	err error      // the response's
+
+	scratch []byte // rdma: a small request's bytes (transport.go)
+}
+
+func (k *call) nkeys() int {
+	if k.pos != nil {
+		return len(k.pos)
+	}
+	return len(k.keys)
+}
+
+func (k *call) size() int {
+	switch {
+	case k.isRaw:
+		return len(k.raw)
+	case k.op == OpPull:
+		return pullSize(k.name, k.nkeys())
+	case k.op == OpPush:
+		return pushSize(k.name, k.nkeys(), k.dim)
+	case k.op == OpPullDense:
+		return pullDenseSize(k.name)
+	}
+	return pushDenseSize(k.name, len(k.vals))
+}
+
+// inline says whether the server may serve k on its progress goroutine
+// (bx.HandleInline): a pull or push of a few KiB, whose handling is a
+// short copy or update under a row lock. Larger ones and Define and
+// Stats go to its worker pool.
+func (k *call) inline() bool {
+	const most = 16 << 10
+	if k.isRaw {
+		return false
+	}
+	switch k.op {
+	case OpPull:
+		return k.size() <= most && 4*k.nkeys()*k.dim <= most
+	case OpPullDense:
+		return 4*len(k.vals) <= most
+	}
+	return k.size() <= most
+}
+
+// fill writes the request into b (len k.size()).
+func (k *call) fill(b []byte) {
+	if k.isRaw {
+		copy(b, k.raw)
+		return
+	}
+	o := encodeHead(b, k.op, k.name)
+	switch k.op {
+	case OpPull, OpPush:
+		nk := k.nkeys()
+		binary.LittleEndian.PutUint32(b[o:], uint32(k.dim))
+		binary.LittleEndian.PutUint32(b[o+4:], uint32(nk))
+		o += 8
+		g := o + 8*nk
+		if k.pos == nil {
+			putKeys(b[o:], k.keys)
+			if k.op == OpPush {
+				putFloats(b[g:], k.vals)
+			}
+			return
+		}
+		dim := k.dim
+		for j, p := range k.pos {
+			binary.LittleEndian.PutUint64(b[o+8*j:], k.keys[p])
+			if k.op == OpPush {
+				putFloats(b[g+4*j*dim:], k.vals[int(p)*dim:(int(p)+1)*dim])
+			}
+		}
+	case OpPullDense:
+		binary.LittleEndian.PutUint32(b[o:], uint32(len(k.vals)))
+	case OpPushDense:
+		binary.LittleEndian.PutUint32(b[o:], uint32(len(k.vals)))
+		putFloats(b[o+4:], k.vals)
+	}
+}
+
+// finish decodes server i's response into k, while resp is valid: rows
+// go straight from it (on rdma, the registered buffer it landed in) into
+// the caller's slice.
+func (k *call) finish(resp []byte, i int) {
+	r, err := decodeResponse(resp, i)
+	k.inc = r.inc
+	if err == nil {
+		err = k.body(r.body)
+	}
+	k.err = err
+}
+
+func (k *call) body(body []byte) error {
+	if k.read != nil || k.isRaw {
+		if k.read == nil {
+			return nil
+		}
+		return k.read(body)
+	}
+	switch k.op {
+	case OpPull:
+		nk, dim := k.nkeys(), k.dim
+		if len(body) != 8+4*nk*dim || int(binary.LittleEndian.Uint32(body)) != dim || int(binary.LittleEndian.Uint32(body[4:])) != nk {
+			return fmt.Errorf("%w: pull response of %d bytes for %d keys of dim %d", ErrMalformed, len(body), nk, dim)
+		}
+		rows := body[8:]
+		if k.pos == nil {
+			getFloats(k.vals, rows)
+			return nil
+		}
+		for j, p := range k.pos {
+			getFloats(k.vals[int(p)*dim:(int(p)+1)*dim], rows[4*j*dim:])
+		}
+		return nil
+	case OpPullDense:
+		if len(body) != 4+4*len(k.vals) || int(binary.LittleEndian.Uint32(body)) != len(k.vals) {
+			return fmt.Errorf("%w: dense response of %d bytes for %d values", ErrMalformed, len(body), len(k.vals))
+		}
+		getFloats(k.vals, body[4:])
+		return nil
+	}
+	if len(body) != 8 {
+		return fmt.Errorf("%w: push response of %d bytes", ErrMalformed, len(body))
+	}
+	k.res.Applied += int(binary.LittleEndian.Uint32(body))
+	k.res.Skipped += int(binary.LittleEndian.Uint32(body[4:]))
+	return nil
+}
+
+// batch is a Pull's or Push's per-server state, pooled.
+type batch struct {
+	calls []call
+	by    [][]int32
+	wg    sync.WaitGroup
+}
+
+func (c *Client) getBatch() *batch {
+	if b, _ := c.batches.Get().(*batch); b != nil {
+		return b
+	}
+	b := &batch{calls: make([]call, c.n), by: make([][]int32, c.n)}
+	return b
+}
+
+func (c *Client) putBatch(b *batch) {
+	for i := range b.calls {
+		k := &b.calls[i]
+		if cap(k.scratch) > smallRequest {
+			k.scratch = nil
+		}
+		*k = call{scratch: k.scratch}
+		if cap(b.by[i]) > 1<<16 {
+			b.by[i] = nil
+		}
+		b.by[i] = b.by[i][:0]
+	}
+	c.batches.Put(b)
 }
 
 // Dial connects to the servers (lazily: a server is dialled on first use).
@@ -75,27 +253,30 @@ func (c *Client) Close() error { return c.t.close() }
 // Ring is the placement of keys and tensors.
 func (c *Client) Ring() *Ring { return c.ring }
 
-// call runs one request on server i and hands the decoded response body to
-// read, while the response buffer is still valid.
-func (c *Client) call(ctx context.Context, i, n int, fill func([]byte), read func([]byte) error) error {
-	resp, done, err := c.t.call(ctx, i, n, fill)
-	if err != nil {
+// call runs k on server i.
+func (c *Client) call(ctx context.Context, i int, k *call) error {
+	k.inc, k.err = 0, nil
+	if err := c.t.call(ctx, i, k); err != nil {
 		return fmt.Errorf("ps: server %d: %w", i, err)
 	}
-	r, err := decodeResponse(resp, i)
-	if err == nil && read != nil {
-		err = read(r.body)
-	}
-	done()
-	if r.inc != 0 {
-		if old := c.inc[i].Swap(r.inc); old != 0 && old != r.inc {
+	err := k.err
+	if k.inc != 0 {
+		if old := c.inc[i].Swap(k.inc); old != 0 && old != k.inc {
 			// A new incarnation: its shard came back empty. Re-define what
 			// this client defined there, and say so once.
+			inc := k.inc
 			c.redefine(ctx, i)
-			return fmt.Errorf("%w (server %d, incarnation %#x -> %#x): %w", ErrStateLost, i, old, r.inc, errOrOK(err))
+			return fmt.Errorf("%w (server %d, incarnation %#x -> %#x): %w", ErrStateLost, i, old, inc, errOrOK(err))
 		}
 	}
 	return err
+}
+
+// callRaw sends an encoded request to server i; read (if not nil) gets the
+// response body.
+func (c *Client) callRaw(ctx context.Context, i int, req []byte, read func([]byte) error) error {
+	k := call{raw: req, isRaw: true, read: read}
+	return c.call(ctx, i, &k)
 }
 
 var errOK = errors.New("the request itself succeeded on the new shard")
@@ -117,8 +298,7 @@ func (c *Client) redefine(ctx context.Context, i int) {
 	}
 	c.mu.Unlock()
 	for _, s := range specs {
-		req := EncodeDefine(s)
-		c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, nil)
+		c.callRaw(ctx, i, EncodeDefine(s), nil)
 	}
 }
 
@@ -132,13 +312,12 @@ func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
 			return fmt.Errorf("ps: define: %w", err)
 		}
 		req := EncodeDefine(s)
-		fill := func(b []byte) { copy(b, req) }
 		if s.Kind == Dense {
-			if err := c.call(ctx, c.ring.Tensor(s.Name), len(req), fill, nil); err != nil {
+			if err := c.callRaw(ctx, c.ring.Tensor(s.Name), req, nil); err != nil {
 				return err
 			}
 		} else {
-			if err := c.each(func(i int) error { return c.call(ctx, i, len(req), fill, nil) }); err != nil {
+			if err := c.each(func(i int) error { return c.callRaw(ctx, i, req, nil) }); err != nil {
 				return err
 			}
 		}
@@ -192,18 +371,63 @@ func (c *Client) some(n int, want func(int) bool, f func(int) error) error {
 	return errors.Join(errs...)
 }
 
-// split groups batch positions by server.
-func (c *Client) split(table string, keys []uint64) [][]int32 {
-	if c.n == 1 {
-		return nil
-	}
+// split groups batch positions by server into b.by (reused).
+func (c *Client) split(b *batch, table string, keys []uint64) {
 	salt := hashString(table)
-	by := make([][]int32, c.n)
 	for i, k := range keys {
 		s := c.ring.lookup(mix(k ^ salt))
-		by[s] = append(by[s], int32(i))
+		b.by[s] = append(b.by[s], int32(i))
 	}
-	return by
+}
+
+// sparse runs a pull or push of keys: one call to the one server, or the
+// batch split per server (positions, no copy of keys or values) and the
+// servers asked concurrently, the last on this goroutine.
+func (c *Client) sparse(ctx context.Context, op Op, table string, dim int, keys []uint64, vals []float32) (PushResult, error) {
+	b := c.getBatch()
+	defer c.putBatch(b)
+	if c.n == 1 {
+		k := &b.calls[0]
+		*k = call{op: op, name: table, dim: dim, keys: keys, vals: vals, scratch: k.scratch}
+		err := c.call(ctx, 0, k)
+		return k.res, err
+	}
+	c.split(b, table, keys)
+	last := -1
+	for i := range c.n {
+		if len(b.by[i]) > 0 {
+			last = i
+		}
+	}
+	errs := make([]error, 0)
+	var mu sync.Mutex
+	run := func(i int) {
+		k := &b.calls[i]
+		*k = call{op: op, name: table, dim: dim, keys: keys, pos: b.by[i], vals: vals, scratch: k.scratch}
+		if err := c.call(ctx, i, k); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	}
+	for i := range c.n {
+		if len(b.by[i]) == 0 || i == last {
+			continue
+		}
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			run(i)
+		}()
+	}
+	run(last)
+	b.wg.Wait()
+	var res PushResult
+	for i := range c.n {
+		res.Applied += b.calls[i].res.Applied
+		res.Skipped += b.calls[i].res.Skipped
+	}
+	return res, errors.Join(errs...)
 }
 
 // Pull reads the rows of keys of a sparse table into out, which holds
@@ -218,46 +442,8 @@ func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []fl
 	if len(out)%len(keys) != 0 || len(out) == 0 {
 		return fmt.Errorf("%w: %d keys cannot fill %d values", ErrDim, len(keys), len(out))
 	}
-	dim := len(out) / len(keys)
-	by := c.split(table, keys)
-	one := func(i int, pos []int32) error {
-		nk := len(keys)
-		if pos != nil {
-			nk = len(pos)
-		}
-		fill := func(b []byte) {
-			o := encodeHead(b, OpPull, table)
-			binary.LittleEndian.PutUint32(b[o:], uint32(dim))
-			binary.LittleEndian.PutUint32(b[o+4:], uint32(nk))
-			o += 8
-			if pos == nil {
-				putKeys(b[o:], keys)
-				return
-			}
-			for j, p := range pos {
-				binary.LittleEndian.PutUint64(b[o+8*j:], keys[p])
-			}
-		}
-		read := func(body []byte) error {
-			if len(body) != 8+4*nk*dim || int(binary.LittleEndian.Uint32(body)) != dim || int(binary.LittleEndian.Uint32(body[4:])) != nk {
-				return fmt.Errorf("%w: pull response of %d bytes for %d keys of dim %d", ErrMalformed, len(body), nk, dim)
-			}
-			rows := body[8:]
-			if pos == nil {
-				getFloats(out, rows)
-				return nil
-			}
-			for j, p := range pos {
-				getFloats(out[int(p)*dim:(int(p)+1)*dim], rows[4*j*dim:])
-			}
-			return nil
-		}
-		return c.call(ctx, i, pullSize(table, nk), fill, read)
-	}
-	if by == nil {
-		return one(0, nil)
-	}
-	return c.some(c.n, func(i int) bool { return len(by[i]) > 0 }, func(i int) error { return one(i, by[i]) })
+	_, err = c.sparse(ctx, OpPull, table, len(out)/len(keys), keys, out)
+	return err
 }
 
 // PushResult counts what the servers applied.
@@ -275,79 +461,30 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 	if len(grads)%len(keys) != 0 || len(grads) == 0 {
 		return res, fmt.Errorf("%w: %d keys cannot take %d gradient values", ErrDim, len(keys), len(grads))
 	}
-	dim := len(grads) / len(keys)
-	by := c.split(table, keys)
-	var mu sync.Mutex
-	one := func(i int, pos []int32) error {
-		nk := len(keys)
-		if pos != nil {
-			nk = len(pos)
-		}
-		fill := func(b []byte) {
-			o := encodeHead(b, OpPush, table)
-			binary.LittleEndian.PutUint32(b[o:], uint32(dim))
-			binary.LittleEndian.PutUint32(b[o+4:], uint32(nk))
-			o += 8
-			if pos == nil {
-				putKeys(b[o:], keys)
-				putFloats(b[o+8*nk:], grads)
-				return
-			}
-			g := o + 8*nk
-			for j, p := range pos {
-				binary.LittleEndian.PutUint64(b[o+8*j:], keys[p])
-				putFloats(b[g+4*j*dim:], grads[int(p)*dim:(int(p)+1)*dim])
-			}
-		}
-		return c.call(ctx, i, pushSize(table, nk, dim), fill, func(body []byte) error { return readPush(body, &res, &mu) })
-	}
-	if by == nil {
-		err = one(0, nil)
-	} else {
-		err = c.some(c.n, func(i int) bool { return len(by[i]) > 0 }, func(i int) error { return one(i, by[i]) })
-	}
-	return res, err
+	return c.sparse(ctx, OpPush, table, len(grads)/len(keys), keys, grads)
 }
 
-func readPush(body []byte, res *PushResult, mu *sync.Mutex) error {
-	if len(body) != 8 {
-		return fmt.Errorf("%w: push response of %d bytes", ErrMalformed, len(body))
-	}
-	mu.Lock()
-	res.Applied += int(binary.LittleEndian.Uint32(body))
-	res.Skipped += int(binary.LittleEndian.Uint32(body[4:]))
-	mu.Unlock()
-	return nil
+// dense runs a dense pull or push on the tensor's server.
+func (c *Client) dense(ctx context.Context, op Op, name string, vals []float32) (PushResult, error) {
+	b := c.getBatch()
+	defer c.putBatch(b)
+	k := &b.calls[0]
+	*k = call{op: op, name: name, vals: vals, scratch: k.scratch}
+	err := c.call(ctx, c.ring.Tensor(name), k)
+	return k.res, err
 }
 
 // PullDense reads a dense tensor (len(out) values) from its server.
 func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err error) {
 	defer c.ops.done(OpPullDense, time.Now(), &err)
-	fill := func(b []byte) {
-		o := encodeHead(b, OpPullDense, name)
-		binary.LittleEndian.PutUint32(b[o:], uint32(len(out)))
-	}
-	read := func(body []byte) error {
-		if len(body) != 4+4*len(out) || int(binary.LittleEndian.Uint32(body)) != len(out) {
-			return fmt.Errorf("%w: dense response of %d bytes for %d values", ErrMalformed, len(body), len(out))
-		}
-		getFloats(out, body[4:])
-		return nil
-	}
-	return c.call(ctx, c.ring.Tensor(name), pullDenseSize(name), fill, read)
+	_, err = c.dense(ctx, OpPullDense, name, out)
+	return err
 }
 
 // PushDense sends a dense tensor's gradient to its server.
 func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (res PushResult, err error) {
 	defer c.ops.done(OpPushDense, time.Now(), &err)
-	var mu sync.Mutex
-	fill := func(b []byte) {
-		o := encodeHead(b, OpPushDense, name)
-		binary.LittleEndian.PutUint32(b[o:], uint32(len(grads)))
-		putFloats(b[o+4:], grads)
-	}
-	err = c.call(ctx, c.ring.Tensor(name), pushDenseSize(name, len(grads)), fill, func(body []byte) error { return readPush(body, &res, &mu) })
-	return res, err
+	return c.dense(ctx, OpPushDense, name, grads)
 }
 
 // ServerStats is what a server reports about itself.
@@ -363,7 +500,7 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 	out := make([]ServerStats, c.n)
 	req := EncodeStats()
 	err = c.each(func(i int) error {
-		return c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, func(body []byte) error {
+		return c.callRaw(ctx, i, req, func(body []byte) error {
 			if len(body) != 32 {
 				return fmt.Errorf("%w: stats response of %d bytes", ErrMalformed, len(body))
 			}
@@ -385,9 +522,51 @@ func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err erro
 	}
 	defer c.ops.done(op, time.Now(), &err)
 	var out []byte
-	err = c.call(ctx, i, len(req), func(b []byte) { copy(b, req) }, func(body []byte) error {
+	err = c.callRaw(ctx, i, req, func(body []byte) error {
 		out = append([]byte(nil), body...)
 		return nil
 	})
 	return out, err
+}
+
+// Pending is a pull or push in flight (PullAsync, PushAsync). A worker
+// keeps several outstanding, as parameter-server clients do (compute on
+// one batch while the next one's rows are on their way), and waits for
+// each when it needs it.
+type Pending struct {
+	done chan struct{}
+	res  PushResult
+	err  error
+}
+
+// Wait waits for the operation and returns its result (a pull's: zero
+// PushResult) and error. It may be called more than once.
+func (p *Pending) Wait() (PushResult, error) {
+	<-p.done
+	return p.res, p.err
+}
+
+// Done is closed when the operation is over.
+func (p *Pending) Done() <-chan struct{} { return p.done }
+
+// PullAsync starts Pull(ctx, table, keys, out) and returns at once: keys
+// and out must stay untouched until it is done.
+func (c *Client) PullAsync(ctx context.Context, table string, keys []uint64, out []float32) *Pending {
+	p := &Pending{done: make(chan struct{})}
+	go func() {
+		p.err = c.Pull(ctx, table, keys, out)
+		close(p.done)
+	}()
+	return p
+}
+
+// PushAsync starts Push(ctx, table, keys, grads) and returns at once: keys
+// and grads must stay untouched until it is done.
+func (c *Client) PushAsync(ctx context.Context, table string, keys []uint64, grads []float32) *Pending {
+	p := &Pending{done: make(chan struct{})}
+	go func() {
+		p.res, p.err = c.Push(ctx, table, keys, grads)
+		close(p.done)
+	}()
+	return p
 }

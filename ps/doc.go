@@ -17,8 +17,21 @@
 //     nodes; Pull and Push split a batch per server and run the per-server
 //     calls concurrently. Pull writes rows into the caller's slice; on rdma
 //     it reads them straight out of the registered receive buffer the
-//     response landed in (no intermediate copy), and the request is built
-//     in place in an allocator buffer (bx.Endpoint.Alloc).
+//     response landed in (no intermediate copy), on tcp out of its
+//     reader's buffer. A request is built straight from the caller's keys
+//     and values: in a buffer of the call (a small one, sent by
+//     bx.Peer.Call) or in place in an allocator buffer (bx.Endpoint.Alloc).
+//     PullAsync and PushAsync keep several operations outstanding.
+//
+// The hot path allocates nothing in steady state (TestHotPathAllocs): a
+// server decodes a request in place, looks its parameter up without a
+// lock, writes rows into the response under their stripe lock and applies
+// gradients from the request's bytes; over rdma it serves small pulls and
+// pushes on the endpoint's progress goroutine (bx.HandleInline), the
+// rest on bx's worker pool, and its response is the one allocation per
+// request left (bx copies a handler's response at a time the handler does
+// not know). Over tcp a connection's requests are served in order by one
+// goroutine.
 //
 // The wire protocol (proto.go) is a compact little-endian encoding that
 // validates every length; the same bytes travel as a bx RPC payload or as

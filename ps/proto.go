@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // The wire protocol. Every message is little endian and self-delimiting
@@ -85,6 +86,7 @@ type Request struct {
 	Name string
 	Dim  int    // OpPull, OpPush, OpDefine
 	N    int    // keys (OpPull, OpPush) or floats (OpPullDense, OpPushDense)
+	name []byte // the name, a view (the server's path: no string made)
 	keys []byte // n x u64
 	vals []byte // f32s
 	Spec Spec   // OpDefine
@@ -123,18 +125,39 @@ func encodeHead(b []byte, op Op, name string) int {
 }
 
 func putKeys(b []byte, keys []uint64) {
+	if littleEndian {
+		copy(b[:8*len(keys)], unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(keys))), 8*len(keys)))
+		return
+	}
 	for i, k := range keys {
 		binary.LittleEndian.PutUint64(b[8*i:], k)
 	}
 }
 
+// littleEndian: the wire's byte order is the machine's, so floats and
+// keys move with one copy (memmove) instead of one conversion per value.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// floatBytes is f's memory as bytes.
+func floatBytes(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
 func putFloats(b []byte, f []float32) {
+	if littleEndian {
+		copy(b[:4*len(f)], floatBytes(f))
+		return
+	}
 	for i, v := range f {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
 }
 
 func getFloats(dst []float32, b []byte) {
+	if littleEndian {
+		copy(floatBytes(dst), b[:4*len(dst)])
+		return
+	}
 	_ = b[4*len(dst)-1:]
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
@@ -206,6 +229,17 @@ func EncodeStats() []byte { return appendHead(nil, OpStats, "") }
 // DecodeRequest parses a request. It never panics and never allocates in
 // proportion to what the message claims: key and value slices are views.
 func DecodeRequest(b []byte) (Request, error) {
+	r, err := decodeRequest(b)
+	if r.Name == "" {
+		r.Name = string(r.name)
+	}
+	return r, err
+}
+
+// decodeRequest is DecodeRequest in place: the name stays a view (r.name)
+// and r.Name is set only for OpDefine (its Spec keeps it), so the server
+// decodes a pull or push without allocating.
+func decodeRequest(b []byte) (Request, error) {
 	var r Request
 	if len(b) < 4 {
 		return r, fmt.Errorf("%w: request of %d bytes", ErrMalformed, len(b))
@@ -221,7 +255,7 @@ func DecodeRequest(b []byte) (Request, error) {
 	if len(b) < 4+nl {
 		return r, fmt.Errorf("%w: name of %d bytes in a %d-byte request", ErrMalformed, nl, len(b))
 	}
-	r.Name = string(b[4 : 4+nl])
+	r.name = b[4 : 4+nl]
 	body := b[4+nl:]
 	u32 := func(o int) int { return int(binary.LittleEndian.Uint32(body[o:])) }
 	switch r.Op {
@@ -267,6 +301,7 @@ func DecodeRequest(b []byte) (Request, error) {
 		if len(body) != defineBody {
 			return r, fmt.Errorf("%w: define body of %d bytes, want %d", ErrMalformed, len(body), defineBody)
 		}
+		r.Name = string(r.name)
 		s := Spec{Name: r.Name, Kind: Kind(body[0]), Opt: Optimizer{Kind: OptKind(body[1])}}
 		s.Dim = u32(4)
 		n := binary.LittleEndian.Uint64(body[8:])

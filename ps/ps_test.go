@@ -30,7 +30,7 @@ type env struct {
 // envFor returns the environment of a transport: rdma needs two devices
 // (servers on the second, rxe1/10.99.0.2 in the guest); tcp runs on the
 // same addresses when there are devices, on loopback otherwise.
-func envFor(t *testing.T, transport string) env {
+func envFor(t testing.TB, transport string) env {
 	t.Helper()
 	if transport == "rdma" {
 		rxetest.Pair(t)
@@ -46,7 +46,7 @@ func envFor(t *testing.T, transport string) env {
 	return e
 }
 
-func (e env) server(t *testing.T, listen string, mod func(*ps.ServerConfig)) *ps.Server {
+func (e env) server(t testing.TB, listen string, mod func(*ps.ServerConfig)) *ps.Server {
 	t.Helper()
 	if listen == "" {
 		listen = e.ip + ":0"
@@ -74,7 +74,7 @@ func (e env) servers(t *testing.T, n int, mod func(*ps.ServerConfig)) ([]*ps.Ser
 	return ss, addrs
 }
 
-func (e env) client(t *testing.T, addrs []string) *ps.Client {
+func (e env) client(t testing.TB, addrs []string) *ps.Client {
 	t.Helper()
 	c, err := ps.Dial(ps.ClientConfig{Transport: e.transport, Servers: addrs, Device: e.cliDev, Token: token})
 	if err != nil {
@@ -478,7 +478,7 @@ func childWorker(arg string) int {
 	return 0
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -34,8 +34,11 @@ type ServerConfig struct {
 	MaxFrame int
 }
 
-// Streams is the number of bx stream ids a server serves; clients spread
-// their calls over them (and so over the endpoint's lanes).
+// Streams is the number of bx stream ids a server serves on its worker
+// pool (0..Streams-1), and again on its progress goroutine
+// (Streams..2*Streams-1, bx.HandleInline: no hand-off to a worker and
+// back); clients spread their calls over them (and so over the endpoint's
+// lanes), and send a small pull or push to an inline one.
 const Streams = 8
 
 // DefaultServerBX is a server endpoint's bx configuration: large messages
@@ -104,6 +107,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}
 		for st := range Streams {
 			ep.Handle(uint32(st), s.bxHandle)
+			ep.HandleInline(uint32(Streams+st), s.bxHandle)
 		}
 		addr, err := ep.Listen(cfg.Listen)
 		if err != nil {
@@ -162,8 +166,30 @@ func (s *Server) Close() error {
 func (s *Server) bxHandle(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 	// The request is decoded in place in the receive buffer it landed in.
 	// bx copies the response into a send buffer of its own (bx.Handler
-	// returns bytes): one copy a zero-copy response API would save.
-	return s.Handle(req.Data(), nil), nil
+	// returns bytes) once this returns, at a time the handler cannot know:
+	// so the response is a new slice, one allocation (and one copy) per
+	// request that a bx handler writing into bx's send buffer would save.
+	return s.Handle(req.Data(), make([]byte, 0, s.respSize(req.Data()))), nil
+}
+
+// respSize is the size of the response to an encoded request: for a
+// well-formed pull its rows, up to 64 KiB (what a request claims is not
+// trusted further: append grows a larger one); else room for a push's
+// counts or an error.
+func (s *Server) respSize(req []byte) int {
+	const small, most = 256, 64 << 10
+	if len(req) < 4 || req[1] != byte(OpPull) && req[1] != byte(OpPullDense) {
+		return small
+	}
+	body := req[min(len(req), 4+int(req[3])):]
+	n := uint64(0)
+	switch {
+	case req[1] == byte(OpPullDense) && len(body) >= 4:
+		n = uint64(binary.LittleEndian.Uint32(body))
+	case req[1] == byte(OpPull) && len(body) >= 8:
+		n = uint64(binary.LittleEndian.Uint32(body)) * uint64(min(binary.LittleEndian.Uint32(body[4:]), uint32(len(body)/8)))
+	}
+	return respHeader + 8 + int(min(4*n, most))
 }
 
 // Handle serves one encoded request and appends the encoded response to b.
@@ -183,7 +209,7 @@ func (s *Server) Handle(req, b []byte) (out []byte) {
 		}
 		s.ops.observe(op, time.Since(start), failed)
 	}()
-	r, err := DecodeRequest(req)
+	r, err := decodeRequest(req)
 	if err == nil {
 		op = r.Op
 		b, err = s.serve(&r, appendRespHead(b, s.inc))
@@ -285,14 +311,28 @@ func (s *Server) serveTCP(c net.Conn) {
 			c.Write(resp)
 			return
 		}
-		if cap(req) < n {
-			req = make([]byte, n)
+		var in []byte
+		peeked := n <= br.Size()
+		if peeked {
+			// Decoded in place in the reader's buffer: no copy.
+			p, err := br.Peek(n)
+			if err != nil {
+				return
+			}
+			in = p
+		} else {
+			if cap(req) < n {
+				req = make([]byte, n)
+			}
+			in = req[:n]
+			if _, err := io.ReadFull(br, in); err != nil {
+				return
+			}
 		}
-		req = req[:n]
-		if _, err := io.ReadFull(br, req); err != nil {
-			return
+		resp = s.Handle(in, append(resp[:0], 0, 0, 0, 0))
+		if peeked {
+			br.Discard(n)
 		}
-		resp = s.Handle(req, append(resp[:0], 0, 0, 0, 0))
 		binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
 		if _, err := c.Write(resp); err != nil {
 			return

@@ -1,9 +1,11 @@
 package ps
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 )
 
 // Kind is a parameter's shape.
@@ -101,9 +103,11 @@ const chunk = 4096
 // Store is one server's shard: parameters by name. It is safe for
 // concurrent use; pushes to one row (dense chunk) are atomic.
 type Store struct {
-	cfg    StoreConfig
-	mu     sync.RWMutex
-	params map[string]*param
+	cfg StoreConfig
+	// params is read without a lock (an immutable map, replaced whole by
+	// Define under mu): a request's lookup costs no shared write.
+	mu     sync.Mutex
+	params atomic.Pointer[map[string]*param]
 }
 
 type param struct {
@@ -127,7 +131,9 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.MaxValues <= 0 {
 		cfg.MaxValues = 1 << 24
 	}
-	return &Store{cfg: cfg, params: map[string]*param{}}
+	st := &Store{cfg: cfg}
+	st.params.Store(&map[string]*param{})
+	return st
 }
 
 // Define creates a parameter; defining an existing one with the same spec
@@ -141,7 +147,8 @@ func (s *Store) Define(spec Spec) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p, ok := s.params[spec.Name]; ok {
+	old := *s.params.Load()
+	if p, ok := old[spec.Name]; ok {
 		if p.spec != spec {
 			return errorf(codeConflict, "parameter %q already defined as %+v, not %+v", spec.Name, p.spec, spec)
 		}
@@ -165,25 +172,38 @@ func (s *Store) Define(spec Spec) error {
 		}
 		p.chunks = make([]sync.Mutex, (spec.Size+chunk-1)/chunk)
 	}
-	s.params[spec.Name] = p
+	m := make(map[string]*param, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[spec.Name] = p
+	s.params.Store(&m)
 	return nil
 }
 
 // Specs lists the defined parameters.
 func (s *Store) Specs() []Spec {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
 	var out []Spec
-	for _, p := range s.params {
+	for _, p := range *s.params.Load() {
 		out = append(out, p.spec)
 	}
 	return out
 }
 
 func (s *Store) get(name string, kind Kind) (*param, error) {
-	s.mu.RLock()
-	p := s.params[name]
-	s.mu.RUnlock()
+	return s.check((*s.params.Load())[name], name, kind)
+}
+
+// getB is get for a name that is a view of a request (no string made).
+func (s *Store) getB(name []byte, kind Kind) (*param, error) {
+	p := (*s.params.Load())[string(name)]
+	if p != nil && p.spec.Kind == kind {
+		return p, nil
+	}
+	return s.check(p, string(name), kind)
+}
+
+func (s *Store) check(p *param, name string, kind Kind) (*param, error) {
 	if p == nil {
 		return nil, errorf(codeUnknownParam, "no parameter %q", name)
 	}
@@ -205,8 +225,18 @@ func mix(x uint64) uint64 { // splitmix64's finaliser
 
 // initValue is a parameter's deterministic initial value in [-0.05, 0.05).
 func initValue(seed, key uint64, col int) float32 {
-	r := mix(seed ^ mix(key+0x9e3779b97f4a7c15) ^ uint64(col)*0xd1b54a32d192ed03)
-	return (float32(r>>40)/float32(1<<24) - 0.5) * 0.1
+	return initValueOf(seed^keyMix(key), col)
+}
+
+// keyMix is the part of initValue that depends on the key alone: a row
+// computes it once (initValueOf).
+func keyMix(key uint64) uint64 { return mix(key + 0x9e3779b97f4a7c15) }
+
+func initValueOf(sk uint64, col int) float32 {
+	r := mix(sk ^ uint64(col)*0xd1b54a32d192ed03)
+	// r>>40 scaled by 2^-24: a multiplication by a power of two is as exact
+	// as the division it replaces, and cheaper.
+	return (float32(r>>40)*(1.0/(1<<24)) - 0.5) * 0.1
 }
 
 func stripeOf(key uint64) int { return int(mix(key) % stripes) }
@@ -253,19 +283,20 @@ func (p *param) readRow(k uint64, dst []float32) {
 	st.mu.Unlock()
 	// Never pushed: its initial value, without materialising it (pulls of
 	// cold rows do not grow the store).
+	sk := p.spec.Seed ^ keyMix(k)
 	for j := range dst {
-		dst[j] = initValue(p.spec.Seed, k, j)
+		dst[j] = initValueOf(sk, j)
 	}
 }
 
 // pullReq serves a decoded OpPull: rows are appended to b.
 func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
-	p, err := s.get(r.Name, Sparse)
+	p, err := s.getB(r.name, Sparse)
 	if err != nil {
 		return b, err
 	}
 	if r.Dim != p.spec.Dim {
-		return b, errorf(codeDim, "table %q has dim %d, request says %d", r.Name, p.spec.Dim, r.Dim)
+		return b, errorf(codeDim, "table %q has dim %d, request says %d", r.name, p.spec.Dim, r.Dim)
 	}
 	if err := s.checkKeys(p, r.N, r.Key); err != nil {
 		return b, err
@@ -275,12 +306,26 @@ func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
 	b = appendU32(b, uint32(r.N))
 	o := len(b)
 	b = grow(b, 4*r.N*dim)
-	row := make([]float32, dim)
 	for i := 0; i < r.N; i++ {
-		p.readRow(r.Key(i), row)
-		putFloats(b[o+4*i*dim:], row)
+		p.readRowBytes(r.Key(i), b[o+4*i*dim:o+4*(i+1)*dim])
 	}
 	return b, nil
+}
+
+// readRowBytes is readRow straight into a response (little-endian f32s).
+func (p *param) readRowBytes(k uint64, dst []byte) {
+	st := &p.stripes[stripeOf(k)]
+	st.mu.Lock()
+	if r, ok := st.rows[k]; ok {
+		putFloats(dst, r[:len(dst)/4])
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	sk := p.spec.Seed ^ keyMix(k)
+	for j := range len(dst) / 4 {
+		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(initValueOf(sk, j)))
+	}
 }
 
 func grow(b []byte, n int) []byte {
@@ -307,28 +352,28 @@ func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skip
 	if len(grads) != len(keys)*dim {
 		return 0, 0, errorf(codeDim, "table %q has dim %d: %d keys need %d gradient values, have %d", name, dim, len(keys), len(keys)*dim, len(grads))
 	}
-	return s.push(p, len(keys), func(i int) uint64 { return keys[i] }, func(i int) float32 { return grads[i] })
+	return s.push(p, len(keys), func(i int) uint64 { return keys[i] }, gradBytes(grads))
 }
 
 func (s *Store) pushReq(r *Request) (applied, skipped int, err error) {
-	p, err := s.get(r.Name, Sparse)
+	p, err := s.getB(r.name, Sparse)
 	if err != nil {
 		return 0, 0, err
 	}
 	if r.Dim != p.spec.Dim {
-		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.Name, p.spec.Dim, r.Dim)
+		return 0, 0, errorf(codeDim, "table %q has dim %d, push says %d", r.name, p.spec.Dim, r.Dim)
 	}
-	return s.push(p, r.N, r.Key, r.Float)
+	return s.push(p, r.N, r.Key, r.vals)
 }
 
-func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float32) (applied, skipped int, err error) {
+func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applied, skipped int, err error) {
 	if err := s.checkKeys(p, n, key); err != nil {
 		return 0, 0, err
 	}
 	dim := p.spec.Dim
 	bad := func(i int) bool {
 		for j := 0; j < dim; j++ {
-			if !finite(grad(i*dim + j)) {
+			if !finite(f32(grad, i*dim+j)) {
 				return true
 			}
 		}
@@ -341,14 +386,10 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 			}
 		}
 	}
-	g := make([]float32, dim)
 	for i := 0; i < n; i++ {
 		if s.cfg.NaN == NaNSkip && bad(i) {
 			skipped++
 			continue
-		}
-		for j := range g {
-			g[j] = grad(i*dim + j)
 		}
 		k := key(i)
 		st := &p.stripes[stripeOf(k)]
@@ -360,8 +401,9 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 				w = 2
 			}
 			row = make([]float32, w*dim)
+			sk := p.spec.Seed ^ keyMix(k)
 			for j := 0; j < dim; j++ {
-				row[j] = initValue(p.spec.Seed, k, j)
+				row[j] = initValueOf(sk, j)
 				if w == 2 {
 					row[dim+j] = p.spec.Opt.InitAcc
 				}
@@ -372,26 +414,47 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad func(int) float
 		if p.spec.Opt.Kind == Adagrad {
 			h = row[dim:]
 		}
-		apply(p.spec.Opt, row[:dim], h, g)
+		apply(p.spec.Opt, row[:dim], h, grad, i*dim)
 		st.mu.Unlock()
 		applied++
 	}
 	return applied, skipped, nil
 }
 
-// apply is the optimizer step on one row; h is nil for SGD.
-func apply(o Optimizer, w, h, g []float32) {
+// apply is the optimizer step on one row (chunk) w, with the gradient
+// values off, off+1, ... of grad (little-endian f32s: a request's bytes,
+// or the caller's slice seen as bytes), read where they are: no copy. h is
+// nil for SGD.
+func apply(o Optimizer, w, h []float32, grad []byte, off int) {
+	g := grad[4*off : 4*(off+len(w))]
 	switch o.Kind {
 	case SGD:
 		for j := range w {
-			w[j] -= o.LR * g[j]
+			w[j] -= o.LR * f32(g, j)
 		}
 	case Adagrad:
 		for j := range w {
-			h[j] += g[j] * g[j]
-			w[j] -= o.LR * g[j] / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
+			g := f32(g, j)
+			h[j] += g * g
+			w[j] -= o.LR * g / (float32(math.Sqrt(float64(h[j]))) + o.Eps)
 		}
 	}
+}
+
+// f32 is the i-th little-endian float32 of b.
+func f32(b []byte, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
+
+// gradBytes is grads as little-endian bytes: a view where the machine is
+// little endian, else a copy.
+func gradBytes(grads []float32) []byte {
+	if littleEndian {
+		return floatBytes(grads)
+	}
+	b := make([]byte, 4*len(grads))
+	putFloats(b, grads)
+	return b
 }
 
 // PullDense copies a dense tensor into out (its size).
@@ -413,12 +476,12 @@ func (s *Store) PullDense(name string, out []float32) error {
 }
 
 func (s *Store) pullDenseReq(r *Request, b []byte) ([]byte, error) {
-	p, err := s.get(r.Name, Dense)
+	p, err := s.getB(r.name, Dense)
 	if err != nil {
 		return b, err
 	}
 	if r.N != p.spec.Size {
-		return b, errorf(codeDim, "tensor %q has %d values, request says %d", r.Name, p.spec.Size, r.N)
+		return b, errorf(codeDim, "tensor %q has %d values, request says %d", r.name, p.spec.Size, r.N)
 	}
 	b = appendU32(b, uint32(r.N))
 	o := len(b)
@@ -438,24 +501,24 @@ func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, e
 	if err != nil {
 		return 0, 0, err
 	}
-	return s.pushDense(p, len(grads), func(i int) float32 { return grads[i] })
+	return s.pushDense(p, len(grads), gradBytes(grads))
 }
 
 func (s *Store) pushDenseReq(r *Request) (applied, skipped int, err error) {
-	p, err := s.get(r.Name, Dense)
+	p, err := s.getB(r.name, Dense)
 	if err != nil {
 		return 0, 0, err
 	}
-	return s.pushDense(p, r.N, r.Float)
+	return s.pushDense(p, r.N, r.vals)
 }
 
-func (s *Store) pushDense(p *param, n int, grad func(int) float32) (applied, skipped int, err error) {
+func (s *Store) pushDense(p *param, n int, grad []byte) (applied, skipped int, err error) {
 	if n != p.spec.Size {
 		return 0, 0, errorf(codeDim, "tensor %q has %d values, gradient %d", p.spec.Name, p.spec.Size, n)
 	}
 	badChunk := func(c int) int {
 		for i := c * chunk; i < min((c+1)*chunk, n); i++ {
-			if !finite(grad(i)) {
+			if !finite(f32(grad, i)) {
 				return i
 			}
 		}
@@ -468,23 +531,18 @@ func (s *Store) pushDense(p *param, n int, grad func(int) float32) (applied, ski
 			}
 		}
 	}
-	g := make([]float32, min(chunk, n))
 	for c := range p.chunks {
 		if s.cfg.NaN == NaNSkip && badChunk(c) >= 0 {
 			skipped++
 			continue
 		}
 		lo, hi := c*chunk, min((c+1)*chunk, n)
-		g := g[:hi-lo]
-		for i := range g {
-			g[i] = grad(lo + i)
-		}
 		var h []float32
 		if p.h != nil {
 			h = p.h[lo:hi]
 		}
 		p.chunks[c].Lock()
-		apply(p.spec.Opt, p.w[lo:hi], h, g)
+		apply(p.spec.Opt, p.w[lo:hi], h, grad, lo)
 		p.chunks[c].Unlock()
 		applied++
 	}

@@ -20,11 +20,11 @@ import (
 // built in place in allocator buffers (CallBuffer); responses are read in
 // place in the buffers they landed in, then released.
 type rdmaClient struct {
-	ep    *bx.Endpoint
-	addrs []string
-	mu    []sync.Mutex
-	peers []*bx.Peer
-	next  atomic.Uint32
+	ep       *bx.Endpoint
+	addrs    []string
+	mu       []sync.Mutex
+	peers    []atomic.Pointer[bx.Peer] // read without mu; written under mu[i]
+	inflight atomic.Int32              // calls of this client in flight
 }
 
 func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
@@ -50,13 +50,20 @@ func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: client: %w", err)
 	}
-	return &rdmaClient{ep: ep, addrs: cfg.Servers, mu: make([]sync.Mutex, len(cfg.Servers)), peers: make([]*bx.Peer, len(cfg.Servers))}, nil
+	return &rdmaClient{ep: ep, addrs: cfg.Servers, mu: make([]sync.Mutex, len(cfg.Servers)), peers: make([]atomic.Pointer[bx.Peer], len(cfg.Servers))}, nil
 }
 
 func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
+	if p := t.peers[i].Load(); p != nil {
+		select {
+		case <-p.Done():
+		default:
+			return p, nil // the fast path: no lock
+		}
+	}
 	t.mu[i].Lock()
 	defer t.mu[i].Unlock()
-	if p := t.peers[i]; p != nil {
+	if p := t.peers[i].Load(); p != nil {
 		select {
 		case <-p.Done():
 			// Gone (the server died or restarted): dial again.
@@ -68,28 +75,56 @@ func (t *rdmaClient) peer(ctx context.Context, i int) (*bx.Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.peers[i] = p
+	t.peers[i].Store(p)
 	return p, nil
 }
 
-func (t *rdmaClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]byte, func(), error) {
+// smallRequest: a request up to this size (bx's default eager size) is
+// built in the call's own scratch buffer and sent with Peer.Call, which
+// copies it into a send buffer kept on its stack; a larger one is built in
+// place in an allocator buffer (Endpoint.Alloc, CallBuffer: no copy, but a
+// heap Buffer per call, which ps cannot keep: bx takes it).
+const smallRequest = 8192 - bx.HeaderSize
+
+func (t *rdmaClient) call(ctx context.Context, i int, k *call) error {
 	p, err := t.peer(ctx, i)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	b, err := t.ep.Alloc(n)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	n := k.size()
+	// Calls in flight spread over the streams (and so over the peer's
+	// lanes); a lone call (one worker, one outstanding) always takes the
+	// first, as a bare bx caller does, rather than alternating lanes.
+	stream := uint32(t.inflight.Add(1)-1) % Streams
+	defer t.inflight.Add(-1)
+	if k.inline() {
+		stream += Streams // served on the server's progress goroutine
 	}
-	fill(b.Payload())
-	m, err := p.CallBuffer(ctx, t.next.Add(1)%Streams, b)
+	var m *bx.Msg
+	if n <= smallRequest {
+		if cap(k.scratch) < n {
+			k.scratch = make([]byte, smallRequest)
+		}
+		b := k.scratch[:n]
+		k.fill(b)
+		m, err = p.Call(ctx, stream, b)
+	} else {
+		var b *bx.Buffer
+		if b, err = t.ep.Alloc(n); err != nil {
+			return fmt.Errorf("%w: %w", ErrTooLarge, err)
+		}
+		k.fill(b.Payload())
+		m, err = p.CallBuffer(ctx, stream, b)
+	}
 	if err != nil {
 		if bx.IsRemote(err) {
-			return nil, nil, fmt.Errorf("%w: %w", ErrInternal, err)
+			return fmt.Errorf("%w: %w", ErrInternal, err)
 		}
-		return nil, nil, err
+		return err
 	}
-	return m.Data(), m.Release, nil
+	k.finish(m.Data(), i)
+	m.Release()
+	return nil
 }
 
 func (t *rdmaClient) close() error { return t.ep.Close() }
@@ -106,11 +141,13 @@ type tcpClient struct {
 }
 
 type tcpConn struct {
-	c    net.Conn
-	br   *bufio.Reader
-	wbuf []byte
-	rbuf []byte
-	pool chan *tcpConn
+	c        net.Conn
+	br       *bufio.Reader
+	lb       [4]byte // a frame's length (here: io.ReadFull's argument escapes)
+	wbuf     []byte
+	rbuf     []byte
+	pool     chan *tcpConn
+	deadline bool // a deadline may be set on c
 }
 
 func newTCPClient(cfg ClientConfig) *tcpClient {
@@ -169,31 +206,35 @@ func (tc *tcpConn) put(done chan struct{}) {
 	}
 }
 
-func (t *tcpClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]byte, func(), error) {
+func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
+	n := k.size()
 	if n > t.max {
 		// As bx refuses it (Endpoint.Alloc), and as the server would.
-		return nil, nil, fmt.Errorf("%w: request of %d bytes, MaxMessage %d", ErrTooLarge, n, t.max)
+		return fmt.Errorf("%w: request of %d bytes, MaxMessage %d", ErrTooLarge, n, t.max)
 	}
 	tc, err := t.get(ctx, i)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if cap(tc.wbuf) < 4+n {
 		tc.wbuf = make([]byte, 4+n)
 	}
 	w := tc.wbuf[:4+n]
 	binary.LittleEndian.PutUint32(w, uint32(n))
-	fill(w[4:])
+	k.fill(w[4:])
 	if dl, ok := ctx.Deadline(); ok {
 		tc.c.SetDeadline(dl)
-	} else {
+		tc.deadline = true
+	} else if tc.deadline {
 		tc.c.SetDeadline(time.Time{})
+		tc.deadline = false
 	}
 	var stop func() bool
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { tc.c.SetDeadline(time.Unix(1, 0)) })
+		tc.deadline = true
 	}
-	fail := func(err error) ([]byte, func(), error) {
+	fail := func(err error) error {
 		if stop != nil {
 			stop()
 		}
@@ -201,31 +242,44 @@ func (t *tcpClient) call(ctx context.Context, i, n int, fill func([]byte)) ([]by
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return nil, nil, err
+		return err
 	}
 	if _, err := tc.c.Write(w); err != nil {
 		return fail(err)
 	}
-	var lb [4]byte
-	if _, err := io.ReadFull(tc.br, lb[:]); err != nil {
+	if _, err := io.ReadFull(tc.br, tc.lb[:]); err != nil {
 		return fail(err)
 	}
-	m := int(binary.LittleEndian.Uint32(lb[:]))
+	m := int(binary.LittleEndian.Uint32(tc.lb[:]))
 	if m > maxWireFloats*4+64 {
 		return fail(fmt.Errorf("%w: response frame of %d bytes", ErrMalformed, m))
 	}
-	if cap(tc.rbuf) < m {
-		tc.rbuf = make([]byte, m)
-	}
-	r := tc.rbuf[:m]
-	if _, err := io.ReadFull(tc.br, r); err != nil {
-		return fail(err)
+	var r []byte
+	peeked := m <= tc.br.Size()
+	if peeked {
+		// In place in the reader's buffer: no copy.
+		if r, err = tc.br.Peek(m); err != nil {
+			return fail(err)
+		}
+	} else {
+		if cap(tc.rbuf) < m {
+			tc.rbuf = make([]byte, m)
+		}
+		r = tc.rbuf[:m]
+		if _, err := io.ReadFull(tc.br, r); err != nil {
+			return fail(err)
+		}
 	}
 	if stop != nil && !stop() {
 		// The context ended as we finished: the deadline may be set.
 		return fail(ctx.Err())
 	}
-	return r, func() { tc.put(t.done) }, nil
+	k.finish(r, i)
+	if peeked {
+		tc.br.Discard(m)
+	}
+	tc.put(t.done)
+	return nil
 }
 
 func (t *tcpClient) close() error {

@@ -46,6 +46,7 @@ type perfBXOptions struct {
 	test    string
 	dev     string
 	size    int
+	resp    int // response bytes (--resp-size; default size: an echo)
 	iters   int
 	window  int
 	port    int
@@ -107,6 +108,8 @@ process.
 Options:
   -d, --ib-dev=<dev>     RDMA device (bx tests; default the first device)
   -s, --size=<size>      payload bytes each way (default 64)
+      --resp-size=<size> _lat tests: response payload bytes, when not SIZE
+                         (give it to both sides; the client checks it)
   -n, --iters=<iters>    calls (default 1000 lat, 5000 bw; >= 5)
   -t, --tx-depth=<n>     outstanding calls (bw tests, default 16)
   -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
@@ -136,6 +139,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 			fs.IntVar(f.p, n, f.def, "")
 		}
 	}
+	fs.IntVar(&o.resp, "resp-size", -1, "")
 	fs.DurationVar(&o.spin, "spin", 0, "")
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
@@ -158,9 +162,17 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 			o.iters = 5000
 		}
 	}
+	echo := o.resp < 0
+	if echo {
+		o.resp = o.size
+	}
 	switch {
 	case o.size < 0 || o.size > perfMaxSize:
 		return usageError("-s %d: message size must be 0..%d", o.size, perfMaxSize)
+	case o.resp > perfMaxSize:
+		return usageError("--resp-size %d: message size must be 0..%d", o.resp, perfMaxSize)
+	case !echo && (o.bw || o.grpc):
+		return usageError("--resp-size is for bx_lat and tcp_lat")
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -237,13 +249,18 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		token = []byte(t)
 	}
 	if !o.tcp {
-		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, MaxMessage: max(4<<20, o.size),
+		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, MaxMessage: max(4<<20, o.size, o.resp),
 			LaneMsgs: int64(max(64, 2*o.window))})
 		if err != nil {
 			return fail(err)
 		}
 		defer ep.Close()
-		ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+		if fixed := perfRespPayload(o); fixed != nil {
+			// Read-only: every call may return it at once.
+			ep.HandleInline(1, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return fixed, nil })
+		} else {
+			ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+		}
 	}
 	var tl net.Listener
 	if client {
@@ -288,7 +305,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 				return fail(err)
 			}
 			defer tl.Close()
-			go perfTCPEcho(tl)
+			go perfTCPEcho(tl, perfRespPayload(o))
 		} else if _, err := ep.Listen(laddr); err != nil {
 			return fail(err)
 		}
@@ -367,8 +384,8 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 				if err != nil {
 					return fail(fmt.Errorf("call %d: %v", i, err))
 				}
-				if len(resp) != o.size {
-					return fail(fmt.Errorf("call %d: response of %d bytes, want %d", i, len(resp), o.size))
+				if len(resp) != o.resp {
+					return fail(fmt.Errorf("call %d: response of %d bytes, want %d", i, len(resp), o.resp))
 				}
 				done()
 			}
@@ -447,7 +464,11 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		_, err = fmt.Fprintf(stdout, "%s\n", b)
 		return err
 	}
-	fmt.Fprintf(stdout, "%s %s: %d bytes each way, full round trip, %d outstanding\n", rep.Test, rep.Transport, o.size, o.window)
+	if o.resp != o.size {
+		fmt.Fprintf(stdout, "%s %s: %d bytes request, %d bytes response, full round trip, %d outstanding\n", rep.Test, rep.Transport, o.size, o.resp, o.window)
+	} else {
+		fmt.Fprintf(stdout, "%s %s: %d bytes each way, full round trip, %d outstanding\n", rep.Test, rep.Transport, o.size, o.window)
+	}
 	pr := perfReport{bw: o.bw, Latency: rep.Latency, Bandwidth: rep.Bandwidth}
 	pr.printLast(stdout)
 	fmt.Fprint(stdout, perfLine)
@@ -608,8 +629,22 @@ func (t *perfTCP) pipeline(req []byte, iters, window int) error {
 	return <-errc
 }
 
-// perfTCPEcho answers every frame on every connection with its payload.
-func perfTCPEcho(l net.Listener) {
+// perfRespPayload is the server's fixed response (--resp-size), or nil for
+// an echo.
+func perfRespPayload(o *perfBXOptions) []byte {
+	if o.resp == o.size {
+		return nil
+	}
+	b := make([]byte, o.resp)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}
+
+// perfTCPEcho answers every frame on every connection with its payload,
+// or with fixed if it is not nil.
+func perfTCPEcho(l net.Listener, fixed []byte) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -626,6 +661,9 @@ func perfTCPEcho(l net.Listener) {
 				p, err := t.read()
 				if err != nil {
 					return
+				}
+				if fixed != nil {
+					p = fixed
 				}
 				// A pipelining client: flush only when nothing more is
 				// buffered.

@@ -29,6 +29,8 @@ func TestPerfBX(t *testing.T) {
 		{"bx_lat --spin=-1ns", 20, ""},
 		{"tcp_lat", 50, ""},
 		{"tcp_lat -s 100000", 10, ""},
+		{"bx_lat -s 271 --resp-size 4116", 20, ""}, // a ps pull's bytes (scripts/bench-ps)
+		{"tcp_lat -s 271 --resp-size 4116", 20, ""},
 		{"bx_bw -s 4096 -t 8", 200, ""},
 		{"tcp_bw -s 4096 -t 8", 200, ""},
 		{"grpc_lat", 30, ""},

@@ -181,6 +181,8 @@ func psWorkloadOf(name string, servers int) (psWorkload, error) {
 	switch name {
 	case "inference":
 		return psWorkload{name, 4, []ps.Spec{emb}}, nil
+	case "pull":
+		return psWorkload{name, 1, []ps.Spec{emb}}, nil
 	case "training":
 		return psWorkload{name, 4, []ps.Spec{emb,
 			{Name: "dense_small", Kind: ps.Dense, Size: 4096, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 2},
@@ -188,7 +190,7 @@ func psWorkloadOf(name string, servers int) (psWorkload, error) {
 	case "incast":
 		return psWorkload{name, 16, []ps.Spec{{Name: incastTensor(servers), Kind: ps.Dense, Size: 16384, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.01}, Seed: 4}}}, nil
 	}
-	return psWorkload{}, fmt.Errorf("workload %q: want inference, training or incast", name)
+	return psWorkload{}, fmt.Errorf("workload %q: want inference, training, incast or pull", name)
 }
 
 // incastTensor is a dense tensor name the ring places on server 0: every
@@ -217,11 +219,67 @@ type psStepper struct {
 	push     *hist
 	ops      *atomic.Int64
 	incastNm string
+	// slots, with --depth N > 1 (pull workload, closed loop): the N pulls
+	// this worker goroutine keeps outstanding, each with its own buffers.
+	slots []pullSlot
 	// sched, when set (open loop, an arrival that was due before a worker
 	// goroutine was free), is the scheduled start of the step: its first
 	// operation's latency counts from it, so time spent queued behind
 	// earlier arrivals is not hidden. Cleared once used.
 	sched time.Time
+}
+
+// pullSlot is one outstanding pull (--depth).
+type pullSlot struct {
+	keys   []uint64
+	rows   []float32
+	p      *ps.Pending
+	t0     time.Time
+	record bool
+}
+
+// pullDeep is a pull step with several outstanding: it waits for the
+// oldest (recording its latency from its start until its Wait returned)
+// and starts the next in its slot.
+func (s *psStepper) pullDeep(ctx context.Context, h *hist) error {
+	sl := &s.slots[s.n%len(s.slots)]
+	var err error
+	if sl.p != nil {
+		_, err = sl.p.Wait()
+		if sl.record && h != nil {
+			h.add(time.Since(sl.t0))
+			s.ops.Add(1)
+		}
+	}
+	for i := range sl.keys {
+		sl.keys[i] = s.rng.Uint64N(embRows)
+	}
+	sl.t0, sl.record = time.Now(), h != nil
+	sl.p = s.c.PullAsync(ctx, "emb", sl.keys, sl.rows)
+	return err
+}
+
+// drain waits for the pulls still outstanding (not recorded: they end
+// after the measured time).
+func (s *psStepper) drain() {
+	for i := range s.slots {
+		if p := s.slots[i].p; p != nil {
+			p.Wait()
+			s.slots[i].p = nil
+		}
+	}
+}
+
+func checkDepth(depth int, workload string, rate float64) error {
+	switch {
+	case depth < 1 || depth > 1024:
+		return usageError("--depth %d: want 1..1024", depth)
+	case depth > 1 && workload != "pull":
+		return usageError("--depth %d: for the pull workload", depth)
+	case depth > 1 && rate != 0:
+		return usageError("--depth %d: closed loop only (not with --rate)", depth)
+	}
+	return nil
 }
 
 func (s *psStepper) timed(h *hist, f func() error) error {
@@ -269,6 +327,15 @@ func (s *psStepper) step(ctx context.Context, record bool) error {
 			s.grads(rows)
 			return s.timed(push, func() error { _, err := s.c.Push(ctx, "emb", keys, rows); return err })
 		}
+	case "pull":
+		// Inference's pull alone (32 keys of dim 32: a 271-byte request,
+		// a 4116-byte response), to set against the bare transport
+		// (scripts/bench-ps).
+		if s.slots != nil {
+			return s.pullDeep(ctx, pull)
+		}
+		keys := s.randKeys(32)
+		return s.timed(pull, func() error { return s.c.Pull(ctx, "emb", keys, s.rows[:32*embDim]) })
 	case "training":
 		keys := s.randKeys(128)
 		rows := s.rows[:128*embDim]
@@ -362,7 +429,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "rdma", "rdma or tcp")
 	addrs := fs.String("addrs", "", "server addresses, comma separated")
-	workload := fs.String("workload", "inference", "inference, training or incast")
+	workload := fs.String("workload", "inference", "inference, training, incast or pull")
 	workers := fs.Int("workers", 1, "worker goroutines")
 	duration := fs.Duration("duration", 10*time.Second, "measured time")
 	device := fs.String("device", "", "RDMA device")
@@ -370,7 +437,11 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT")
 	rate := fs.Float64("rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
+	depth := fs.Int("depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
 	if _, err := parseGetopt(fs, args); err != nil {
+		return err
+	}
+	if err := checkDepth(*depth, *workload, *rate); err != nil {
 		return err
 	}
 	if err := checkMetricsAddr(*metricsAddr); err != nil {
@@ -416,6 +487,12 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 		steppers[i] = &psStepper{c: c, w: w, rng: mrand.New(mrand.NewPCG(*seed, uint64(i))), keys: make([]uint64, 128),
 			rows: make([]float32, 128*embDim), small: make([]float32, 4096), large: make([]float32, 65536),
 			incast: make([]float32, 16384), pull: newHist(), push: newHist(), ops: &ops, incastNm: incastTensor(len(servers))}
+		if *depth > 1 {
+			steppers[i].slots = make([]pullSlot, *depth)
+			for j := range steppers[i].slots {
+				steppers[i].slots[j] = pullSlot{keys: make([]uint64, 32), rows: make([]float32, 32*embDim)}
+			}
+		}
 		// Warm up: connections, buffers, the servers' first touch.
 		for range 3 {
 			if err := steppers[i].step(ctx, false); err != nil {
@@ -445,6 +522,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer st.drain()
 			for time.Now().Before(end) {
 				if arr != nil {
 					at := arr.take()
@@ -510,6 +588,7 @@ type benchResult struct {
 	Workload  string    `json:"workload"`
 	Ops       []benchOp `json:"ops"`
 	Workers   int       `json:"workers"`
+	Depth     int       `json:"depth,omitempty"` // pulls outstanding per worker (--depth)
 	Servers   int       `json:"servers"`
 	Duration  float64   `json:"duration_s"`
 	CPU       float64   `json:"cpu_s"`
@@ -544,7 +623,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("goverbs ps bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transport := fs.String("transport", "rdma", "rdma (ByteExpress) or tcp")
-	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server)")
+	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server), pull (inference's pull alone, one worker)")
 	workers := fs.Int("workers", 0, "worker goroutines in all (default: 4, incast 16)")
 	servers := fs.Int("servers", 2, "servers to start")
 	procs := fs.Int("worker-procs", 0, "worker processes (default: one per 8 workers)")
@@ -555,6 +634,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
 	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
+	depth := fs.Int("depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
@@ -576,6 +656,9 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
 		return usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
+	}
+	if err := checkDepth(*depth, *workload, *rate+float64(len(*rates))); err != nil {
+		return err
 	}
 	if *metricsAddr != "" && len(rateList) > 1 {
 		return usageError("--metrics serves one run: not with --rates")
@@ -728,7 +811,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 			}
 			cmd := exec.Command(self, childArgs("ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
 				"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String(),
-				"--rate", strconv.FormatFloat(rate*float64(n)/float64(*workers), 'g', -1, 64))...)
+				"--rate", strconv.FormatFloat(rate*float64(n)/float64(*workers), 'g', -1, 64), "--depth", strconv.Itoa(*depth))...)
 			cmd.Stderr = stderr
 			in, _ := cmd.StdinPipe()
 			out, _ := cmd.StdoutPipe()
@@ -828,6 +911,9 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		}
 		c1 := readRDMACounters()
 		res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list)}
+		if *depth > 1 {
+			res.Depth = *depth
+		}
 		pull, push := newHist(), newHist()
 		var wall int64
 		for i, p := range wps {

@@ -168,3 +168,35 @@ func TestPSBenchOpenLoop(t *testing.T) {
 		t.Errorf("--rate -5: exit %d: %s", r.code, r.stderr)
 	}
 }
+
+// TestPSBenchDepth: --depth keeps several pulls outstanding per worker
+// (ps.Client.PullAsync); it is refused where it has no meaning.
+func TestPSBenchDepth(t *testing.T) {
+	transports := []string{"tcp"}
+	if len(rxetest.Active(t)) >= 2 {
+		transports = append(transports, "rdma")
+	}
+	for _, tr := range transports {
+		r := goverbs(t, 90*time.Second, "ps", "bench", "--transport", tr, "--workload", "pull", "--servers", "1", "--depth", "4", "--duration", "1s", "--json")
+		if r.code != 0 {
+			t.Fatalf("%s: exit %d: %s %s", tr, r.code, r.stdout, r.stderr)
+		}
+		var res benchResult
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatalf("%s: %v: %q", tr, err, r.stdout)
+		}
+		if res.Depth != 4 || res.Workload != "pull" || res.Errors != 0 || len(res.Ops) != 1 || res.Ops[0].Op != "pull" || res.Ops[0].Count == 0 {
+			t.Errorf("%s: %+v", tr, res)
+		}
+	}
+	for _, args := range [][]string{
+		{"--workload", "inference", "--depth", "2"},
+		{"--workload", "pull", "--depth", "2", "--rate", "100"},
+		{"--workload", "pull", "--depth", "0"},
+	} {
+		r := goverbs(t, 30*time.Second, append([]string{"ps", "bench", "--transport", "tcp"}, args...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, "--depth") {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error about --depth", args, r.code, r.stderr)
+		}
+	}
+}
