@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -26,6 +27,39 @@ var (
 	addr0 = netip.MustParseAddr("10.99.0.1")
 	addr1 = netip.MustParseAddr("10.99.0.2")
 )
+
+// TestMain checks that the suite leaves no kernel object (`rdma resource
+// show`: pd, cq, qp, mr, ctx and cm_id counts per device) and no file
+// descriptor behind.
+func TestMain(m *testing.M) {
+	before, haveRdma := resources()
+	fdsBefore := openFDs()
+	code := m.Run()
+	if code == 0 && haveRdma {
+		if after, _ := resources(); after != before {
+			fmt.Fprintf(os.Stderr, "kernel objects leaked:\nbefore: %s\nafter:  %s\n", before, after)
+			code = 1
+		}
+		if n := openFDs(); n > fdsBefore {
+			fmt.Fprintf(os.Stderr, "file descriptors leaked: %d before, %d after\n", fdsBefore, n)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func resources() (string, bool) {
+	out, err := exec.Command("rdma", "resource", "show").Output()
+	if err != nil || len(out) == 0 {
+		return "", false
+	}
+	return strings.TrimSpace(string(out)), true
+}
+
+func openFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
+}
 
 // needCM skips (or fails under GOVERBS_RXE=required) without two devices
 // and the rdma_cm device.
