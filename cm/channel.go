@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs"
 	"golang.org/x/sys/unix"
 )
 
@@ -197,6 +199,13 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 			ev.PrivateData = append([]byte(nil), u.Private_data[:n]...)
 		}
 		ev.QPN, ev.QKey = u.Qp_num, u.Qkey
+		if ev.Type == Established {
+			a := &u.Ah_attr
+			ev.AH = &uverbs.AHAttr{
+				Port: a.Port_num, DGID: append(net.IP(nil), a.Grh.Dgid[:]...), SGIDIndex: a.Grh.Sgid_index, UseSGID: a.Is_global != 0,
+				HopLimit: a.Grh.Hop_limit, TrafficClass: a.Grh.Traffic_class, FlowLabel: a.Grh.Flow_label, DLID: a.Dlid, SL: a.Sl,
+			}
+		}
 	}
 	if ev.Type == ConnectRequest {
 		if owner == nil || ch.closed {

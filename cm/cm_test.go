@@ -194,8 +194,12 @@ func newEnd(t *testing.T, id *cm.ID) *end {
 	if e.qp, err = id.CreateQP(e.pd, qp.Config{SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: 8, MaxRecvWR: 8}); err != nil {
 		t.Fatal(err)
 	}
-	if e.qp.State() != qp.Init {
-		t.Fatalf("QP in %v after CreateQP, want INIT", e.qp.State())
+	want := qp.Init
+	if id.PortSpace() == cm.UDP {
+		want = qp.RTS // a UD QP needs nothing of the peer
+	}
+	if e.qp.State() != want {
+		t.Fatalf("QP in %v after CreateQP, want %v", e.qp.State(), want)
 	}
 	return e
 }
@@ -351,6 +355,94 @@ func TestConnect(t *testing.T) {
 	}
 	if err := cli.WaitDisconnect(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUD: a SIDR exchange on the UDP port space. The client learns the
+// server's QPN, Q_Key and address from ESTABLISHED, makes an AH from it and
+// sends a datagram the server receives behind its 40-byte GRH.
+func TestUD(t *testing.T) {
+	needCM(t)
+	checkCMIDs(t)
+	ctx := testCtx(t)
+	ch := openChannel(t)
+	lis, err := ch.CreateID(cm.UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	dst := netip.AddrPortFrom(addr1, port())
+	if err := lis.Bind(dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := lis.Listen(2); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := ch.CreateID(cm.UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.ResolveRoute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := newEnd(t, cli)
+	type result struct {
+		ev  cm.Event
+		err error
+	}
+	cres := make(chan result, 1)
+	go func() {
+		ev, err := cli.Connect(ctx, cm.ConnParam{PrivateData: []byte("ud hello")})
+		cres <- result{ev, err}
+	}()
+	req, err := lis.GetRequest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(req.PrivateData, []byte("ud hello")) {
+		t.Errorf("SIDR request private data %q", req.PrivateData)
+	}
+	s := newEnd(t, req.ID)
+	if err := s.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{must(s.mr.SGE(0, 40+256))}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The Q_Key is the one the kernel gave the QPs at INIT: RDMA_UDP_QKEY.
+	const qkey = 0x01234567
+	if _, err := req.ID.Accept(ctx, cm.ConnParam{PrivateData: []byte("ud welcome")}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-cres
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	ev := r.ev
+	if ev.Type != cm.Established || ev.QPN != s.qp.QPN() || ev.QKey != qkey || ev.AH == nil {
+		t.Fatalf("SIDR reply %v: QPN %d (want %d), QKey %#x (want %#x), AH %+v", ev, ev.QPN, s.qp.QPN(), ev.QKey, qkey, ev.AH)
+	}
+	if !bytes.HasPrefix(ev.PrivateData, []byte("ud welcome")) {
+		t.Errorf("SIDR reply private data %q", ev.PrivateData)
+	}
+	t.Logf("AH %+v", *ev.AH)
+	ah, err := c.pd.CreateAH(*ev.AH)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Close()
+	msg := []byte("datagram over rdma_cm")
+	copy(c.mem.Bytes(), msg)
+	if err := c.qp.PostSend([]qp.SendWR{{ID: 2, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{must(c.mr.SGE(0, len(msg)))},
+		AH: ah.Provider(), RemoteQPN: ev.QPN, RemoteQKey: ev.QKey}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := c.poll(t); wc.Err() != nil {
+		t.Fatal(wc.Err())
+	}
+	wc := s.poll(t)
+	if wc.Err() != nil || int(wc.ByteLen) != 40+len(msg) || !bytes.Equal(s.mem.Bytes()[40:40+len(msg)], msg) {
+		t.Fatalf("server received %+v %q", wc, s.mem.Bytes()[40:40+len(msg)])
 	}
 }
 

@@ -49,6 +49,20 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 		q.Close()
 		return nil, fmt.Errorf("cm: create QP: %w", err)
 	}
+	if cfg.Type == qp.UD {
+		// A UD QP is ready once the kernel's Q_Key is in (librdmacm's
+		// ucma_init_ud_qp): RTR and RTS need nothing of the peer. ToRTS
+		// from INIT keeps the kernel's INIT attributes and records the
+		// port's MTU, the largest datagram.
+		a, _, err := id.InitQPAttr(qp.Init)
+		if err == nil {
+			err = q.ToRTS(qp.UDOptions{Port: a.Port, QKey: a.QKey})
+		}
+		if err != nil {
+			q.Close()
+			return nil, fmt.Errorf("cm: create QP: %w", err)
+		}
+	}
 	id.mu.Lock()
 	if id.closed {
 		id.mu.Unlock()
@@ -124,7 +138,9 @@ type ConnParam struct {
 	// QPN is used when the ID has no QP of its own (the caller moves its
 	// QP with InitQPAttr); ignored otherwise.
 	QPN uint32
-	// QKey of a UD QP (accept on a UDP ID).
+	// QKey of a UD QP (accept on a UDP ID). With a QP made by CreateQP
+	// leave it 0: the kernel answers with the Q_Key it gave that QP
+	// (0x01234567 on the UDP port space).
 	QKey uint32
 }
 
@@ -168,7 +184,8 @@ func (id *ID) connParam(p ConnParam, op string, maxData int) (ioctl.UcmConnParam
 }
 
 // Connect sends a connect request (after ResolveRoute) and waits for the
-// answer. With a QP (CreateQP) it then moves the QP to RTR and RTS with the
+// answer. On a UDP ID it is a SIDR request: the Established event carries
+// the peer's QPN, Q_Key and address handle attributes (Event.AH). With a QP (CreateQP) it then moves the QP to RTR and RTS with the
 // kernel's attributes and completes the handshake (RTU); the event returned
 // carries the peer's private data. A reject is an *EventError with the
 // reason and the peer's private data.
@@ -179,10 +196,13 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 	if err := id.check("connect"); err != nil {
 		return Event{}, err
 	}
+	max := MaxConnectData
 	if id.ps == UDP {
-		return Event{}, errors.New("cm: connect: UD connect (SIDR) is not implemented yet")
+		// A SIDR request: the answer is ESTABLISHED with the peer's QPN,
+		// Q_Key and address (Event.AH), or REJECTED / UNREACHABLE.
+		max = MaxUDConnectData
 	}
-	cp, err := id.connParam(p, "connect", MaxConnectData)
+	cp, err := id.connParam(p, "connect", max)
 	if err != nil {
 		return Event{}, err
 	}

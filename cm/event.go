@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/goverbs/goverbs/uverbs"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,6 +68,9 @@ type Event struct {
 	RetryCount         uint8
 	RNRRetryCount      uint8
 	SRQ                bool
+	// AH is where a UD peer is (a UDP ID's ESTABLISHED): give it to
+	// uverbs.PD.CreateAH and send to QPN with QKey.
+	AH *uverbs.AHAttr
 }
 
 func (e Event) String() string {
