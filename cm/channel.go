@@ -85,8 +85,16 @@ func (ch *Channel) Close() error {
 	return errors.Join(errs...)
 }
 
-// Fd returns the descriptor (for diagnostics; the channel owns it).
-func (ch *Channel) Fd() int { return int(ch.file.Fd()) }
+// Fd returns the descriptor (for diagnostics; the channel owns it), or -1
+// once closed. It does not use os.File.Fd, which would make the
+// descriptor blocking and take it away from the netpoller.
+func (ch *Channel) Fd() int {
+	fd := -1
+	if err := ch.rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1
+	}
+	return fd
+}
 
 // command writes one ucma command: struct rdma_ucm_cmd_hdr, then the
 // command struct in (inLen bytes). When out is not nil the kernel writes

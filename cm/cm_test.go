@@ -639,8 +639,24 @@ func TestBadInput(t *testing.T) {
 	} else {
 		t.Log(err)
 	}
+	// Close while a Wait is parked: it returns ErrClosed.
+	waitErr := make(chan error, 1)
+	go func() { _, err := id.Wait(ctx); waitErr <- err }()
+	time.Sleep(50 * time.Millisecond)
+	if ch.Fd() < 0 {
+		t.Error("Fd of an open channel < 0")
+	}
 	if err := ch.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-waitErr; !errors.Is(err, cm.ErrClosed) {
+		t.Errorf("Wait across Close: %v, want ErrClosed", err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if ch.Fd() != -1 {
+		t.Error("Fd of a closed channel is not -1")
 	}
 	if _, err := ch.CreateID(cm.TCP); !errors.Is(err, cm.ErrClosed) {
 		t.Errorf("CreateID after Close: %v", err)
