@@ -219,6 +219,48 @@ const (
 	RDMA_DRIVER_USNIC                              = 0xd
 	RDMA_DRIVER_VMW_PVRDMA                         = 0xa
 	RDMA_IOCTL_MAGIC                               = 0x1b
+	RDMA_MAX_PRIVATE_DATA                          = 0x100
+	RDMA_MC_JOIN_FLAG_FULLMEMBER                   = 0x0
+	RDMA_MC_JOIN_FLAG_RESERVED                     = 0x2
+	RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER          = 0x1
+	RDMA_OPTION_IB                                 = 0x1
+	RDMA_OPTION_IB_PATH                            = 0x1
+	RDMA_OPTION_ID                                 = 0x0
+	RDMA_OPTION_ID_ACK_TIMEOUT                     = 0x3
+	RDMA_OPTION_ID_AFONLY                          = 0x2
+	RDMA_OPTION_ID_REUSEADDR                       = 0x1
+	RDMA_OPTION_ID_TOS                             = 0x0
+	RDMA_PS_IB                                     = 0x13f
+	RDMA_PS_IPOIB                                  = 0x2
+	RDMA_PS_TCP                                    = 0x106
+	RDMA_PS_UDP                                    = 0x111
+	RDMA_USER_CM_ABI_VERSION                       = 0x4
+	RDMA_USER_CM_CMD_ACCEPT                        = 0x8
+	RDMA_USER_CM_CMD_BIND                          = 0x14
+	RDMA_USER_CM_CMD_BIND_IP                       = 0x2
+	RDMA_USER_CM_CMD_CONNECT                       = 0x6
+	RDMA_USER_CM_CMD_CREATE_ID                     = 0x0
+	RDMA_USER_CM_CMD_DESTROY_ID                    = 0x1
+	RDMA_USER_CM_CMD_DISCONNECT                    = 0xa
+	RDMA_USER_CM_CMD_GET_EVENT                     = 0xc
+	RDMA_USER_CM_CMD_GET_OPTION                    = 0xd
+	RDMA_USER_CM_CMD_INIT_QP_ATTR                  = 0xb
+	RDMA_USER_CM_CMD_JOIN_IP_MCAST                 = 0x10
+	RDMA_USER_CM_CMD_JOIN_MCAST                    = 0x16
+	RDMA_USER_CM_CMD_LEAVE_MCAST                   = 0x11
+	RDMA_USER_CM_CMD_LISTEN                        = 0x7
+	RDMA_USER_CM_CMD_MIGRATE_ID                    = 0x12
+	RDMA_USER_CM_CMD_NOTIFY                        = 0xf
+	RDMA_USER_CM_CMD_QUERY                         = 0x13
+	RDMA_USER_CM_CMD_QUERY_ROUTE                   = 0x5
+	RDMA_USER_CM_CMD_REJECT                        = 0x9
+	RDMA_USER_CM_CMD_RESOLVE_ADDR                  = 0x15
+	RDMA_USER_CM_CMD_RESOLVE_IP                    = 0x3
+	RDMA_USER_CM_CMD_RESOLVE_ROUTE                 = 0x4
+	RDMA_USER_CM_CMD_SET_OPTION                    = 0xe
+	RDMA_USER_CM_QUERY_ADDR                        = 0x0
+	RDMA_USER_CM_QUERY_GID                         = 0x2
+	RDMA_USER_CM_QUERY_PATH                        = 0x1
 	RDMA_VERBS_IOCTL                               = 0xc0181b01
 	RXE_NETWORK_TYPE_IPV4                          = 0x1
 	RXE_NETWORK_TYPE_IPV6                          = 0x2
@@ -423,6 +465,7 @@ const (
 	RxeQueueBufOffProducer                         = 0x80
 	RxeQueueBufOffConsumer                         = 0x100
 	RxeQueueBufOffData                             = 0x180
+	UcmEventRespOffParam                           = 0x14
 	SizeofIoctlHdr                                 = 0x18
 	SizeofAttr                                     = 0x10
 	SizeofCmdHdr                                   = 0x8
@@ -496,6 +539,35 @@ const (
 	SizeofRxeCreateSRQResp                         = 0x18
 	SizeofRxeModifySRQCmd                          = 0x8
 	SizeofRxeQueueBuf                              = 0x180
+	SizeofIn6Addr                                  = 0x10
+	SizeofSockaddrIn6                              = 0x1c
+	SizeofSockaddrStorage                          = 0x80
+	SizeofUserPathRec                              = 0x40
+	SizeofUcmCmdHdr                                = 0x8
+	SizeofUcmCreateID                              = 0x18
+	SizeofUcmCreateIDResp                          = 0x4
+	SizeofUcmDestroyID                             = 0x10
+	SizeofUcmDestroyIDResp                         = 0x4
+	SizeofUcmBind                                  = 0x88
+	SizeofUcmResolveAddr                           = 0x110
+	SizeofUcmResolveRoute                          = 0x8
+	SizeofUcmQuery                                 = 0x10
+	SizeofUcmQueryRouteResp                        = 0xd0
+	SizeofUcmQueryAddrResp                         = 0x118
+	SizeofUcmConnParam                             = 0x110
+	SizeofUcmUDParam                               = 0x130
+	SizeofUcmECE                                   = 0x8
+	SizeofUcmConnect                               = 0x120
+	SizeofUcmListen                                = 0x8
+	SizeofUcmAccept                                = 0x128
+	SizeofUcmReject                                = 0x108
+	SizeofUcmDisconnect                            = 0x4
+	SizeofUcmInitQPAttr                            = 0x10
+	SizeofUcmNotify                                = 0x8
+	SizeofUcmJoinMcast                             = 0x98
+	SizeofUcmGetEvent                              = 0x8
+	SizeofUcmEventResp                             = 0x150
+	SizeofUcmSetOption                             = 0x18
 )
 
 type IoctlHdr struct {
@@ -1064,4 +1136,196 @@ type RxeQueueBuf struct {
 	Pad_2          [31]uint32
 	Consumer_index uint32
 	Pad_3          [31]uint32
+}
+type In6Addr struct {
+	U [16]byte
+}
+type SockaddrIn6 struct {
+	Family   uint16
+	Port     uint16
+	Flowinfo uint32
+	Addr     In6Addr
+	Scope_id uint32
+}
+type SockaddrStorage struct {
+	Anon0 [128]byte
+}
+type UserPathRec struct {
+	Dgid                      [16]uint8
+	Sgid                      [16]uint8
+	Dlid                      uint16
+	Slid                      uint16
+	Raw_traffic               uint32
+	Flow_label                uint32
+	Reversible                uint32
+	Mtu                       uint32
+	Pkey                      uint16
+	Hop_limit                 uint8
+	Traffic_class             uint8
+	Numb_path                 uint8
+	Sl                        uint8
+	Mtu_selector              uint8
+	Rate_selector             uint8
+	Rate                      uint8
+	Packet_life_time_selector uint8
+	Packet_life_time          uint8
+	Preference                uint8
+}
+type UcmCmdHdr struct {
+	Cmd uint32
+	In  uint16
+	Out uint16
+}
+type UcmCreateID struct {
+	Uid      uint64
+	Response uint64
+	Ps       uint16
+	Type     uint8
+	Reserved [5]uint8
+}
+type UcmCreateIDResp struct {
+	Id uint32
+}
+type UcmDestroyID struct {
+	Response uint64
+	Id       uint32
+	Reserved uint32
+}
+type UcmDestroyIDResp struct {
+	Reported uint32
+}
+type UcmBind struct {
+	Id       uint32
+	Size     uint16
+	Reserved uint16
+	Addr     SockaddrStorage
+}
+type UcmResolveAddr struct {
+	Id         uint32
+	Timeout_ms uint32
+	Src_size   uint16
+	Dst_size   uint16
+	Reserved   uint32
+	Src_addr   SockaddrStorage
+	Dst_addr   SockaddrStorage
+}
+type UcmResolveRoute struct {
+	Id uint32
+	Ms uint32
+}
+type UcmQuery struct {
+	Response uint64
+	Id       uint32
+	Option   uint32
+}
+type UcmQueryRouteResp struct {
+	Node_guid   uint64
+	Ib_route    [2]UserPathRec
+	Src_addr    SockaddrIn6
+	Dst_addr    SockaddrIn6
+	Num_paths   uint32
+	Port_num    uint8
+	Reserved    [3]uint8
+	Ibdev_index uint32
+	Reserved1   uint32
+}
+type UcmQueryAddrResp struct {
+	Node_guid   uint64
+	Port_num    uint8
+	Reserved    uint8
+	Pkey        uint16
+	Src_size    uint16
+	Dst_size    uint16
+	Src_addr    SockaddrStorage
+	Dst_addr    SockaddrStorage
+	Ibdev_index uint32
+	Reserved1   uint32
+}
+type UcmConnParam struct {
+	Qp_num              uint32
+	Qkey                uint32
+	Private_data        [256]uint8
+	Private_data_len    uint8
+	Srq                 uint8
+	Responder_resources uint8
+	Initiator_depth     uint8
+	Flow_control        uint8
+	Retry_count         uint8
+	Rnr_retry_count     uint8
+	Valid               uint8
+}
+type UcmUDParam struct {
+	Qp_num           uint32
+	Qkey             uint32
+	Ah_attr          AHAttr
+	Private_data     [256]uint8
+	Private_data_len uint8
+	Reserved         [7]uint8
+}
+type UcmECE struct {
+	Vendor_id uint32
+	Attr_mod  uint32
+}
+type UcmConnect struct {
+	Param    UcmConnParam
+	Id       uint32
+	Reserved uint32
+	Ece      UcmECE
+}
+type UcmListen struct {
+	Id      uint32
+	Backlog uint32
+}
+type UcmAccept struct {
+	Uid      uint64
+	Param    UcmConnParam
+	Id       uint32
+	Reserved uint32
+	Ece      UcmECE
+}
+type UcmReject struct {
+	Id       uint32
+	Data_len uint8
+	Reason   uint8
+	Reserved [2]uint8
+	Data     [256]uint8
+}
+type UcmDisconnect struct {
+	Id uint32
+}
+type UcmInitQPAttr struct {
+	Response uint64
+	Id       uint32
+	State    uint32
+}
+type UcmNotify struct {
+	Id    uint32
+	Event uint32
+}
+type UcmJoinMcast struct {
+	Response   uint64
+	Uid        uint64
+	Id         uint32
+	Addr_size  uint16
+	Join_flags uint16
+	Addr       SockaddrStorage
+}
+type UcmGetEvent struct {
+	Response uint64
+}
+type UcmEventResp struct {
+	Uid      uint64
+	Id       uint32
+	Event    uint32
+	Status   uint32
+	Param    [304]byte
+	Reserved uint32
+	Ece      UcmECE
+}
+type UcmSetOption struct {
+	Optval  uint64
+	Id      uint32
+	Level   uint32
+	Optname uint32
+	Optlen  uint32
 }

@@ -94,6 +94,35 @@ func TestSizes(t *testing.T) {
 		{"RxeCreateSRQResp", unsafe.Sizeof(ioctl.RxeCreateSRQResp{}), ioctl.SizeofRxeCreateSRQResp},
 		{"RxeModifySRQCmd", unsafe.Sizeof(ioctl.RxeModifySRQCmd{}), ioctl.SizeofRxeModifySRQCmd},
 		{"RxeQueueBuf", unsafe.Sizeof(ioctl.RxeQueueBuf{}), ioctl.SizeofRxeQueueBuf},
+		{"In6Addr", unsafe.Sizeof(ioctl.In6Addr{}), ioctl.SizeofIn6Addr},
+		{"SockaddrIn6", unsafe.Sizeof(ioctl.SockaddrIn6{}), ioctl.SizeofSockaddrIn6},
+		{"SockaddrStorage", unsafe.Sizeof(ioctl.SockaddrStorage{}), ioctl.SizeofSockaddrStorage},
+		{"UserPathRec", unsafe.Sizeof(ioctl.UserPathRec{}), ioctl.SizeofUserPathRec},
+		{"UcmCmdHdr", unsafe.Sizeof(ioctl.UcmCmdHdr{}), ioctl.SizeofUcmCmdHdr},
+		{"UcmCreateID", unsafe.Sizeof(ioctl.UcmCreateID{}), ioctl.SizeofUcmCreateID},
+		{"UcmCreateIDResp", unsafe.Sizeof(ioctl.UcmCreateIDResp{}), ioctl.SizeofUcmCreateIDResp},
+		{"UcmDestroyID", unsafe.Sizeof(ioctl.UcmDestroyID{}), ioctl.SizeofUcmDestroyID},
+		{"UcmDestroyIDResp", unsafe.Sizeof(ioctl.UcmDestroyIDResp{}), ioctl.SizeofUcmDestroyIDResp},
+		{"UcmBind", unsafe.Sizeof(ioctl.UcmBind{}), ioctl.SizeofUcmBind},
+		{"UcmResolveAddr", unsafe.Sizeof(ioctl.UcmResolveAddr{}), ioctl.SizeofUcmResolveAddr},
+		{"UcmResolveRoute", unsafe.Sizeof(ioctl.UcmResolveRoute{}), ioctl.SizeofUcmResolveRoute},
+		{"UcmQuery", unsafe.Sizeof(ioctl.UcmQuery{}), ioctl.SizeofUcmQuery},
+		{"UcmQueryRouteResp", unsafe.Sizeof(ioctl.UcmQueryRouteResp{}), ioctl.SizeofUcmQueryRouteResp},
+		{"UcmQueryAddrResp", unsafe.Sizeof(ioctl.UcmQueryAddrResp{}), ioctl.SizeofUcmQueryAddrResp},
+		{"UcmConnParam", unsafe.Sizeof(ioctl.UcmConnParam{}), ioctl.SizeofUcmConnParam},
+		{"UcmUDParam", unsafe.Sizeof(ioctl.UcmUDParam{}), ioctl.SizeofUcmUDParam},
+		{"UcmECE", unsafe.Sizeof(ioctl.UcmECE{}), ioctl.SizeofUcmECE},
+		{"UcmConnect", unsafe.Sizeof(ioctl.UcmConnect{}), ioctl.SizeofUcmConnect},
+		{"UcmListen", unsafe.Sizeof(ioctl.UcmListen{}), ioctl.SizeofUcmListen},
+		{"UcmAccept", unsafe.Sizeof(ioctl.UcmAccept{}), ioctl.SizeofUcmAccept},
+		{"UcmReject", unsafe.Sizeof(ioctl.UcmReject{}), ioctl.SizeofUcmReject},
+		{"UcmDisconnect", unsafe.Sizeof(ioctl.UcmDisconnect{}), ioctl.SizeofUcmDisconnect},
+		{"UcmInitQPAttr", unsafe.Sizeof(ioctl.UcmInitQPAttr{}), ioctl.SizeofUcmInitQPAttr},
+		{"UcmNotify", unsafe.Sizeof(ioctl.UcmNotify{}), ioctl.SizeofUcmNotify},
+		{"UcmJoinMcast", unsafe.Sizeof(ioctl.UcmJoinMcast{}), ioctl.SizeofUcmJoinMcast},
+		{"UcmGetEvent", unsafe.Sizeof(ioctl.UcmGetEvent{}), ioctl.SizeofUcmGetEvent},
+		{"UcmEventResp", unsafe.Sizeof(ioctl.UcmEventResp{}), ioctl.SizeofUcmEventResp},
+		{"UcmSetOption", unsafe.Sizeof(ioctl.UcmSetOption{}), ioctl.SizeofUcmSetOption},
 	}
 	for _, tc := range sizes {
 		if tc.got != tc.want {
@@ -102,6 +131,47 @@ func TestSizes(t *testing.T) {
 	}
 	if n, want := len(sizeofConst.FindAllString(readZtypes(t), -1)), len(sizes); n != want {
 		t.Errorf("ztypes_linux.go has %d Sizeof constants, this test lists %d: add the new types to TestSizes", n, want)
+	}
+}
+
+// TestUcmLayout pins the rdma_cm (ucma) command sizes to the layout of
+// include/uapi/rdma/rdma_user_cm.h, counted by hand from the header: the
+// kernel's ucma_write rejects a command shorter than its struct, and a
+// response is copied out at its full size, so a wrong size is either EINVAL
+// or a kernel write past our buffer.
+func TestUcmLayout(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"rdma_ucm_cmd_hdr", ioctl.SizeofUcmCmdHdr, 8},
+		{"rdma_ucm_create_id", ioctl.SizeofUcmCreateID, 24},
+		{"rdma_ucm_destroy_id", ioctl.SizeofUcmDestroyID, 16},
+		{"rdma_ucm_bind", ioctl.SizeofUcmBind, 8 + 128},
+		{"rdma_ucm_resolve_addr", ioctl.SizeofUcmResolveAddr, 16 + 2*128},
+		{"rdma_ucm_resolve_route", ioctl.SizeofUcmResolveRoute, 8},
+		{"rdma_ucm_query", ioctl.SizeofUcmQuery, 16},
+		{"rdma_ucm_query_route_resp", ioctl.SizeofUcmQueryRouteResp, 8 + 2*64 + 2*28 + 16},
+		{"rdma_ucm_query_addr_resp", ioctl.SizeofUcmQueryAddrResp, 16 + 2*128 + 8},
+		{"rdma_ucm_conn_param", ioctl.SizeofUcmConnParam, 8 + 256 + 8},
+		{"rdma_ucm_ud_param", ioctl.SizeofUcmUDParam, 8 + 32 + 256 + 8},
+		{"rdma_ucm_connect", ioctl.SizeofUcmConnect, 272 + 16},
+		{"rdma_ucm_listen", ioctl.SizeofUcmListen, 8},
+		{"rdma_ucm_accept", ioctl.SizeofUcmAccept, 8 + 272 + 16},
+		{"rdma_ucm_reject", ioctl.SizeofUcmReject, 8 + 256},
+		{"rdma_ucm_init_qp_attr", ioctl.SizeofUcmInitQPAttr, 16},
+		{"rdma_ucm_get_event", ioctl.SizeofUcmGetEvent, 8},
+		{"rdma_ucm_event_resp", ioctl.SizeofUcmEventResp, 20 + 304 + 4 + 8},
+		{"rdma_ucm_join_mcast", ioctl.SizeofUcmJoinMcast, 24 + 128},
+		{"rdma_ucm_set_option", ioctl.SizeofUcmSetOption, 24},
+		{"param offset in rdma_ucm_event_resp", ioctl.UcmEventRespOffParam, 20},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: generated %d bytes, the uapi header's layout is %d", tc.name, tc.got, tc.want)
+		}
+	}
+	if ioctl.RDMA_USER_CM_ABI_VERSION != 4 || ioctl.RDMA_MAX_PRIVATE_DATA != 256 || ioctl.RDMA_PS_TCP != 0x106 || ioctl.RDMA_USER_CM_CMD_JOIN_MCAST != 22 {
+		t.Errorf("ucma constants changed: ABI %d, private data %d, PS_TCP %#x, JOIN_MCAST %d", ioctl.RDMA_USER_CM_ABI_VERSION, ioctl.RDMA_MAX_PRIVATE_DATA, ioctl.RDMA_PS_TCP, ioctl.RDMA_USER_CM_CMD_JOIN_MCAST)
 	}
 }
 

@@ -61,7 +61,7 @@ func cacheDir() (string, error) {
 // busybox for stage 1, and what the guest runs from the shared host root
 // (rdma, ip, modprobe, the verbs provider for rxe, test tools).
 var debDeps = []string{"qemu-system-x86", "busybox-static", "rdma-core", "ibverbs-providers", "ibverbs-utils",
-	"perftest", "iproute2", "kmod", "xz-utils", "coreutils", "util-linux"}
+	"perftest", "rdmacm-utils", "iproute2", "kmod", "xz-utils", "coreutils", "util-linux"}
 
 // Commands the guest cannot do without (found on the host: the guest sees
 // the host's /).

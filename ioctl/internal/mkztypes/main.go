@@ -30,6 +30,7 @@ var headers = []string{
 	"rdma/ib_user_ioctl_verbs.h",
 	"rdma/ib_user_verbs.h",
 	"rdma/rdma_user_rxe.h",
+	"rdma/rdma_user_cm.h",
 }
 
 // defines are the object-like macros worth exporting; enums are taken whole.
@@ -43,6 +44,8 @@ var defines = []string{
 	"IB_USER_VERBS_CMD_COMMAND_MASK",
 	"IB_USER_VERBS_CMD_FLAG_EXTENDED",
 	"IB_DEVICE_NAME_MAX",
+	"RDMA_USER_CM_ABI_VERSION",
+	"RDMA_MAX_PRIVATE_DATA",
 }
 
 // types maps the Go name to the C type. Unions come out as byte arrays; the
@@ -126,6 +129,37 @@ var types = [][2]string{
 	{"RxeCreateSRQResp", "struct rxe_create_srq_resp"},
 	{"RxeModifySRQCmd", "struct rxe_modify_srq_cmd"},
 	{"RxeQueueBuf", "struct rxe_queue_buf"},
+
+	// rdma_cm (the ucma ABI of /dev/infiniband/rdma_cm)
+	{"In6Addr", "struct in6_addr"},
+	{"SockaddrIn6", "struct sockaddr_in6"},
+	{"SockaddrStorage", "struct __kernel_sockaddr_storage"},
+	{"UserPathRec", "struct ib_user_path_rec"},
+	{"UcmCmdHdr", "struct rdma_ucm_cmd_hdr"},
+	{"UcmCreateID", "struct rdma_ucm_create_id"},
+	{"UcmCreateIDResp", "struct rdma_ucm_create_id_resp"},
+	{"UcmDestroyID", "struct rdma_ucm_destroy_id"},
+	{"UcmDestroyIDResp", "struct rdma_ucm_destroy_id_resp"},
+	{"UcmBind", "struct rdma_ucm_bind"},
+	{"UcmResolveAddr", "struct rdma_ucm_resolve_addr"},
+	{"UcmResolveRoute", "struct rdma_ucm_resolve_route"},
+	{"UcmQuery", "struct rdma_ucm_query"},
+	{"UcmQueryRouteResp", "struct rdma_ucm_query_route_resp"},
+	{"UcmQueryAddrResp", "struct rdma_ucm_query_addr_resp"},
+	{"UcmConnParam", "struct rdma_ucm_conn_param"},
+	{"UcmUDParam", "struct rdma_ucm_ud_param"},
+	{"UcmECE", "struct rdma_ucm_ece"},
+	{"UcmConnect", "struct rdma_ucm_connect"},
+	{"UcmListen", "struct rdma_ucm_listen"},
+	{"UcmAccept", "struct rdma_ucm_accept"},
+	{"UcmReject", "struct rdma_ucm_reject"},
+	{"UcmDisconnect", "struct rdma_ucm_disconnect"},
+	{"UcmInitQPAttr", "struct rdma_ucm_init_qp_attr"},
+	{"UcmNotify", "struct rdma_ucm_notify"},
+	{"UcmJoinMcast", "struct rdma_ucm_join_mcast"},
+	{"UcmGetEvent", "struct rdma_ucm_get_event"},
+	{"UcmEventResp", "struct rdma_ucm_event_resp"},
+	{"UcmSetOption", "struct rdma_ucm_set_option"},
 }
 
 // offsets are byte offsets the data path needs inside unions and flexible
@@ -145,6 +179,7 @@ var offsets = [][3]string{
 	{"RxeQueueBufOffProducer", "struct rxe_queue_buf", "producer_index"},
 	{"RxeQueueBufOffConsumer", "struct rxe_queue_buf", "consumer_index"},
 	{"RxeQueueBufOffData", "struct rxe_queue_buf", "data"},
+	{"UcmEventRespOffParam", "struct rdma_ucm_event_resp", "param"},
 }
 
 var (

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+// rpingPort hands out rdma_cm ports for these tests.
+var rpingPort = 7300
+
+// rpingData is what rping.c's client puts in its buffer for ping i, up to
+// the terminating zero (size-1 bytes): the text, then letters from 'A'+i.
+func rpingData(i, size int) string {
+	b := []byte(fmt.Sprintf("rdma-ping-%d: ", i))
+	c := byte(65 + i%58)
+	for len(b) < size-1 {
+		b = append(b, c)
+		c++
+		if c > 122 {
+			c = 65
+		}
+	}
+	return string(b[:size-1])
+}
+
+// waitCMListen waits until a listener on addr:port shows in `rdma resource
+// show cm_id`, or the server exited.
+func waitCMListen(t *testing.T, addr string, port int, done <-chan struct{}) {
+	t.Helper()
+	want := fmt.Sprintf("src-addr %s:%d", addr, port)
+	deadline := time.Now().Add(hang.Scale(30 * time.Second))
+	for time.Now().Before(deadline) {
+		out, _ := exec.Command("rdma", "resource", "show", "cm_id").Output()
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "LISTEN") && strings.Contains(l, want) {
+				return
+			}
+		}
+		select {
+		case <-done:
+			t.Fatal("the server exited before it listened")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("no listener on %s:%d after %v", addr, port, hang.Scale(30*time.Second))
+}
+
+// TestRpingInterop runs goverbs rping against rdma-core's rping (rdmacm-utils)
+// both ways and against itself, rxe0 (10.99.0.1) -> rxe1 (10.99.0.2): the
+// client validates (-V) and both print every ping's data (-v), which must
+// be rping's pattern.
+func TestRpingInterop(t *testing.T) {
+	rxetest.Pair(t)
+	rping, err := exec.LookPath("rping")
+	if err != nil {
+		if rxetest.Required() {
+			t.Fatal("GOVERBS_RXE=required but rping is not installed (apt-get install rdmacm-utils)")
+		}
+		t.Skip("rping not installed")
+	}
+	const count = 5
+	for _, pair := range []struct{ server, client string }{
+		{"goverbs", "rping"}, {"rping", "goverbs"}, {"goverbs", "goverbs"},
+	} {
+		for _, size := range []int{64, 1000} {
+			t.Run(fmt.Sprintf("%s-server/%s-client/S%d", pair.server, pair.client, size), func(t *testing.T) {
+				port := rpingPort
+				rpingPort++
+				run := func(who string, args ...string) (func() result, chan struct{}) {
+					done := make(chan struct{})
+					var r result
+					var once sync.Once
+					go func() {
+						defer close(done)
+						if who == "rping" {
+							r = runCmd(t, time.Minute, rping, nil, args...)
+						} else {
+							r = goverbs(t, time.Minute, append([]string{"rping"}, args...)...)
+						}
+					}()
+					return func() result { once.Do(func() { <-done }); return r }, done
+				}
+				common := []string{"-p", strconv.Itoa(port), "-S", strconv.Itoa(size), "-v"}
+				srvRes, srvDone := run(pair.server, append([]string{"-s", "-a", "10.99.0.2"}, common...)...)
+				waitCMListen(t, "10.99.0.2", port, srvDone)
+				cliRes, _ := run(pair.client, append([]string{"-c", "-a", "10.99.0.2", "-I", "10.99.0.1", "-C", strconv.Itoa(count), "-V"}, common...)...)
+				rc, rs := cliRes(), srvRes()
+				for _, x := range []struct {
+					who, prefix string
+					r           result
+				}{{pair.client + " client", "ping data: ", rc}, {pair.server + " server", "server ping data: ", rs}} {
+					if x.r.code != 0 || x.r.err != nil {
+						t.Errorf("%s: exit %d (%v)\nstdout:\n%s\nstderr:\n%s", x.who, x.r.code, x.r.err, x.r.stdout, x.r.stderr)
+						continue
+					}
+					var want []string
+					for i := 0; i < count; i++ {
+						want = append(want, x.prefix+rpingData(i, size))
+					}
+					got := strings.Split(strings.TrimRight(x.r.stdout, "\n"), "\n")
+					if strings.Join(got, "\n") != strings.Join(want, "\n") {
+						t.Errorf("%s printed:\n%s\nwant:\n%s\nstderr:\n%s", x.who, x.r.stdout, strings.Join(want, "\n"), x.r.stderr)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestRpingUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"rping"}, {"rping", "-s", "-c"}, {"rping", "-c"}, {"rping", "-s", "-S", "10"},
+		{"rping", "-s", "-S", "70000"}, {"rping", "-s", "-C", "-1"}, {"rping", "-s", "-p", "0"},
+	} {
+		r := goverbs(t, time.Minute, args...)
+		if r.code == 0 || r.stderr == "" {
+			t.Errorf("goverbs %s: exit %d, stderr %q; want a usage error", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+}
