@@ -278,28 +278,12 @@ func rpingConnParam() cm.ConnParam {
 }
 
 func rpingServer(ctx context.Context, o *rpingOpts) error {
-	ch, err := cm.Open()
+	ch, lis, at, err := cmListen(cm.TCP, o.addr, uint16(o.port), 3)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	lis, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		return err
-	}
-	bind := netip.IPv4Unspecified()
-	if o.addr != "" {
-		if bind, err = resolveHost(o.addr); err != nil {
-			return err
-		}
-	}
-	if err := lis.Bind(netip.AddrPortFrom(bind, uint16(o.port))); err != nil {
-		return err
-	}
-	if err := lis.Listen(3); err != nil {
-		return err
-	}
-	o.logf("listening on %v", netip.AddrPortFrom(bind, uint16(o.port)))
+	o.logf("listening on %v", at)
 	req, err := lis.GetRequest(ctx)
 	if err != nil {
 		return err
@@ -373,34 +357,11 @@ func (c *rpingConn) serve(ctx context.Context) error {
 }
 
 func rpingClient(ctx context.Context, o *rpingOpts) error {
-	dst, err := resolveHost(o.addr)
-	if err != nil {
-		return err
-	}
-	var src netip.Addr
-	if o.src != "" {
-		if src, err = resolveHost(o.src); err != nil {
-			return err
-		}
-	}
-	ch, err := cm.Open()
+	ch, id, err := cmResolve(ctx, cm.TCP, o.addr, uint16(o.port), o.src)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	id, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second) // rping's 2000 ms
-	err = id.ResolveAddr(rctx, src, netip.AddrPortFrom(dst, uint16(o.port)))
-	if err == nil {
-		err = id.ResolveRoute(rctx)
-	}
-	cancel()
-	if err != nil {
-		return err
-	}
 	o.logf("address and route resolved")
 	c, err := rpingSetup(o, id)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -210,36 +209,12 @@ func (n *udNode) poll(ctx context.Context) error {
 }
 
 func udaddyClient(ctx context.Context, o *udaddyOpts) error {
-	dst, err := resolveHost(o.server)
-	if err != nil {
-		return err
-	}
-	var src netip.Addr
-	if o.bind != "" {
-		if src, err = resolveHost(o.bind); err != nil {
-			return err
-		}
-	}
-	ch, err := cm.Open()
+	fmt.Fprintln(o.stdout, "udaddy: connecting")
+	ch, id, err := cmResolve(ctx, cm.UDP, o.server, udaddyPort, o.bind)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	id, err := ch.CreateID(cm.UDP)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(o.stdout, "udaddy: connecting")
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = id.ResolveAddr(rctx, src, netip.AddrPortFrom(dst, udaddyPort))
-	if err == nil {
-		err = id.ResolveRoute(rctx)
-	}
-	cancel()
-	if err != nil {
-		id.Close()
-		return err
-	}
 	n, err := udSetup(o, id)
 	if err != nil {
 		id.Close()
@@ -270,25 +245,11 @@ func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 }
 
 func udaddyServer(ctx context.Context, o *udaddyOpts) error {
-	bind, err := resolveHost(o.bind)
-	if err != nil {
-		return err
-	}
-	ch, err := cm.Open()
+	ch, lis, _, err := cmListen(cm.UDP, o.bind, udaddyPort, 1)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	lis, err := ch.CreateID(cm.UDP)
-	if err != nil {
-		return err
-	}
-	if err := lis.Bind(netip.AddrPortFrom(bind, udaddyPort)); err != nil {
-		return err
-	}
-	if err := lis.Listen(1); err != nil {
-		return err
-	}
 	req, err := lis.GetRequest(ctx)
 	if err != nil {
 		return err
