@@ -289,7 +289,13 @@ func TestRecoveryForcedError(t *testing.T) {
 // flight in both directions: every message must arrive intact, once, in
 // order, whatever step of a rendezvous the failure cut.
 func TestRecoveryMidRendezvous(t *testing.T) {
-	_, cli, p, sp := pair(t, nil)
+	t.Run("region", func(t *testing.T) { recoveryMidRendezvous(t, nil) })
+	// Transfers in progress get new windows on the new QPs.
+	t.Run("windows", func(t *testing.T) { recoveryMidRendezvous(t, windowsOn) })
+}
+
+func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
+	_, cli, p, sp := pair(t, mod)
 	const n = 60
 	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
 	payload := func(i int) []byte {

@@ -38,6 +38,19 @@ type Config struct {
 	// ends must use TLS, or neither. The data plane (RDMA) is not
 	// encrypted.
 	TLS *tls.Config
+	// Windows opens each rendezvous target to the one peer that writes
+	// it, for that one transfer, through a type 2 memory window (grant.go,
+	// docs/reliability.md): no memory is then registered for remote
+	// access, a peer cannot write another peer's target or its own after
+	// the transfer, and a delivered message cannot change. Off by default:
+	// without it all targets of an endpoint are one region under one rkey
+	// that every peer learns. On rxe (Linux 6.1) rendezvous with windows
+	// stalls under packet loss (bx TestPacketLoss, 5% loss: transfers wait
+	// for a FIN that never comes, with no error; the lane's send queue
+	// stops behind a BIND_MW after RC retransmissions), so turn it on
+	// there only on a loss-free link; devices that bind windows in
+	// hardware are not affected. The device must support memory windows.
+	Windows bool
 	// Lanes is the number of RC QPs per peer (1..4, default 2). Streams are
 	// spread over them; QP count grows with peers, not with streams.
 	Lanes int
@@ -273,7 +286,7 @@ func New(cfg Config) (*Endpoint, error) {
 		return fail(fmt.Errorf("Config.MaxPeers %d x Credits %d = %d receive buffers; the device's shared receive queue takes %d",
 			cfg.MaxPeers, cfg.Credits, posted, max))
 	}
-	if e.ctx.Attr().MaxMW == 0 {
+	if cfg.Windows && e.ctx.Attr().MaxMW == 0 {
 		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer", e.ctx.Name()))
 	}
 	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
@@ -300,8 +313,11 @@ func New(cfg Config) (*Endpoint, error) {
 	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
-	// Targets too are local memory: a peer reaches one only through the
-	// window bound for its transfer (grant.go).
+	// With Windows targets too are local memory: a peer reaches one only
+	// through the window bound for its transfer (grant.go).
+	if !cfg.Windows {
+		lc.Access = mr.LocalWrite | mr.RemoteWrite
+	}
 	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}

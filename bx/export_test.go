@@ -183,9 +183,10 @@ func (p *Peer) ForgeWriteForTest(stream uint32, addr uint64, rkey uint32, data [
 }
 
 // WindowsForTest reports the endpoint's memory windows: allocated, and
-// free (unbound, for the next transfer).
-func (e *Endpoint) WindowsForTest() (all, free int) {
+// free (unbound, for the next transfer); and the target regions
+// registered.
+func (e *Endpoint) WindowsForTest() (all, free, regions int) {
 	e.grants.mu.Lock()
 	defer e.grants.mu.Unlock()
-	return len(e.grants.all), len(e.grants.free)
+	return len(e.grants.all), len(e.grants.free), len(e.grants.mrs)
 }

@@ -114,6 +114,7 @@ type writeOp struct {
 	sge  qp.SGE
 	addr uint64
 	rkey uint32
+	inv  bool // a window: the FIN is a SEND_WITH_INV of rkey
 }
 
 // inbound is a received message not yet delivered. A rendezvous (msg.large)
@@ -704,6 +705,9 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 		w = *o.write
 	}
 	l.rmu.Unlock()
+	if o.g != nil {
+		h.Flags |= flagWindow
+	}
 	h.Credit, _ = p.ret.Piggyback()
 	h.Epoch = p.ret.Epoch()
 	l.ackSent.Store(h.Ack)
@@ -717,7 +721,10 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 		// Unsignaled like most sends; an error still completes (tagWrite).
 		l.ssge[0], l.ssge[1] = w.sge, buf.SGE(buf.Len())
 		l.swr[0] = qp.SendWR{ID: tagWrite, Opcode: qp.OpRDMAWrite, SGEs: l.ssge[0:1], RemoteAddr: w.addr, RKey: w.rkey}
-		l.swr[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpSendWithInv, Flags: flags, SGEs: l.ssge[1:2], InvRKey: w.rkey}
+		l.swr[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[1:2]}
+		if w.inv {
+			l.swr[1].Opcode, l.swr[1].InvRKey = qp.OpSendWithInv, w.rkey
+		}
 		return l.qp.PostSend(l.swr[:2])
 	}
 	l.ssge[0] = buf.SGE(buf.Len())
@@ -928,29 +935,33 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
 			return
 		}
-		// The peer may write t through a window of its own, bound with
-		// the CTS (grant.go).
-		g, err := p.e.newGrant(t, int(d.Len))
-		if err == nil {
-			err = p.e.prepare(g)
-		}
-		if err != nil {
-			p.e.closeGrant(g)
-			p.e.large.Free(t)
-			l.rmu.Unlock()
-			p.e.repost(b)
-			p.ret.Released(1)
-			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
-			return
+		// With Windows the peer writes t through a window of its own,
+		// bound with the CTS (grant.go); else through the pool's rkey.
+		var g *grant
+		if p.e.cfg.Windows {
+			var err error
+			g, err = p.e.newGrant(t, int(d.Len))
+			if err == nil {
+				err = p.e.prepare(g)
+			}
+			if err != nil {
+				p.e.closeGrant(g)
+				p.e.large.Free(t)
+				l.rmu.Unlock()
+				p.e.repost(b)
+				p.ret.Released(1)
+				p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
+				return
+			}
 		}
 		in.g = g
 		in.msg = p.e.newMsg()
 		*in.msg = Msg{p: p, Stream: h.Stream, buf: t, large: true, data: t.Bytes()[:d.Len], call: h.CallID, flags: h.Flags}
 		p.e.liveMsgs.Add(1)
 		l.pending = append(l.pending, in)
-		// The rkey goes in when the CTS is posted: recovery may bind a
-		// new window meanwhile.
-		c := cts{Ref: h.Seq, Addr: t.Addr(), Len: d.Len}
+		// A window's rkey goes in when the CTS is posted: recovery may
+		// bind a new window meanwhile.
+		c := cts{Ref: h.Seq, Addr: t.Addr(), RKey: t.RKey(), Len: d.Len}
 		l.rmu.Unlock()
 		// The request's buffer goes back at once; the payload will land
 		// in a buffer of our own that the peer WRITEs.
@@ -958,6 +969,9 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		p.e.repost(b)
 		p.ret.Released(1)
 		p.e.stats.Rendezvous.Add(1)
+		if hk := p.e.ctsHook.Load(); hk != nil && g == nil {
+			(*hk)(&c) // a window's CTS is forged as it is posted
+		}
 		if !p.sendCTS(l, h.Stream, c, g, true) {
 			go p.sendCTS(l, h.Stream, c, g, false)
 		}
@@ -968,7 +982,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		var err error
 		if h.Type == typCTS {
 			if err = c.decode(data[HeaderSize:], p.e.cfg.MaxMessage); err == nil {
-				err = l.cleared(c)
+				err = l.cleared(c, h.Flags&flagWindow != 0)
 			}
 		} else if err = f.decode(data[HeaderSize:]); err == nil {
 			err = l.finished(f.Ref, inv)
@@ -1026,8 +1040,16 @@ func (p *Peer) heldFin(hk func(cts), l *lane, stream uint32, c cts) {
 func (l *lane) finished(ref uint64, inv uint32) error {
 	for _, in := range l.pending {
 		if in.h.Seq == ref {
-			if in.msg == nil || !in.msg.large || in.done || in.g == nil {
+			if in.msg == nil || !in.msg.large || in.done {
 				break
+			}
+			if in.g == nil {
+				// No window (Config.Windows off): nothing to invalidate.
+				if inv != 0 {
+					return fmt.Errorf("lane %d: FIN for sequence %d invalidated rkey %#x, and no window was granted", l.idx, ref, inv)
+				}
+				in.done = true
+				return nil
 			}
 			if inv != in.g.rkey || inv == 0 {
 				// The window may still be open: the peer is shut down,
@@ -1048,14 +1070,14 @@ func (l *lane) finished(ref uint64, inv uint32) error {
 // a new window, applyRegrants). Recorded under l.rmu, like recovery's
 // view of what arrived, so a CTS of a replaced QP never overrides a
 // window recovery named. l.rmu is held.
-func (l *lane) cleared(c cts) error {
+func (l *lane) cleared(c cts, window bool) error {
 	if _, dup := l.targets[c.Ref]; dup {
 		return fmt.Errorf("lane %d: a second clear-to-send for sequence %d", l.idx, c.Ref)
 	}
 	if l.targets == nil {
 		l.targets = map[uint64]*writeOp{}
 	}
-	l.targets[c.Ref] = &writeOp{addr: c.Addr, rkey: c.RKey}
+	l.targets[c.Ref] = &writeOp{addr: c.Addr, rkey: c.RKey, inv: window}
 	return nil
 }
 

@@ -33,6 +33,7 @@ const (
 	flagError    = 1 << 2 // RPC response carrying a handler error string
 	flagOpen     = 1 << 3 // first message of a net.Conn stream
 	flagClose    = 1 << 4 // the sender closed its side of a net.Conn stream
+	flagWindow   = 1 << 5 // CTS: the rkey is a memory window; the FIN must invalidate it (SEND_WITH_INV)
 )
 
 // header is the data-plane message header. Every message carries the
@@ -102,7 +103,7 @@ func (h *header) decode(b []byte) error {
 		if len(b)-HeaderSize != want || int(h.Length) != want {
 			return fmt.Errorf("bx: rendezvous message type %d of %d bytes, want %d", h.Type, len(b)-HeaderSize, want)
 		}
-		if h.Type != typRndv && h.Flags != 0 {
+		if h.Type != typRndv && h.Flags&^flagWindow != 0 || h.Type != typCTS && h.Flags&flagWindow != 0 {
 			return fmt.Errorf("bx: rendezvous control message type %d with flags %#x", h.Type, h.Flags)
 		}
 	case typCredit:
@@ -112,8 +113,11 @@ func (h *header) decode(b []byte) error {
 	default:
 		return fmt.Errorf("bx: unknown message type %d", h.Type)
 	}
-	if h.Flags&^(flagRequest|flagResponse|flagError|flagOpen|flagClose) != 0 {
+	if h.Flags&^(flagRequest|flagResponse|flagError|flagOpen|flagClose|flagWindow) != 0 {
 		return fmt.Errorf("bx: unknown flags %#x", h.Flags)
+	}
+	if h.Type != typCTS && h.Flags&flagWindow != 0 {
+		return fmt.Errorf("bx: message type %d with the window flag", h.Type)
 	}
 	if h.Flags&flagRequest != 0 && h.Flags&flagResponse != 0 {
 		return errors.New("bx: message is both request and response")
