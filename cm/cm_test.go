@@ -366,11 +366,7 @@ func TestUD(t *testing.T) {
 	checkCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
-	lis, err := ch.CreateID(cm.UDP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
+	lis := newID(t, ch, cm.UDP)
 	dst := netip.AddrPortFrom(addr1, port())
 	if err := lis.Bind(dst); err != nil {
 		t.Fatal(err)
@@ -460,11 +456,7 @@ func TestReject(t *testing.T) {
 	checkCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
-	lis, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
+	lis := newID(t, ch, cm.TCP)
 	dst := netip.AddrPortFrom(addr1, port())
 	if err := lis.Bind(dst); err != nil {
 		t.Fatal(err)
@@ -480,11 +472,7 @@ func TestReject(t *testing.T) {
 		ev.ID.Reject([]byte("go away"), 0)
 		ev.ID.Close()
 	}()
-	cli, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := newID(t, ch, cm.TCP)
 	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +480,7 @@ func TestReject(t *testing.T) {
 		t.Fatal(err)
 	}
 	newEnd(t, cli)
-	_, err = cli.Connect(ctx, cm.ConnParam{})
+	_, err := cli.Connect(ctx, cm.ConnParam{})
 	var ee *cm.EventError
 	if !errors.As(err, &ee) || !errors.Is(err, cm.ErrRejected) || errors.Is(err, cm.ErrConnRefused) {
 		t.Fatalf("connect to a rejecting listener: %v, want ErrRejected", err)
@@ -510,11 +498,7 @@ func TestRefused(t *testing.T) {
 	checkCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
-	cli, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := newID(t, ch, cm.TCP)
 	dst := netip.AddrPortFrom(addr1, port())
 	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
 		t.Fatal(err)
@@ -523,7 +507,7 @@ func TestRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	newEnd(t, cli)
-	_, err = cli.Connect(ctx, cm.ConnParam{})
+	_, err := cli.Connect(ctx, cm.ConnParam{})
 	if !errors.Is(err, cm.ErrConnRefused) {
 		t.Fatalf("connect with no listener: %v, want ErrConnRefused", err)
 	}
@@ -536,15 +520,11 @@ func TestUnreachable(t *testing.T) {
 	needCM(t)
 	checkCMIDs(t)
 	ch := openChannel(t)
-	cli, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := newID(t, ch, cm.TCP)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = cli.ResolveAddr(ctx, addr0, netip.MustParseAddrPort("10.99.0.77:7174"))
+	err := cli.ResolveAddr(ctx, addr0, netip.MustParseAddrPort("10.99.0.77:7174"))
 	took := time.Since(start)
 	if err == nil {
 		t.Fatal("resolving 10.99.0.77 (nobody there) succeeded")
@@ -558,11 +538,7 @@ func TestUnreachable(t *testing.T) {
 	t.Logf("%v after %v", err, took.Round(time.Millisecond))
 
 	// No route at all: the kernel refuses at once or reports an address error.
-	id2, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer id2.Close()
+	id2 := newID(t, ch, cm.TCP)
 	err = id2.ResolveAddr(testCtx(t), netip.Addr{}, netip.MustParseAddrPort("192.0.2.1:7174"))
 	if err == nil {
 		t.Fatal("resolving 192.0.2.1 (no route) succeeded")
@@ -612,11 +588,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := ch.CreateID(cm.PortSpace(7)); err == nil {
 		t.Error("CreateID(7) succeeded")
 	}
-	id, err := ch.CreateID(cm.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer id.Close()
+	id := newID(t, ch, cm.TCP)
 	if err := id.Listen(0); err == nil {
 		t.Error("Listen(0) succeeded")
 	}
@@ -626,7 +598,7 @@ func TestBadInput(t *testing.T) {
 	if _, _, err := id.Device(); err == nil {
 		t.Error("Device of an unbound ID succeeded")
 	}
-	_, err = id.Connect(ctx, cm.ConnParam{PrivateData: make([]byte, cm.MaxConnectData+1)})
+	_, err := id.Connect(ctx, cm.ConnParam{PrivateData: make([]byte, cm.MaxConnectData+1)})
 	if err == nil || !strings.Contains(err.Error(), "private data") {
 		t.Errorf("connect with %d bytes of private data: %v", cm.MaxConnectData+1, err)
 	}
@@ -661,4 +633,16 @@ func TestBadInput(t *testing.T) {
 	if _, err := ch.CreateID(cm.TCP); !errors.Is(err, cm.ErrClosed) {
 		t.Errorf("CreateID after Close: %v", err)
 	}
+}
+
+// newID creates an ID on ch in port space ps, closed at the end of the
+// test.
+func newID(t *testing.T, ch *cm.Channel, ps cm.PortSpace) *cm.ID {
+	t.Helper()
+	id, err := ch.CreateID(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { id.Close() })
+	return id
 }
