@@ -205,10 +205,10 @@ func (e *Endpoint) closeGrants() error {
 	return errors.Join(errs...)
 }
 
-// unbindLane deallocates the windows of l's transfers in progress: a QP
-// cannot be destroyed while a window bound on it holds it (rxe waits for
-// the reference, then fails the destroy and the CQ stays busy). Recovery
-// binds new ones (prepareRegrants); a shutdown drops the transfers.
+// unbindLane deallocates the windows of l's transfers in progress: a
+// window bound on a QP holds it (without this the QP was not freed and
+// closing the endpoint failed on its CQ with EBUSY). Recovery binds new
+// ones (prepareRegrants); a shutdown drops the transfers.
 func (p *Peer) unbindLane(l *lane) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
