@@ -92,10 +92,7 @@ func (e *Endpoint) newGrant(t mr.Buf, n int) (*grant, error) {
 // posted yet. A window g held before is deallocated: it is bound on a QP
 // that is gone, or its rkey is ahead of the kernel's.
 func (e *Endpoint) prepare(g *grant) error {
-	if g.mw != nil {
-		e.dropMW(g.mw)
-		g.mw = nil
-	}
+	e.closeGrant(g)
 	w, err := e.takeMW()
 	if err != nil {
 		return err
@@ -116,31 +113,33 @@ func (g *grant) bindWR(q *qp.QP) qp.SendWR {
 	return qp.SendWR{ID: tagSend, Opcode: qp.OpBindMW, Bind: g.bind}
 }
 
-// closeGrant ends g without its FIN (the peer is gone or the transfer was
-// dropped): its window, bound on a QP that is destroyed or not, goes.
+// closeGrant deallocates g's window, bound on a QP or only prepared, if it
+// has one: the peer is gone, the transfer was dropped, or its QP is being
+// replaced. g opens nothing until it is prepared again.
 func (e *Endpoint) closeGrant(g *grant) {
 	if g != nil && g.mw != nil {
 		e.dropMW(g.mw)
-		g.mw = nil
+		g.mw, g.prepared, g.qp = nil, false, nil
 	}
 }
 
-// finished ends g after its FIN invalidated the window: the window is
+// finishGrant ends g after its FIN invalidated the window: the window is
 // unbound and its rkey in step, so it serves the next transfer.
 func (e *Endpoint) finishGrant(g *grant) {
-	if g.mw == nil {
+	w := g.mw
+	if w == nil {
 		return
 	}
+	g.mw = nil
 	gp := &e.grants
 	gp.mu.Lock()
-	if !gp.closed {
-		gp.free = append(gp.free, g.mw)
-		g.mw = nil
+	closed := gp.closed
+	if !closed {
+		gp.free = append(gp.free, w)
 	}
 	gp.mu.Unlock()
-	if g.mw != nil {
-		e.dropMW(g.mw)
-		g.mw = nil
+	if closed {
+		e.dropMW(w)
 	}
 }
 
@@ -213,10 +212,7 @@ func (p *Peer) unbindLane(l *lane) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	for _, in := range l.pending {
-		if g := in.g; g != nil && g.mw != nil {
-			p.e.dropMW(g.mw)
-			g.mw, g.prepared, g.qp = nil, false, nil
-		}
+		p.e.closeGrant(in.g)
 	}
 }
 
