@@ -75,18 +75,7 @@ func TestRpingInterop(t *testing.T) {
 				port := rpingPort
 				rpingPort++
 				run := func(who string, args ...string) (func() result, chan struct{}) {
-					done := make(chan struct{})
-					var r result
-					var once sync.Once
-					go func() {
-						defer close(done)
-						if who == "rping" {
-							r = runCmd(t, time.Minute, rping, nil, args...)
-						} else {
-							r = goverbs(t, time.Minute, append([]string{"rping"}, args...)...)
-						}
-					}()
-					return func() result { once.Do(func() { <-done }); return r }, done
+					return startPeer(t, who == "rping", rping, "rping", args...)
 				}
 				common := []string{"-p", strconv.Itoa(port), "-S", strconv.Itoa(size), "-v"}
 				srvRes, srvDone := run(pair.server, append([]string{"-s", "-a", "10.99.0.2"}, common...)...)
@@ -125,4 +114,22 @@ func TestRpingUsage(t *testing.T) {
 			t.Errorf("goverbs %s: exit %d, stderr %q; want a usage error", strings.Join(args, " "), r.code, r.stderr)
 		}
 	}
+}
+
+// startPeer runs one side of an interop test in the background: rdma-core's
+// tool at path (rdmaCore) or `goverbs sub`, with args. wait returns its
+// result once it exits; done is closed then.
+func startPeer(t *testing.T, rdmaCore bool, path, sub string, args ...string) (wait func() result, done chan struct{}) {
+	done = make(chan struct{})
+	var r result
+	var once sync.Once
+	go func() {
+		defer close(done)
+		if rdmaCore {
+			r = runCmd(t, time.Minute, path, nil, args...)
+		} else {
+			r = goverbs(t, time.Minute, append([]string{sub}, args...)...)
+		}
+	}()
+	return func() result { once.Do(func() { <-done }); return r }, done
 }

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
@@ -28,18 +26,7 @@ func TestUdaddyInterop(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s-server/%s-client", pair.server, pair.client), func(t *testing.T) {
 			run := func(who string, args ...string) (func() result, chan struct{}) {
-				done := make(chan struct{})
-				var r result
-				var once sync.Once
-				go func() {
-					defer close(done)
-					if who == "udaddy" {
-						r = runCmd(t, time.Minute, udaddy, nil, args...)
-					} else {
-						r = goverbs(t, time.Minute, append([]string{"udaddy"}, args...)...)
-					}
-				}()
-				return func() result { once.Do(func() { <-done }); return r }, done
+				return startPeer(t, who == "udaddy", udaddy, "udaddy", args...)
 			}
 			srvRes, srvDone := run(pair.server, "-b", "10.99.0.2", "-C", "10", "-S", "100")
 			waitCMListen(t, "10.99.0.2", udaddyPort, srvDone)
