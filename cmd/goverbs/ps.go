@@ -31,6 +31,7 @@ import (
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/metrics"
 	"github.com/goverbs/goverbs/ps"
+	"github.com/goverbs/goverbs/uverbs"
 )
 
 // goverbs ps: the parameter server (package ps) as real processes.
@@ -371,7 +372,7 @@ type workerResult struct {
 	Wallns     int64
 	Errors     int64
 	FirstErr   string
-	Steps      int64 // steps scheduled (open loop)
+	Steps      int64 // open loop: steps scheduled; closed loop: steps done
 	Late       int64 // open loop: arrivals that no worker goroutine started before the end
 }
 
@@ -511,6 +512,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	var firstErr atomic.Value
+	var steps atomic.Int64 // closed loop: steps done in the measured time
 	// Closed loop: each worker goroutine steps again as soon as its step
 	// is done. Open loop (--rate): arrivals come on a schedule whatever
 	// the completions, and a free worker goroutine takes the next one.
@@ -541,7 +543,9 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 						st.sched = at
 					}
 				}
-				if err := st.step(ctx, true); err != nil {
+				err := st.step(ctx, true)
+				steps.Add(1)
+				if err != nil {
 					if errs.Add(1) == 1 {
 						firstErr.Store(err.Error())
 					}
@@ -567,6 +571,8 @@ loop:
 	}
 	if arr != nil {
 		res.Steps, res.Late = arr.count()
+	} else {
+		res.Steps = steps.Load()
 	}
 	u1, s1 := ps.CPUTime()
 	res.Wallns = int64(time.Since(t0))
@@ -597,10 +603,17 @@ type benchResult struct {
 	Errors    int64     `json:"errors"`
 	// Open loop (--rate, --rates): the offered steps per second, those
 	// started and finished per second, and the arrivals no worker
-	// goroutine started before the end. Zero in closed loop.
-	Offered  float64     `json:"offered_steps_per_s,omitempty"`
-	Achieved float64     `json:"achieved_steps_per_s,omitempty"`
-	Late     int64       `json:"late,omitempty"`
+	// goroutine started before the end. In closed loop Offered and Late
+	// are zero and Achieved is the steps done per second: the saturation
+	// throughput, from which scripts/demo derives its open-loop rates.
+	Offered  float64 `json:"offered_steps_per_s,omitempty"`
+	Achieved float64 `json:"achieved_steps_per_s,omitempty"`
+	Late     int64   `json:"late,omitempty"`
+	// MTU is the link MTU of the servers' network device (the netdev
+	// under their RDMA device; tcp crosses the same link), IBMTU that
+	// device's active_mtu; zero where unknown (no RDMA device).
+	MTU      int         `json:"mtu,omitempty"`
+	IBMTU    int         `json:"ib_mtu,omitempty"`
 	RNR      *uint64     `json:"rnr_nak_retries,omitempty"`
 	Counters rdmaCounter `json:"rdma_counters,omitempty"`
 }
@@ -962,16 +975,19 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 			}
 			res.RNR = &rnr
 		}
-		if rate > 0 {
-			res.Offered = rate
-			var steps, late int64
-			for _, p := range wps {
-				steps += p.res.Steps
-				late += p.res.Late
-			}
-			res.Late = late
+		var steps, late int64
+		for _, p := range wps {
+			steps += p.res.Steps
+			late += p.res.Late
+		}
+		if res.Duration > 0 {
 			res.Achieved = float64(steps-late) / res.Duration
 		}
+		if rate > 0 {
+			res.Offered = rate
+			res.Late = late
+		}
+		res.MTU, res.IBMTU = linkMTU(srvDev)
 		return res, nil
 	}
 	var all []benchResult
@@ -991,6 +1007,25 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		printBench(stdout, all)
 	}
 	return nil
+}
+
+// linkMTU is the MTU of the network device under RDMA device dev and
+// the active MTU of dev's port 1 (0, 0 where unknown).
+func linkMTU(dev string) (mtu, ibMTU int) {
+	if dev == "" {
+		return 0, 0
+	}
+	if c, err := uverbs.Open(dev); err == nil {
+		if pa, err := c.QueryPort(1); err == nil {
+			ibMTU = pa.ActiveMTU.Bytes()
+		}
+		c.Close()
+	}
+	if nd, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "parent")); err == nil {
+		b, _ := os.ReadFile(filepath.Join("/sys/class/net", strings.TrimSpace(string(nd)), "mtu"))
+		mtu, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	return mtu, ibMTU
 }
 
 // readRDMACounters sums the hw_counters of every device's port 1 (rxe's
@@ -1015,15 +1050,32 @@ func readRDMACounters() map[string]uint64 {
 }
 
 func printBench(w io.Writer, rs []benchResult) {
-	fmt.Fprintf(w, "%-9s %-9s %-4s %9s %9s %9s %9s %9s %9s %11s\n", "workload", "transport", "op", "count", "mean_us", "p50_us", "p99_us", "p999_us", "ops/s", "cpu_s/kop")
+	fmt.Fprintf(w, "%-9s %5s %-11s %-9s %-4s %9s %9s %9s %9s %9s %9s %11s %9s\n", "workload", "mtu", "load", "transport", "op", "count", "mean_us", "p50_us", "p99_us", "p999_us", "ops/s", "cpu_s/kop", "steps/s")
 	for _, r := range rs {
 		for _, o := range r.Ops {
-			fmt.Fprintf(w, "%-9s %-9s %-4s %9d %9.1f %9.1f %9.1f %9.1f %9.0f %11.4f\n", r.Workload, r.Transport, o.Op, o.Count, o.Mean, o.P50, o.P99, o.P999, o.OpsPerSec, o.CPUPerKop)
+			fmt.Fprintf(w, "%-9s %5s %-11s %-9s %-4s %9d %9.1f %9.1f %9.1f %9.1f %9.0f %11.4f %9.0f\n", r.Workload, mtuString(r.MTU), loadString(r.Offered), r.Transport,
+				o.Op, o.Count, o.Mean, o.P50, o.P99, o.P999, o.OpsPerSec, o.CPUPerKop, r.Achieved)
 		}
-		if r.Offered > 0 {
-			fmt.Fprintf(w, "%-9s %-9s open loop: offered %.0f steps/s, achieved %.0f, late %d\n", r.Workload, r.Transport, r.Offered, r.Achieved, r.Late)
+		if r.Late > 0 {
+			fmt.Fprintf(w, "%-9s %5s %-11s %-9s open loop: %d arrivals not started by the end (offered more than served)\n", r.Workload, mtuString(r.MTU), loadString(r.Offered), r.Transport, r.Late)
 		}
 	}
+}
+
+// loadString names a run's load: "closed" (closed loop) or "open@R"
+// (open loop at R steps per second).
+func loadString(offered float64) string {
+	if offered == 0 {
+		return "closed"
+	}
+	return "open@" + strconv.FormatFloat(offered, 'f', -1, 64)
+}
+
+func mtuString(mtu int) string {
+	if mtu == 0 {
+		return "-"
+	}
+	return strconv.Itoa(mtu)
 }
 
 // hist is a log-bucket latency histogram: values below 128 ns exact, above

@@ -317,3 +317,30 @@ func TestPSClusterCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestVMPSBenchMTU: ps bench in open loop (--rate) in a guest booted with
+// --mtu 9000 runs over the jumbo link, and says so: link MTU 9000, rxe's
+// active MTU 4096, the offered rate, no errors, no RNR.
+func TestVMPSBenchMTU(t *testing.T) {
+	needGuests(t)
+	t.Parallel()
+	// $GOVERBS_VM_BIN: goverbs vm's own copy of this binary, in the guest.
+	r := vmRun(t, 5*time.Minute, nil, "--mtu", "9000", "--", "bash", "-c",
+		`"$GOVERBS_VM_BIN" ps bench --transport rdma --workload inference --workers 2 --rate 40 --duration 2s --json`)
+	if r.code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	var res benchResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("%v: %q", err, r.stdout)
+	}
+	if res.MTU != 9000 || res.IBMTU != 4096 {
+		t.Errorf("link MTU %d, IB MTU %d; want 9000, 4096", res.MTU, res.IBMTU)
+	}
+	if res.Offered != 40 || res.Achieved <= 0 || res.Achieved > 80 || res.Errors != 0 || len(res.Ops) == 0 || res.Ops[0].Count == 0 {
+		t.Errorf("open loop at 40 steps/s: %+v", res)
+	}
+	if res.RNR == nil || *res.RNR != 0 {
+		t.Errorf("RNR NAK retries %v", res.RNR)
+	}
+}
