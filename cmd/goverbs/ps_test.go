@@ -63,6 +63,12 @@ func TestPSBench(t *testing.T) {
 			if tr == "rdma" && (res.RNR == nil || *res.RNR != 0) {
 				t.Errorf("rdma %s: RNR NAK retries %v", wl, res.RNR)
 			}
+			if res.Achieved <= 0 || res.Offered != 0 {
+				t.Errorf("%s %s: closed loop: achieved %v steps/s, offered %v", tr, wl, res.Achieved, res.Offered)
+			}
+			if tr == "rdma" && (res.MTU < 576 || res.IBMTU < 256 || res.IBMTU > res.MTU) {
+				t.Errorf("rdma %s: link MTU %d, IB MTU %d", wl, res.MTU, res.IBMTU)
+			}
 			f := filepath.Join(dir, tr+"-"+wl+".json")
 			os.WriteFile(f, []byte(r.stdout), 0o644)
 			files = append(files, f)
@@ -72,10 +78,110 @@ func TestPSBench(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "inference") {
 		t.Fatalf("report: %d %s %s", r.code, r.stdout, r.stderr)
 	}
-	for _, p := range []string{"p99.png", "cdf-inference.png", "cdf-incast.png"} {
+	for _, p := range []string{"p99.png", "cdf-inference*.png", "cdf-incast*.png"} {
+		m, _ := filepath.Glob(filepath.Join(dir, p))
+		if len(m) != 1 {
+			t.Errorf("plot %s: %v", p, m)
+			continue
+		}
+		if st, err := os.Stat(m[0]); err != nil || st.Size() < 1000 {
+			t.Errorf("plot %s: %v", m[0], err)
+		}
+	}
+}
+
+// psResult is a bench result of n operations of op, all lat long, with
+// cpu seconds in all: what ps bench --json prints.
+func psResult(tr, wl, op string, mtu int, offered, achieved float64, lat time.Duration, cpu float64) benchResult {
+	const n = 200
+	h := newHist()
+	for range n {
+		h.add(lat)
+	}
+	rnr := uint64(0)
+	r := benchResult{Transport: tr, Workload: wl, Workers: 4, Servers: 2, Duration: 2, CPU: cpu, MTU: mtu, Offered: offered, Achieved: achieved,
+		Ops: []benchOp{{Op: op, Count: n, Mean: h.mean() / 1e3, P50: h.quantile(0.5) / 1e3, P99: h.quantile(0.99) / 1e3, P999: h.quantile(0.999) / 1e3,
+			OpsPerSec: n / 2, CPUPerKop: cpu / (n / 1000.0), Hist: h.buckets()}}}
+	if tr == "rdma" {
+		r.RNR = &rnr
+	}
+	return r
+}
+
+// TestPSReportPaper: ps report's paper table reads the ratios rdma/tcp
+// against the paper's goals, takes the open-loop rate nearest half the
+// lower closed-loop throughput, prints the bare round trips, and plots
+// latency against offered load.
+func TestPSReportPaper(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := json.NewEncoder(f)
+	us := time.Microsecond
+	for _, r := range []benchResult{
+		// closed loop: rdma half tcp's latency, the same CPU per op;
+		// knee = min(100, 200) = 100 steps/s, so the table's open loop is 45.
+		psResult("rdma", "inference", "pull", 9000, 0, 100, 300*us, 1),
+		psResult("tcp", "inference", "pull", 9000, 0, 200, 600*us, 1),
+		psResult("rdma", "inference", "pull", 9000, 20, 20, 100*us, 1),
+		psResult("tcp", "inference", "pull", 9000, 20, 20, 100*us, 1),
+		psResult("rdma", "inference", "pull", 9000, 45, 45, 200*us, 0.5),
+		psResult("tcp", "inference", "pull", 9000, 45, 45, 1000*us, 1),
+		psResult("rdma", "inference", "pull", 9000, 90, 90, 5000*us, 1),
+		psResult("tcp", "inference", "pull", 9000, 90, 90, 1000*us, 1),
+		psResult("rdma", "incast", "push", 9000, 0, 50, 5000*us, 1),
+		psResult("tcp", "incast", "push", 9000, 0, 60, 10000*us, 1),
+	} {
+		enc.Encode(r)
+	}
+	for _, l := range []rttLine{
+		{&rttResult{Workload: "inference", MTU: 9000, Req: 271, Resp: 4116, Verbs: 100, BX: 150, TCP: 200}},
+		{&rttResult{Workload: "inference", MTU: 9000, Req: 271, Resp: 4116, Verbs: 120, BX: 170, TCP: 200}},
+		{&rttResult{Workload: "inference", MTU: 9000, Req: 271, Resp: 4116, Verbs: 900, BX: 900, TCP: 200}},
+	} {
+		enc.Encode(l)
+	}
+	f.Close()
+	r := goverbs(t, 60*time.Second, "ps", "report", "--plots", dir, f.Name())
+	if r.code != 0 {
+		t.Fatalf("report: exit %d: %s %s", r.code, r.stdout, r.stderr)
+	}
+	line := func(prefix string) string {
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), prefix) {
+				return l
+			}
+		}
+		t.Errorf("no line %q in\n%s", prefix, r.stdout)
+		return ""
+	}
+	for _, c := range []struct{ prefix, want string }{
+		{"paper table, link MTU 9000", "paper table"},
+		{"figure", "open loop (inference 45, incast 0 steps/s)"},
+		{"inference pull mean", "0.500 MET (300/600)"},
+		{"inference pull mean", "0.200 MET (200/1000)"},
+		{"inference pull P99", "0.500 MET"},
+		{"inference CPU per op", "1.000 no"},
+		{"inference CPU per op", "0.500 MET"},
+		{"incast push P99", "0.500 no"},
+		{"RNR NAK retries", "0 MET (all 5 rdma runs"},
+		{"knee", "inference 100, incast 50"},
+		{"inference    271 -> 4116", "verbs    120.0  bx    170.0  tcp    200.0  verbs/tcp 0.600"},
+		{"inference    271 -> 4116", "closed-loop pull mean rdma/tcp 0.500 MET"},
+	} {
+		if l := line(c.prefix); !strings.Contains(l, c.want) {
+			t.Errorf("%q line %q: want %q", c.prefix, l, c.want)
+		}
+	}
+	for _, p := range []string{"cdf-inference-mtu9000.png", "load-inference-mtu9000.png", "cdf-incast-mtu9000.png", "p99.png"} {
 		if st, err := os.Stat(filepath.Join(dir, p)); err != nil || st.Size() < 1000 {
 			t.Errorf("plot %s: %v", p, err)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "load-incast-mtu9000.png")); err == nil {
+		t.Errorf("load-incast-mtu9000.png without open-loop incast runs")
 	}
 }
 

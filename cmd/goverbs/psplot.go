@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -31,6 +34,7 @@ func psReport(args []string, stdout, stderr io.Writer) error {
 		return usageError("no result files")
 	}
 	var rs []benchResult
+	var rtts []rttResult
 	for _, f := range files {
 		b, err := os.Open(f)
 		if err != nil {
@@ -39,6 +43,11 @@ func psReport(args []string, stdout, stderr io.Writer) error {
 		sc := bufio.NewScanner(b)
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
+			var l rttLine
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.RTT != nil {
+				rtts = append(rtts, *l.RTT)
+				continue
+			}
 			var r benchResult
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Transport == "" {
 				continue
@@ -52,6 +61,7 @@ func psReport(args []string, stdout, stderr io.Writer) error {
 	}
 	rs = mergeRounds(rs)
 	printSideBySide(stdout, rs)
+	printPaperTable(stdout, rs, rtts)
 	if *plots != "" {
 		if err := os.MkdirAll(*plots, 0o755); err != nil {
 			return err
@@ -71,20 +81,28 @@ func psReport(args []string, stdout, stderr io.Writer) error {
 // histograms and counts add up, CPU adds up; means and percentiles are
 // recomputed from the merged histograms.
 func mergeRounds(rs []benchResult) []benchResult {
-	type key struct{ w, t string }
+	type key struct {
+		w, t    string
+		mtu     int
+		offered float64
+	}
+	keyOf := func(r *benchResult) key { return key{r.Workload, r.Transport, r.MTU, r.Offered} }
 	idx := map[key]int{}
 	var out []benchResult
 	hists := map[key]map[string]*hist{}
 	for _, r := range rs {
-		k := key{r.Workload, r.Transport}
+		k := keyOf(&r)
 		i, ok := idx[k]
 		if !ok {
 			idx[k] = len(out)
-			out = append(out, benchResult{Transport: r.Transport, Workload: r.Workload, Workers: r.Workers, Servers: r.Servers})
+			out = append(out, benchResult{Transport: r.Transport, Workload: r.Workload, Workers: r.Workers, Servers: r.Servers,
+				MTU: r.MTU, IBMTU: r.IBMTU, Offered: r.Offered})
 			hists[k] = map[string]*hist{}
 			i = idx[k]
 		}
 		o := &out[i]
+		o.Achieved += r.Achieved * r.Duration // per second again below
+		o.Late += r.Late
 		o.Duration += r.Duration
 		o.CPU += r.CPU
 		o.ServerCPU += r.ServerCPU
@@ -113,7 +131,10 @@ func mergeRounds(rs []benchResult) []benchResult {
 	}
 	for i := range out {
 		o := &out[i]
-		k := key{o.Workload, o.Transport}
+		k := keyOf(o)
+		if o.Duration > 0 {
+			o.Achieved /= o.Duration
+		}
 		var total int64
 		for _, h := range hists[k] {
 			total += h.N
@@ -131,16 +152,25 @@ func mergeRounds(rs []benchResult) []benchResult {
 			o.Ops = append(o.Ops, op)
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Workload < out[j].Workload })
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := &out[i], &out[j]
+		if a.Workload != b.Workload {
+			return a.Workload < b.Workload
+		}
+		if a.MTU != b.MTU {
+			return a.MTU < b.MTU
+		}
+		return a.Offered < b.Offered
+	})
 	return out
 }
 
 func printSideBySide(w io.Writer, rs []benchResult) {
 	printBench(w, rs)
-	find := func(wl, tr string) *benchResult {
+	find := func(g benchResult, tr string) *benchResult {
 		for i := range rs {
-			if rs[i].Workload == wl && rs[i].Transport == tr {
-				return &rs[i]
+			if r := &rs[i]; r.Workload == g.Workload && r.MTU == g.MTU && r.Offered == g.Offered && r.Transport == tr {
+				return r
 			}
 		}
 		return nil
@@ -152,14 +182,20 @@ func printSideBySide(w io.Writer, rs []benchResult) {
 		return fmt.Sprintf("%+.1f%%", (a-b)/b*100)
 	}
 	fmt.Fprintf(w, "\nrdma vs tcp (negative = rdma lower)\n")
-	fmt.Fprintf(w, "%-9s %-4s %9s %9s %9s %9s %11s %10s\n", "workload", "op", "mean", "p50", "p99", "p999", "cpu/op", "rnr(rdma)")
-	seen := map[string]bool{}
+	fmt.Fprintf(w, "%-9s %5s %-11s %-4s %9s %9s %9s %9s %11s %10s\n", "workload", "mtu", "load", "op", "mean", "p50", "p99", "p999", "cpu/op", "rnr(rdma)")
+	type gkey struct {
+		w       string
+		mtu     int
+		offered float64
+	}
+	seen := map[gkey]bool{}
 	for _, r := range rs {
-		if seen[r.Workload] {
+		if k := (gkey{r.Workload, r.MTU, r.Offered}); seen[k] {
 			continue
+		} else {
+			seen[k] = true
 		}
-		seen[r.Workload] = true
-		a, b := find(r.Workload, "rdma"), find(r.Workload, "tcp")
+		a, b := find(r, "rdma"), find(r, "tcp")
 		if a == nil || b == nil {
 			continue
 		}
@@ -170,7 +206,7 @@ func printSideBySide(w io.Writer, rs []benchResult) {
 		for _, oa := range a.Ops {
 			for _, ob := range b.Ops {
 				if oa.Op == ob.Op {
-					fmt.Fprintf(w, "%-9s %-4s %9s %9s %9s %9s %11s %10s\n", r.Workload, oa.Op, pct(oa.Mean, ob.Mean), pct(oa.P50, ob.P50),
+					fmt.Fprintf(w, "%-9s %5s %-11s %-4s %9s %9s %9s %9s %11s %10s\n", r.Workload, mtuString(r.MTU), loadString(r.Offered), oa.Op, pct(oa.Mean, ob.Mean), pct(oa.P50, ob.P50),
 						pct(oa.P99, ob.P99), pct(oa.P999, ob.P999), pct(oa.CPUPerKop, ob.CPUPerKop), rnr)
 				}
 			}
@@ -180,21 +216,43 @@ func printSideBySide(w io.Writer, rs []benchResult) {
 
 var transportColor = map[string]color.Color{"rdma": color.RGBA{0x1f, 0x77, 0xb4, 0xff}, "tcp": color.RGBA{0xd6, 0x27, 0x28, 0xff}}
 
-// writePlots: per workload a latency CDF (one line per transport and op),
-// and one bar chart of P99 per workload and op, rdma next to tcp.
+// writePlots: per workload and MTU a latency CDF of the closed loop (one
+// line per transport and op, cdf-WORKLOAD[-mtuN].png) and, where there are
+// open-loop runs, latency against offered load (p50 and p99 of the
+// workload's main op per transport, load-WORKLOAD[-mtuN].png); and one bar
+// chart of closed-loop P99 per workload and op, rdma next to tcp.
 func writePlots(dir string, rs []benchResult) ([]string, error) {
 	var written []string
-	workloads := map[string][]benchResult{}
-	var order []string
-	for _, r := range rs {
-		if _, ok := workloads[r.Workload]; !ok {
-			order = append(order, r.Workload)
-		}
-		workloads[r.Workload] = append(workloads[r.Workload], r)
+	type group struct {
+		wl  string
+		mtu int
 	}
-	for _, wl := range order {
+	workloads := map[group][]benchResult{}
+	var order []group
+	mtus := map[int]bool{}
+	for _, r := range rs {
+		g := group{r.Workload, r.MTU}
+		if _, ok := workloads[g]; !ok {
+			order = append(order, g)
+		}
+		workloads[g] = append(workloads[g], r)
+		mtus[r.MTU] = true
+	}
+	suffix := func(g group) string {
+		if g.mtu == 0 {
+			return ""
+		}
+		return "-mtu" + strconv.Itoa(g.mtu)
+	}
+	title := func(g group) string {
+		if g.mtu == 0 {
+			return "ps " + g.wl
+		}
+		return fmt.Sprintf("ps %s, MTU %d", g.wl, g.mtu)
+	}
+	for _, g := range order {
 		p := plot.New()
-		p.Title.Text = "ps " + wl + ": latency CDF"
+		p.Title.Text = title(g) + ": latency CDF, closed loop"
 		p.X.Label.Text = "latency (us, log)"
 		p.Y.Label.Text = "fraction of operations"
 		p.X.Scale = plot.LogScale{}
@@ -202,7 +260,11 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 		p.Legend.Top = false
 		p.Legend.Left = false
 		p.Add(plotter.NewGrid())
-		for _, r := range workloads[wl] {
+		lines := 0
+		for _, r := range workloads[g] {
+			if r.Offered != 0 {
+				continue
+			}
 			for i, op := range r.Ops {
 				var pts plotter.XYs
 				var cum, n uint64
@@ -227,20 +289,33 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 				}
 				p.Add(l)
 				p.Legend.Add(r.Transport+" "+op.Op, l)
+				lines++
 			}
 		}
-		f := filepath.Join(dir, "cdf-"+wl+".png")
-		if err := p.Save(7*vg.Inch, 4.5*vg.Inch, f); err != nil {
+		if lines > 0 {
+			f := filepath.Join(dir, "cdf-"+g.wl+suffix(g)+".png")
+			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, f); err != nil {
+				return written, err
+			}
+			written = append(written, f)
+		}
+		f, err := writeLoadPlot(dir, "load-"+g.wl+suffix(g)+".png", title(g), workloads[g])
+		if err != nil {
 			return written, err
 		}
-		written = append(written, f)
+		if f != "" {
+			written = append(written, f)
+		}
 	}
 	// P99 bars.
 	var labels []string
 	vals := map[string]plotter.Values{"rdma": nil, "tcp": nil}
-	for _, wl := range order {
+	for _, g := range order {
 		ops := map[string]bool{}
-		for _, r := range workloads[wl] {
+		for _, r := range workloads[g] {
+			if r.Offered != 0 {
+				continue
+			}
 			for _, o := range r.Ops {
 				ops[o.Op] = true
 			}
@@ -249,11 +324,15 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 			if !ops[opn] {
 				continue
 			}
-			labels = append(labels, wl+" "+opn)
+			l := g.wl + " " + opn
+			if len(mtus) > 1 {
+				l += " " + mtuString(g.mtu)
+			}
+			labels = append(labels, l)
 			for _, tr := range []string{"rdma", "tcp"} {
 				v := 0.0
-				for _, r := range workloads[wl] {
-					if r.Transport != tr {
+				for _, r := range workloads[g] {
+					if r.Transport != tr || r.Offered != 0 {
 						continue
 					}
 					for _, o := range r.Ops {
@@ -267,7 +346,10 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 		}
 	}
 	p := plot.New()
-	p.Title.Text = "ps: P99 latency per workload and operation"
+	if len(labels) == 0 {
+		return written, nil
+	}
+	p.Title.Text = "ps: P99 latency per workload and operation, closed loop"
 	p.Y.Label.Text = "P99 (us)"
 	w := vg.Points(14)
 	for i, tr := range []string{"rdma", "tcp"} {
@@ -288,4 +370,269 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 		return written, err
 	}
 	return append(written, f), nil
+}
+
+// rttLine is a line of scripts/demo's rtt-*.json: the bare round trips of
+// a workload's request and response bytes in the boot of the ps runs.
+type rttLine struct {
+	RTT *rttResult `json:"rtt"`
+}
+
+type rttResult struct {
+	Workload string  `json:"workload"`
+	MTU      int     `json:"mtu"`
+	Req      int     `json:"req_bytes"`
+	Resp     int     `json:"resp_bytes"`
+	Verbs    float64 `json:"verbs_us"` // goverbs perf send_lat: t_typical at Req plus at Resp (each half a round trip)
+	BX       float64 `json:"bx_us"`    // goverbs perf bx_lat -s Req --resp-size Resp: t_typical
+	TCP      float64 `json:"tcp_us"`   // goverbs perf tcp_lat -s Req --resp-size Resp: t_typical
+}
+
+// The paper's goals (ByteExpress against kernel TCP), as ratios rdma/tcp.
+const (
+	goalPullMean = 0.643 // parameter fetch latency -35.7% mean
+	goalPullP99  = 0.563 // -43.7% P99
+	goalCPUOp    = 0.893 // total CPU -10.69%
+	goalIncast   = 0.26  // training push P99 under incast up to -74.0%
+)
+
+// tableRate is the open-loop rate of a workload that the paper table
+// reads, and the knee it derives from: the lower of the two transports'
+// closed-loop throughputs (steps/s) is the knee, and the table takes the
+// offered rate nearest half of it. Without a closed loop of both
+// transports, the lowest offered rate (knee 0); without open-loop runs,
+// rate 0.
+func tableRate(rs []benchResult, workload string, mtu int) (rate, knee float64) {
+	kn := map[string]float64{}
+	var offered []float64
+	for _, r := range rs {
+		if r.Workload != workload || r.MTU != mtu {
+			continue
+		}
+		if r.Offered == 0 {
+			kn[r.Transport] = r.Achieved
+		} else {
+			offered = append(offered, r.Offered)
+		}
+	}
+	if kn["rdma"] > 0 && kn["tcp"] > 0 {
+		knee = min(kn["rdma"], kn["tcp"])
+	}
+	if len(offered) == 0 {
+		return 0, knee
+	}
+	sort.Float64s(offered)
+	rate = offered[0]
+	if knee == 0 {
+		return rate, 0
+	}
+	for _, o := range offered {
+		if math.Abs(math.Log(o/(knee/2))) < math.Abs(math.Log(rate/(knee/2))) {
+			rate = o
+		}
+	}
+	return rate, knee
+}
+
+// printPaperTable prints, per MTU, the paper's figures as ratios rdma/tcp
+// against its goals, in closed loop and in open loop at the table rate,
+// with the bare round trips of the same bytes measured in the same boot.
+func printPaperTable(w io.Writer, rs []benchResult, rtts []rttResult) {
+	var mtus []int
+	for _, r := range rs {
+		if (r.Workload == "inference" || r.Workload == "incast") && !slices.Contains(mtus, r.MTU) {
+			mtus = append(mtus, r.MTU)
+		}
+	}
+	sort.Ints(mtus)
+	get := func(wl string, mtu int, offered float64, tr, op string) (*benchResult, *benchOp) {
+		for i := range rs {
+			r := &rs[i]
+			if r.Workload == wl && r.MTU == mtu && r.Offered == offered && r.Transport == tr {
+				for j := range r.Ops {
+					if r.Ops[j].Op == op {
+						return r, &r.Ops[j]
+					}
+				}
+			}
+		}
+		return nil, nil
+	}
+	// cell: rdma/tcp of f over (wl, op) at a load, against goal.
+	cell := func(wl, op string, mtu int, offered float64, f func(*benchOp) float64, goal float64) string {
+		_, a := get(wl, mtu, offered, "rdma", op)
+		_, b := get(wl, mtu, offered, "tcp", op)
+		if a == nil || b == nil || f(b) == 0 {
+			return "-"
+		}
+		x := f(a) / f(b)
+		met := "no"
+		if x <= goal {
+			met = "MET"
+		}
+		return fmt.Sprintf("%.3f %s (%.4g/%.4g)", x, met, f(a), f(b))
+	}
+	mean := func(o *benchOp) float64 { return o.Mean }
+	p99 := func(o *benchOp) float64 { return o.P99 }
+	cpu := func(o *benchOp) float64 { return o.CPUPerKop * 1000 } // us per op
+	for _, mtu := range mtus {
+		ir, iknee := tableRate(rs, "inference", mtu)
+		cr, cknee := tableRate(rs, "incast", mtu)
+		ib := 0
+		for _, r := range rs {
+			if r.MTU == mtu && r.IBMTU != 0 {
+				ib = r.IBMTU
+			}
+		}
+		fmt.Fprintf(w, "\npaper table, link MTU %s (rxe active_mtu %s): rdma/tcp, goal, measured (rdma/tcp in us)\n", mtuString(mtu), mtuString(ib))
+		open := "open loop"
+		if ir > 0 || cr > 0 {
+			open = fmt.Sprintf("open loop (inference %.0f, incast %.0f steps/s)", ir, cr)
+		}
+		fmt.Fprintf(w, "  %-30s %7s  %-34s %s\n", "figure", "goal", "closed loop", open)
+		row := func(name string, goal float64, wl, op string, f func(*benchOp) float64, orate float64) {
+			o := "-"
+			if orate > 0 {
+				o = cell(wl, op, mtu, orate, f, goal)
+			}
+			fmt.Fprintf(w, "  %-30s %7s  %-34s %s\n", name, fmt.Sprintf("<=%.3g", goal), cell(wl, op, mtu, 0, f, goal), o)
+		}
+		row("inference pull mean", goalPullMean, "inference", "pull", mean, ir)
+		row("inference pull P99", goalPullP99, "inference", "pull", p99, ir)
+		row("inference CPU per op", goalCPUOp, "inference", "pull", cpu, ir)
+		row("incast push P99", goalIncast, "incast", "push", p99, cr)
+		var rnr uint64
+		runs := 0
+		for _, r := range rs {
+			if r.MTU == mtu && r.Transport == "rdma" && r.RNR != nil {
+				rnr += *r.RNR
+				runs++
+			}
+		}
+		met := "no"
+		if rnr == 0 {
+			met = "MET"
+		}
+		fmt.Fprintf(w, "  %-30s %7s  %d %s (all %d rdma runs at this MTU)\n", "RNR NAK retries", "0", rnr, met, runs)
+		if iknee > 0 || cknee > 0 {
+			fmt.Fprintf(w, "  knee (lower closed-loop steps/s of the two): inference %.0f, incast %.0f; open loop at the rate nearest half of it\n", iknee, cknee)
+		}
+		// The bare round trips of the same bytes, and what they predict.
+		var any bool
+		for _, wl := range []string{"inference", "incast"} {
+			var v, x, t []float64
+			var req, resp int
+			for _, q := range rtts {
+				if q.Workload == wl && q.MTU == mtu {
+					v, x, t = append(v, q.Verbs), append(x, q.BX), append(t, q.TCP)
+					req, resp = q.Req, q.Resp
+				}
+			}
+			if len(v) == 0 {
+				continue
+			}
+			if !any {
+				fmt.Fprintf(w, "  bare round trip of the same bytes, same boot (median of runs, us): verbs (send_lat), bx (bx_lat), tcp (tcp_lat)\n")
+				any = true
+			}
+			vm, xm, tm := median(v), median(x), median(t)
+			op := "pull"
+			if wl == "incast" {
+				op = "push"
+			}
+			verdict := "verbs not below tcp: no must-show"
+			if vm > 0 && vm < tm {
+				_, a := get(wl, mtu, 0, "rdma", op)
+				_, b := get(wl, mtu, 0, "tcp", op)
+				verdict = "verbs below tcp: rdma must be below tcp"
+				if a != nil && b != nil {
+					verdict += fmt.Sprintf("; closed-loop %s mean rdma/tcp %.3f", op, a.Mean/b.Mean)
+					if a.Mean < b.Mean {
+						verdict += " MET"
+					} else {
+						verdict += " no"
+					}
+				}
+			}
+			fmt.Fprintf(w, "  %-9s %6d -> %-6d verbs %8.1f  bx %8.1f  tcp %8.1f  verbs/tcp %.3f  bx/tcp %.3f  (%s)\n",
+				wl, req, resp, vm, xm, tm, vm/tm, xm/tm, verdict)
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// mainOp is the operation a workload's load plot shows.
+func mainOp(workload string) string {
+	if workload == "incast" {
+		return "push"
+	}
+	return "pull"
+}
+
+// writeLoadPlot plots the open-loop runs of one workload: p50 (solid) and
+// p99 (dashed) of its main op against the offered steps per second, one
+// color per transport. No file without at least one open-loop run.
+func writeLoadPlot(dir, name, title string, rs []benchResult) (string, error) {
+	op := mainOp(rs[0].Workload)
+	p := plot.New()
+	p.Title.Text = title + ": " + op + " latency against offered load, open loop"
+	p.X.Label.Text = "offered steps per second"
+	p.Y.Label.Text = op + " latency (us, log)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Add(plotter.NewGrid())
+	n := 0
+	for _, tr := range []string{"rdma", "tcp"} {
+		var p50, p99 plotter.XYs
+		for _, r := range rs {
+			if r.Transport != tr || r.Offered == 0 {
+				continue
+			}
+			for _, o := range r.Ops {
+				if o.Op == op && o.Count > 0 {
+					p50 = append(p50, plotter.XY{X: r.Offered, Y: max(o.P50, 0.001)})
+					p99 = append(p99, plotter.XY{X: r.Offered, Y: max(o.P99, 0.001)})
+				}
+			}
+		}
+		if len(p50) == 0 {
+			continue
+		}
+		sort.Slice(p50, func(i, j int) bool { return p50[i].X < p50[j].X })
+		sort.Slice(p99, func(i, j int) bool { return p99[i].X < p99[j].X })
+		for i, pts := range []plotter.XYs{p50, p99} {
+			l, sc, err := plotter.NewLinePoints(pts)
+			if err != nil {
+				return "", err
+			}
+			l.Color, sc.Color = transportColor[tr], transportColor[tr]
+			l.Width = vg.Points(1.5)
+			q := "p50"
+			if i == 1 {
+				l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+				q = "p99"
+			}
+			p.Add(l, sc)
+			p.Legend.Add(tr+" "+q, l, sc)
+			n++
+		}
+	}
+	if n == 0 {
+		return "", nil
+	}
+	f := filepath.Join(dir, name)
+	return f, p.Save(7*vg.Inch, 4.5*vg.Inch, f)
 }
