@@ -261,3 +261,33 @@ func TestAsync(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkStorePullBig: 32 random keys of a 2^20-row table of which a
+// quarter was pushed (as in a long inference run: most pulled rows are
+// still cold, the pushed ones are spread over a large map).
+func BenchmarkStorePullBig(b *testing.B) {
+	st := ps.NewStore(ps.StoreConfig{})
+	spec := hotSpec
+	spec.Rows = 1 << 20
+	must(b, st.Define(spec))
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := make([]uint64, 1024)
+	g := make([]float32, len(keys)*spec.Dim)
+	for range spec.Rows / 4 / uint64(len(keys)) {
+		for i := range keys {
+			keys[i] = rng.Uint64N(spec.Rows)
+		}
+		if _, _, err := st.Push(spec.Name, keys, g); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keys = keys[:32]
+	out := make([]float32, len(keys)*spec.Dim)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range keys {
+			keys[i] = rng.Uint64N(spec.Rows)
+		}
+		must(b, st.Pull(spec.Name, keys, out))
+	}
+}

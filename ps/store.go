@@ -118,6 +118,11 @@ type param struct {
 		mu   sync.Mutex
 		rows map[uint64][]float32
 	}
+	// pushed, for tables of up to maxPushedBits rows, has a bit per row,
+	// set (under the row's stripe lock) once the row is materialised: a
+	// pull of a row whose bit is clear computes its initial value without
+	// the lock or the map lookup (a cache miss into a large map).
+	pushed []atomic.Uint64
 	// Dense: w and (Adagrad) h, locked per chunk.
 	w, h   []float32
 	chunks []sync.Mutex
@@ -158,6 +163,9 @@ func (s *Store) Define(spec Spec) error {
 	if spec.Kind == Sparse {
 		for i := range p.stripes {
 			p.stripes[i].rows = map[uint64][]float32{}
+		}
+		if spec.Rows <= maxPushedBits {
+			p.pushed = make([]atomic.Uint64, (spec.Rows+63)/64)
 		}
 	} else {
 		p.w = make([]float32, spec.Size)
@@ -272,7 +280,20 @@ func (s *Store) Pull(name string, keys []uint64, out []float32) error {
 	return nil
 }
 
+// maxPushedBits: tables of up to this many rows keep a bitmap of the
+// pushed ones (16 MiB at most).
+const maxPushedBits = 1 << 27
+
+// cold reports whether row k was surely never pushed.
+func (p *param) cold(k uint64) bool {
+	return p.pushed != nil && p.pushed[k/64].Load()&(1<<(k%64)) == 0
+}
+
 func (p *param) readRow(k uint64, dst []float32) {
+	if p.cold(k) {
+		p.initRow(k, dst)
+		return
+	}
 	st := &p.stripes[stripeOf(k)]
 	st.mu.Lock()
 	if r, ok := st.rows[k]; ok {
@@ -281,8 +302,12 @@ func (p *param) readRow(k uint64, dst []float32) {
 		return
 	}
 	st.mu.Unlock()
-	// Never pushed: its initial value, without materialising it (pulls of
-	// cold rows do not grow the store).
+	p.initRow(k, dst)
+}
+
+// initRow is a never pushed row: its initial value, without materialising
+// it (pulls of cold rows do not grow the store).
+func (p *param) initRow(k uint64, dst []float32) {
 	sk := p.spec.Seed ^ keyMix(k)
 	for j := range dst {
 		dst[j] = initValueOf(sk, j)
@@ -314,14 +339,16 @@ func (s *Store) pullReq(r *Request, b []byte) ([]byte, error) {
 
 // readRowBytes is readRow straight into a response (little-endian f32s).
 func (p *param) readRowBytes(k uint64, dst []byte) {
-	st := &p.stripes[stripeOf(k)]
-	st.mu.Lock()
-	if r, ok := st.rows[k]; ok {
-		putFloats(dst, r[:len(dst)/4])
+	if !p.cold(k) {
+		st := &p.stripes[stripeOf(k)]
+		st.mu.Lock()
+		if r, ok := st.rows[k]; ok {
+			putFloats(dst, r[:len(dst)/4])
+			st.mu.Unlock()
+			return
+		}
 		st.mu.Unlock()
-		return
 	}
-	st.mu.Unlock()
 	sk := p.spec.Seed ^ keyMix(k)
 	for j := range len(dst) / 4 {
 		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(initValueOf(sk, j)))
@@ -409,6 +436,9 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applie
 				}
 			}
 			st.rows[k] = row
+			if p.pushed != nil {
+				p.pushed[k/64].Or(1 << (k % 64))
+			}
 		}
 		var h []float32
 		if p.spec.Opt.Kind == Adagrad {

@@ -1,6 +1,7 @@
 package ps
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"os"
@@ -223,4 +224,56 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPushedRows: a pull reads a row's initial value until the row is
+// pushed and its updated value after, for a neighbour in the same word of
+// the pushed-rows bitmap too, and for a table too large for the bitmap.
+func TestPushedRows(t *testing.T) {
+	for _, rows := range []uint64{1 << 20, 1 << 40} {
+		st := NewStore(StoreConfig{})
+		spec := Spec{Name: "t", Kind: Sparse, Dim: 4, Rows: rows, Opt: Optimizer{Kind: SGD, LR: 1}, Seed: 7}
+		if err := st.Define(spec); err != nil {
+			t.Fatal(err)
+		}
+		keys := []uint64{64 + 5, 64 + 6, rows - 1}
+		before := make([]float32, 3*4)
+		if err := st.Pull("t", keys, before); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.Push("t", keys[:1], []float32{1, 1, 1, 1}); err != nil {
+			t.Fatal(err)
+		}
+		after := make([]float32, 3*4)
+		if err := st.Pull("t", keys, after); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 4 {
+			if after[j] != before[j]-1 {
+				t.Errorf("rows %d: pushed row col %d: %v after a gradient of 1 at LR 1, was %v", rows, j, after[j], before[j])
+			}
+		}
+		for j := 4; j < 12; j++ {
+			if after[j] != before[j] {
+				t.Errorf("rows %d: unpushed rows changed: %v -> %v", rows, before[4:], after[4:])
+				break
+			}
+		}
+		// The bytes path (Server.Handle's) agrees.
+		got := make([]byte, 4*4)
+		st.get2(t, "t").readRowBytes(keys[0], got)
+		for j := range 4 {
+			if v := math.Float32frombits(binary.LittleEndian.Uint32(got[4*j:])); v != after[j] {
+				t.Errorf("rows %d: readRowBytes col %d = %v, Pull %v", rows, j, v, after[j])
+			}
+		}
+	}
+}
+
+func (s *Store) get2(t *testing.T, name string) *param {
+	p, err := s.get(name, Sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
