@@ -105,7 +105,9 @@ const psUsage = `Usage: goverbs ps COMMAND [flags]
   while the command runs (off by default; port 0 picks one, serve prints it as "metrics");
   bench serves its servers' and workers' metrics there, labelled process="server0", "worker0", ...
   report  [--plots DIR] FILE.json...
-          side-by-side table of bench --json results; PNG plots into DIR
+          side-by-side table of bench --json results (per MTU and load), the paper's table
+          (rdma/tcp against its goals; with scripts/demo's {"rtt": ...} lines, the bare round
+          trips of the same bytes); PNG plots into DIR: latency CDFs, latency against offered load
 
 `
 
