@@ -219,6 +219,8 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+	// yield is spinning's back-off on a contended CPU (yield.go).
+	yield spinYield
 	// liveMsgs counts received Msgs not yet released (queued, with a
 	// handler or with a user); userBufs, Alloc'ed Buffers a user holds.
 	// Close unmaps the pools only when both are zero.
@@ -250,6 +252,9 @@ type Stats struct {
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64
+	// Yields counts spins cut short because the polling thread had lost
+	// its CPU (yield.go): the endpoint then waits for events for a while.
+	Yields atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -593,6 +598,7 @@ func (e *Endpoint) progress() {
 	// endpoint polling instead of paying an event per message; halved
 	// after a longer sleep.
 	window := e.cfg.Spin
+	var last time.Time // the spin's last clock read
 	for {
 		if e.callerPolls.Load() {
 			select {
@@ -600,17 +606,17 @@ func (e *Endpoint) progress() {
 			case <-e.stopCh.Done():
 				return
 			}
-			idle, empty = time.Time{}, 0
+			idle, last, empty = time.Time{}, time.Time{}, 0
 			continue
 		}
 		e.pollMu.Lock()
-		n, err := e.pollLocked()
+		n, err := e.pollLocked(last)
 		e.pollMu.Unlock()
 		if err != nil {
 			return
 		}
 		if n > 0 {
-			idle, empty = time.Time{}, 0
+			idle, last, empty = time.Time{}, time.Time{}, 0
 			if e.cfg.Spin > 0 {
 				runtime.Gosched() // run the goroutines we just woke on this P
 			}
@@ -626,7 +632,7 @@ func (e *Endpoint) progress() {
 			}
 			now := time.Now()
 			if idle.IsZero() {
-				idle = now
+				idle, last = now, now
 			}
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
@@ -634,8 +640,14 @@ func (e *Endpoint) progress() {
 			if e.waiting.Load() > 0 {
 				spin = max(spin, 10*e.cfg.Spin)
 			}
-			if now.Sub(idle) < spin {
+			gap := now.Sub(last)
+			last = now
+			ok := e.yield.spinning(now, gap, e.cfg.Spin, &e.stats)
+			if ok && now.Sub(idle) < spin {
 				continue
+			}
+			if ok {
+				e.yield.calm() // a whole window without losing the CPU
 			}
 		}
 		if e.stopCh.Err() != nil {
@@ -648,7 +660,7 @@ func (e *Endpoint) progress() {
 		if e.cfg.Spin > 0 {
 			window = nextWindow(window, e.cfg.Spin, time.Since(slept))
 		}
-		idle, empty = time.Time{}, 0
+		idle, last, empty = time.Time{}, time.Time{}, 0
 	}
 }
 
@@ -667,11 +679,17 @@ func nextWindow(w, spin, d time.Duration) time.Duration {
 }
 
 // pollLocked polls the CQ once and completes what it found. pollMu is
-// held.
-func (e *Endpoint) pollLocked() (int, error) {
+// held. last is the spinning caller's last clock read (zero: none): when
+// the poll finds work, the time since then, before the work is done, tells
+// whether the spin lost its CPU meanwhile (spinYield).
+func (e *Endpoint) pollLocked(last time.Time) (int, error) {
 	n, err := e.cq.Poll(e.wc)
 	if err != nil {
 		return 0, err
+	}
+	if n > 0 && !last.IsZero() {
+		now := time.Now()
+		e.yield.note(now, now.Sub(last), e.cfg.Spin, &e.stats)
 	}
 	for i := range e.wc[:n] {
 		e.complete(&e.wc[i])
@@ -715,7 +733,7 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 // gets its data with no hand-off from the progress goroutine, and the
 // progress goroutine, waiting meanwhile, does not spin beside it.
 func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
-	if e.cfg.Spin <= 0 || !e.mayPoll() || !e.callerPolls.CompareAndSwap(false, true) {
+	if e.cfg.Spin <= 0 || !e.mayPoll() || e.yield.off() || !e.callerPolls.CompareAndSwap(false, true) {
 		return false
 	}
 	defer func() {
@@ -725,6 +743,9 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		default:
 		}
 	}()
+	// The spin's last clock read: a gap since then is time the polling
+	// thread lost (spinYield).
+	last := time.Now()
 	var idle time.Time
 	for i := 1; ; i++ {
 		if done() {
@@ -735,7 +756,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				e.pollMu.Unlock()
 				return false
 			}
-			n, err := e.pollLocked()
+			n, err := e.pollLocked(last)
 			e.pollMu.Unlock()
 			if err != nil {
 				return false
@@ -747,7 +768,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 					e.stats.SelfPolled.Add(1)
 					return true
 				}
-				idle, i = time.Time{}, 0
+				idle, last, i = time.Time{}, time.Now(), 0
 				continue
 			}
 		}
@@ -758,7 +779,10 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
-			} else if now.Sub(idle) >= 10*e.cfg.Spin {
+			}
+			gap := now.Sub(last)
+			last = now
+			if !e.yield.spinning(now, gap, e.cfg.Spin, &e.stats) || now.Sub(idle) >= 10*e.cfg.Spin {
 				return false
 			}
 		}
