@@ -40,9 +40,9 @@ import (
 // still waiting for its FIN and tells the peer the new rkeys in its setup
 // message (setup.Grants), before the peer may resend.
 
-// The fence: rxe (Linux 6.1 and current mainline alike) executes a BIND_MW
-// when its requester reaches it, marks it done, and leaves it in the send
-// queue until every work request ahead of it is acknowledged. An RC
+// The fence: rxe (Linux 6.1, and the newer rxe_req.c read too) executes
+// a BIND_MW when its requester reaches it, marks it done, and leaves it in
+// the send queue until every work request ahead of it is acknowledged. An RC
 // retransmission (req_retry, after a NAK or a timeout) rewinds the
 // requester to the oldest work request not yet complete and walks forward
 // again, and rxe_requester executes every local operation it meets,
