@@ -197,3 +197,6 @@ func (e *Endpoint) FencesForTest() int {
 	defer e.grants.mu.Unlock()
 	return e.grants.fences
 }
+
+// LaneCountForTest reports how many lanes (QPs) the peer has.
+func (p *Peer) LaneCountForTest() int { return len(p.lanes) }
