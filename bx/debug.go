@@ -30,7 +30,7 @@ func (e *Endpoint) dumpState(w io.Writer) {
 		e.id, e.cfg.Device, e.waiting.Load(), e.callerPolls.Load(), e.liveMsgs.Load(), e.userBufs.Load(),
 		e.workers.Load(), len(e.backlog), e.ticks.Load(), e.cq.Stats(), e.cq.Empty(), len(e.kick))
 	e.grants.mu.Lock()
-	fmt.Fprintf(w, "  rendezvous windows: %d allocated, %d free; %d target regions\n", len(e.grants.all), len(e.grants.free), len(e.grants.mrs))
+	fmt.Fprintf(w, "  rendezvous windows: %d allocated (%d of them lane fences), %d free; %d target regions\n", len(e.grants.all), e.grants.fences, len(e.grants.free), len(e.grants.mrs))
 	e.grants.mu.Unlock()
 	for _, p := range e.peerList() {
 		fmt.Fprintf(w, "  peer %x state %d err %v\n    credits (we send): %v\n    returner (peer sends): %v\n",

@@ -44,12 +44,10 @@ type Config struct {
 	// access, a peer cannot write another peer's target or its own after
 	// the transfer, and a delivered message cannot change. Off by default:
 	// without it all targets of an endpoint are one region under one rkey
-	// that every peer learns. On rxe (Linux 6.1) rendezvous with windows
-	// stalls under packet loss (bx TestPacketLoss, 5% loss: transfers wait
-	// for a FIN that never comes, with no error; the lane's send queue
-	// stops behind a BIND_MW after RC retransmissions), so turn it on
-	// there only on a loss-free link; devices that bind windows in
-	// hardware are not affected. The device must support memory windows.
+	// that every peer learns. Each bind goes behind a fence (rxe re-runs a
+	// BIND_MW on an RC retransmission and then stalls; grant.go), so a CTS
+	// waits until what its lane sent before is acknowledged. The device
+	// must support memory windows.
 	Windows bool
 	// Lanes is the number of RC QPs per peer (1..4, default 2). Streams are
 	// spread over them; QP count grows with peers, not with streams.

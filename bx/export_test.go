@@ -182,11 +182,21 @@ func (p *Peer) ForgeWriteForTest(stream uint32, addr uint64, rkey uint32, data [
 	return err
 }
 
-// WindowsForTest reports the endpoint's memory windows: allocated, and
-// free (unbound, for the next transfer); and the target regions
-// registered.
+// WindowsForTest reports the endpoint's memory windows for transfers:
+// allocated, and free (unbound, for the next transfer); and the target
+// regions registered. The lanes' fence windows are not counted.
 func (e *Endpoint) WindowsForTest() (all, free, regions int) {
 	e.grants.mu.Lock()
 	defer e.grants.mu.Unlock()
-	return len(e.grants.all), len(e.grants.free), len(e.grants.mrs)
+	return len(e.grants.all) - e.grants.fences, len(e.grants.free), len(e.grants.mrs)
 }
+
+// FencesForTest reports the lanes' fence windows allocated.
+func (e *Endpoint) FencesForTest() int {
+	e.grants.mu.Lock()
+	defer e.grants.mu.Unlock()
+	return e.grants.fences
+}
+
+// LaneCountForTest reports how many lanes (QPs) the peer has.
+func (p *Peer) LaneCountForTest() int { return len(p.lanes) }

@@ -265,8 +265,14 @@ func TestForgedDescriptor(t *testing.T) {
 // TestPacketLoss drops 5% of the packets on the veth under both devices
 // (tc netem): RC retransmission and, if retries run out, bx recovery keep
 // every message exactly once and in order, and every call returns once.
+// With windows, RC retransmissions rewind send queues that hold BIND_MWs.
 func TestPacketLoss(t *testing.T) {
-	srv, _, p, sp := pair(t, nil)
+	t.Run("region", func(t *testing.T) { packetLoss(t, nil) })
+	t.Run("windows", func(t *testing.T) { packetLoss(t, windowsOn) })
+}
+
+func packetLoss(t *testing.T, mod func(*bx.Config)) {
+	srv, _, p, sp := pair(t, mod)
 	for _, dev := range []string{"v0", "v1"} {
 		if out, err := exec.Command("tc", "qdisc", "add", "dev", dev, "root", "netem", "loss", "5%").CombinedOutput(); err != nil {
 			t.Skipf("tc netem on %s: %v %s", dev, err, out)

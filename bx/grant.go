@@ -40,6 +40,36 @@ import (
 // still waiting for its FIN and tells the peer the new rkeys in its setup
 // message (setup.Grants), before the peer may resend.
 
+// The fence: rxe (Linux 6.1, and the newer rxe_req.c read too) executes
+// a BIND_MW when its requester reaches it, marks it done, and leaves it in
+// the send queue until every work request ahead of it is acknowledged. An RC
+// retransmission (req_retry, after a NAK or a timeout) rewinds the
+// requester to the oldest work request not yet complete and walks forward
+// again, and rxe_requester executes every local operation it meets,
+// including the done BIND_MW: its window is bound already and its rkey has
+// moved, so rxe_bind_mw fails (-EINVAL). On 6.1 that error only sets the
+// requester's state to ERROR (no rxe_qp_error: the QP still reads RTS, no
+// async event); the completer waits for the acknowledgement of the
+// retransmission ahead of the bind, the retransmit timer is no longer
+// re-armed in that state, and every later work request of the lane is
+// flushed into a queue that never completes: the lane stalls with no error
+// anywhere (docs/reliability.md has the trace).
+//
+// So a bind never sits behind work requests that are not complete: ahead
+// of every bind of a grant bx posts a LOCAL_INV of the lane's fence
+// window and a bind of it again. rxe holds a LOCAL_INV back until all work
+// requests ahead of it are complete (rxe_wqe_is_fenced: "local invalidate
+// fence", mandatory in rxe); then the LOCAL_INV, the fence's bind and the
+// grant's bind run one after the other and the completer retires them
+// before it can start a retry for anything behind them. The fence window
+// is bound first of all on every new lane QP, when nothing is posted on it
+// yet; it covers a small region of its own with remote read only, which
+// the lane QPs do not allow, so it opens nothing. The cost: a CTS waits
+// for the acknowledgement of what its lane sent before it.
+
+// fenceLen is the size of the fence windows' region.
+const fenceLen = 64
+
 // grant is one target opened to one peer for one transfer. Its fields
 // change under the lane's rmu (l.mu held too where a post needs them).
 type grant struct {
@@ -62,6 +92,11 @@ type grantPool struct {
 	free   []*mr.MW          // unbound windows, their rkeys in step with the kernel's
 	all    map[*mr.MW]struct{}
 	closed bool
+	// The fence windows' region, registered on first use, and how many
+	// of all are lanes' fence windows.
+	fenceMem *mr.Memory
+	fenceMR  *mr.MR
+	fences   int
 }
 
 var errGrantsClosed = fmt.Errorf("bx: rendezvous target: %w", ErrClosed)
@@ -166,6 +201,98 @@ func (e *Endpoint) takeMW() (*mr.MW, error) {
 	return w, nil
 }
 
+// fenceRegion returns the region the fence windows are bound over.
+func (e *Endpoint) fenceRegion() (*mr.MR, error) {
+	gp := &e.grants
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	if gp.closed {
+		return nil, errGrantsClosed
+	}
+	if gp.fenceMR != nil {
+		return gp.fenceMR, nil
+	}
+	mem, err := mr.Alloc(fenceLen)
+	if err != nil {
+		return nil, fmt.Errorf("bx: fence region: %w", err)
+	}
+	m, err := mr.Register(e.pd, mem.Bytes()[:fenceLen], mr.MWBind)
+	if err != nil {
+		mem.Close()
+		return nil, fmt.Errorf("bx: fence region: %w", err)
+	}
+	gp.fenceMem, gp.fenceMR = mem, m
+	return m, nil
+}
+
+// bindFence binds a fence window on l's QP, just connected: nothing is
+// posted on it yet, so this bind has nothing ahead of it.
+func (p *Peer) bindFence(l *lane) error {
+	e := p.e
+	m, err := e.fenceRegion()
+	if err != nil {
+		return err
+	}
+	w, err := e.takeMW()
+	if err != nil {
+		return err
+	}
+	b, err := w.Bind(m, 0, fenceLen, mr.RemoteRead, uint8(w.RKey())+1)
+	if err != nil {
+		e.dropMW(w)
+		return fmt.Errorf("bx: binding a fence window: %w", err)
+	}
+	e.grants.mu.Lock()
+	e.grants.fences++
+	e.grants.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.closeFence(l)
+	l.fence, l.fenceQP = w, l.qp
+	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpBindMW, Bind: b}
+	if err := l.qp.PostSend(l.swr[:1]); err != nil {
+		return fmt.Errorf("bx: binding a fence window: %w", err)
+	}
+	return nil
+}
+
+// fenceWRs fills wrs[0:2] with the fence a grant's bind goes behind: a
+// LOCAL_INV of the lane's fence window, which rxe runs only once every
+// work request ahead of it is complete, and a bind of the window again
+// for the next fence. l.mu is held.
+func (e *Endpoint) fenceWRs(l *lane, wrs []qp.SendWR) error {
+	w := l.fence
+	if w == nil || l.fenceQP != l.qp {
+		return fmt.Errorf("bx: lane %d has no fence window on its QP", l.idx)
+	}
+	e.grants.mu.Lock()
+	m := e.grants.fenceMR
+	e.grants.mu.Unlock()
+	if m == nil {
+		return errGrantsClosed
+	}
+	cur := w.RKey()
+	b, err := w.Bind(m, 0, fenceLen, mr.RemoteRead, uint8(cur)+1)
+	if err != nil {
+		return fmt.Errorf("bx: binding a fence window: %w", err)
+	}
+	wrs[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpLocalInv, InvRKey: cur}
+	wrs[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpBindMW, Bind: b}
+	return nil
+}
+
+// closeFence deallocates l's fence window (never recycled: a post that
+// failed leaves its rkey ahead of the kernel's). l.mu is held.
+func (e *Endpoint) closeFence(l *lane) {
+	if l.fence != nil {
+		e.grants.mu.Lock()
+		e.grants.fences--
+		e.grants.mu.Unlock()
+		e.dropMW(l.fence)
+		l.fence, l.fenceQP = nil, nil
+	}
+}
+
 // dropMW deallocates w: a bound window stops opening its range.
 func (e *Endpoint) dropMW(w *mr.MW) {
 	gp := &e.grants
@@ -189,6 +316,8 @@ func (e *Endpoint) closeGrants() error {
 	gp.all, gp.free = nil, nil
 	ms := gp.mrs
 	gp.mrs = nil
+	fmem, fmr := gp.fenceMem, gp.fenceMR
+	gp.fenceMem, gp.fenceMR = nil, nil
 	gp.mu.Unlock()
 	var errs []error
 	for _, w := range ws {
@@ -198,6 +327,13 @@ func (e *Endpoint) closeGrants() error {
 	}
 	for _, m := range ms {
 		if err := m.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if fmr != nil {
+		if err := fmr.Close(); err != nil {
+			errs = append(errs, err)
+		} else if err := fmem.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}

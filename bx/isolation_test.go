@@ -237,6 +237,10 @@ func TestWindowsRecycled(t *testing.T) {
 	if all < 1 || all > 4 || free != all {
 		t.Errorf("after %d transfers one at a time: %d windows allocated, %d free; want 1 to 4, all free", n, all, free)
 	}
+	// One fence window per lane QP, bound when the lane connected.
+	if f := srv.FencesForTest(); f != sp.LaneCountForTest() {
+		t.Errorf("%d fence windows, want one per lane (%d)", f, sp.LaneCountForTest())
+	}
 	t.Logf("%d transfers one at a time: %d windows, %d target regions registered", n, all, regions)
 	if got := srv.Stats().Rendezvous.Load(); got != n {
 		t.Errorf("%d rendezvous counted, want %d", got, n)

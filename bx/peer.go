@@ -73,8 +73,12 @@ type lane struct {
 	nextSeq uint64
 	outs    []out // unacknowledged, in sequence order
 	sends   int
-	swr     [2]qp.SendWR // under mu: the work requests of a post, kept off the heap
+	swr     [4]qp.SendWR // under mu: the work requests of a post, kept off the heap
 	ssge    [2]qp.SGE
+	// Under mu, with Config.Windows: the lane's fence window and the QP it
+	// is bound on (grant.go, "The fence").
+	fence   *mr.MW
+	fenceQP *qp.QP
 
 	live bool // under mu: the QP is connected and resends are done; else sends only queue
 
@@ -237,10 +241,10 @@ func newLaneQP(e *Endpoint) (*qp.QP, error) {
 }
 
 // laneSendWR is a lane's send queue depth: its window of messages, a CTS
-// and its window's bind for each of the peer's, a FIN and its WRITE for
-// each of ours, and credit updates.
+// and its window's bind and fence (three local work requests) for each of
+// the peer's, a FIN and its WRITE for each of ours, and credit updates.
 func laneSendWR(c *Config) int {
-	return 5*int(c.LaneMsgs) + c.Credits + 16
+	return 7*int(c.LaneMsgs) + c.Credits + 16
 }
 
 func (p *Peer) localSetup(epoch uint32) setup {
@@ -273,6 +277,11 @@ func (p *Peer) connectLanes(local, remote setup) error {
 				RetryCnt: 6})
 		if err != nil {
 			return err
+		}
+		if p.e.cfg.Windows {
+			if err := p.bindFence(l); err != nil {
+				return fmt.Errorf("lane %d: %w", i, err)
+			}
 		}
 	}
 	return nil
@@ -382,6 +391,9 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 func (p *Peer) destroyLanes() {
 	for _, l := range p.lanes {
 		if l != nil {
+			l.mu.Lock()
+			p.e.closeFence(l)
+			l.mu.Unlock()
 			p.e.mu.Lock()
 			delete(p.e.byQPN, l.qp.QPN())
 			p.e.mu.Unlock()
@@ -670,10 +682,10 @@ func (p *Peer) sendErr(err error) error {
 // post writes the header (with fresh acknowledgement and credits) into
 // o's buffer and posts it, in one doorbell with what goes with it: a FIN
 // behind the RDMA WRITE of its payload (and as a SEND_WITH_INV of the
-// window it wrote through), a CTS behind the bind of its window when the
-// window is not bound on this QP yet; a CTS names the window its grant
-// has now (recovery may have bound another since it was built). l.mu is
-// held.
+// window it wrote through), a CTS behind the bind of its window (and the
+// lane's fence ahead of that) when the window is not bound on this QP
+// yet; a CTS names the window its grant has now (recovery may have bound
+// another since it was built). l.mu is held.
 func (p *Peer) post(l *lane, h header, o *out) error {
 	buf := o.buf
 	n := 0
@@ -688,8 +700,14 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 					return err
 				}
 			}
-			l.swr[0] = g.bindWR(l.qp)
-			n = 1
+			// The fence first: the bind must not run before everything
+			// ahead of it on the QP is complete (grant.go).
+			if err := p.e.fenceWRs(l, l.swr[:2]); err != nil {
+				l.rmu.Unlock()
+				return err
+			}
+			l.swr[2] = g.bindWR(l.qp)
+			n = 3
 		}
 		body := buf.Bytes()[HeaderSize:]
 		setCTSRKey(body, g.rkey)

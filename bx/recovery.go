@@ -269,6 +269,7 @@ func (p *Peer) rebuild() error {
 		delete(e.byQPN, old.QPN())
 		e.mu.Unlock()
 		p.unbindLane(l)
+		p.e.closeFence(l)
 		old.Close()
 		q, err := newLaneQP(e)
 		if err != nil {
