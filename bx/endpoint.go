@@ -217,8 +217,6 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
-	// yield is spinning's back-off on a contended CPU (yield.go).
-	yield spinYield
 	// liveMsgs counts received Msgs not yet released (queued, with a
 	// handler or with a user); userBufs, Alloc'ed Buffers a user holds.
 	// Close unmaps the pools only when both are zero.
@@ -250,9 +248,6 @@ type Stats struct {
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64
-	// Yields counts spins cut short because the polling thread had lost
-	// its CPU (yield.go): the endpoint then waits for events for a while.
-	Yields atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -596,7 +591,6 @@ func (e *Endpoint) progress() {
 	// endpoint polling instead of paying an event per message; halved
 	// after a longer sleep.
 	window := e.cfg.Spin
-	var last time.Time // the spin's last clock read
 	for {
 		if e.callerPolls.Load() {
 			select {
@@ -604,17 +598,17 @@ func (e *Endpoint) progress() {
 			case <-e.stopCh.Done():
 				return
 			}
-			idle, last, empty = time.Time{}, time.Time{}, 0
+			idle, empty = time.Time{}, 0
 			continue
 		}
 		e.pollMu.Lock()
-		n, err := e.pollLocked(last)
+		n, err := e.pollLocked()
 		e.pollMu.Unlock()
 		if err != nil {
 			return
 		}
 		if n > 0 {
-			idle, last, empty = time.Time{}, time.Time{}, 0
+			idle, empty = time.Time{}, 0
 			if e.cfg.Spin > 0 {
 				runtime.Gosched() // run the goroutines we just woke on this P
 			}
@@ -630,7 +624,7 @@ func (e *Endpoint) progress() {
 			}
 			now := time.Now()
 			if idle.IsZero() {
-				idle, last = now, now
+				idle = now
 			}
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
@@ -638,14 +632,8 @@ func (e *Endpoint) progress() {
 			if e.waiting.Load() > 0 {
 				spin = max(spin, 10*e.cfg.Spin)
 			}
-			gap := now.Sub(last)
-			last = now
-			ok := e.yield.spinning(now, gap, e.cfg.Spin, &e.stats)
-			if ok && now.Sub(idle) < spin {
+			if now.Sub(idle) < spin {
 				continue
-			}
-			if ok {
-				e.yield.calm() // a whole window without losing the CPU
 			}
 		}
 		if e.stopCh.Err() != nil {
@@ -658,7 +646,7 @@ func (e *Endpoint) progress() {
 		if e.cfg.Spin > 0 {
 			window = nextWindow(window, e.cfg.Spin, time.Since(slept))
 		}
-		idle, last, empty = time.Time{}, time.Time{}, 0
+		idle, empty = time.Time{}, 0
 	}
 }
 
@@ -677,17 +665,11 @@ func nextWindow(w, spin, d time.Duration) time.Duration {
 }
 
 // pollLocked polls the CQ once and completes what it found. pollMu is
-// held. last is the spinning caller's last clock read (zero: none): when
-// the poll finds work, the time since then, before the work is done, tells
-// whether the spin lost its CPU meanwhile (spinYield).
-func (e *Endpoint) pollLocked(last time.Time) (int, error) {
+// held.
+func (e *Endpoint) pollLocked() (int, error) {
 	n, err := e.cq.Poll(e.wc)
 	if err != nil {
 		return 0, err
-	}
-	if n > 0 && !last.IsZero() {
-		now := time.Now()
-		e.yield.note(now, now.Sub(last), e.cfg.Spin, &e.stats)
 	}
 	for i := range e.wc[:n] {
 		e.complete(&e.wc[i])
@@ -731,7 +713,7 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 // gets its data with no hand-off from the progress goroutine, and the
 // progress goroutine, waiting meanwhile, does not spin beside it.
 func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
-	if e.cfg.Spin <= 0 || !e.mayPoll() || e.yield.off() || !e.callerPolls.CompareAndSwap(false, true) {
+	if e.cfg.Spin <= 0 || !e.mayPoll() || !e.callerPolls.CompareAndSwap(false, true) {
 		return false
 	}
 	defer func() {
@@ -741,9 +723,6 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		default:
 		}
 	}()
-	// The spin's last clock read: a gap since then is time the polling
-	// thread lost (spinYield).
-	last := time.Now()
 	var idle time.Time
 	for i := 1; ; i++ {
 		if done() {
@@ -754,7 +733,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				e.pollMu.Unlock()
 				return false
 			}
-			n, err := e.pollLocked(last)
+			n, err := e.pollLocked()
 			e.pollMu.Unlock()
 			if err != nil {
 				return false
@@ -766,7 +745,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 					e.stats.SelfPolled.Add(1)
 					return true
 				}
-				idle, last, i = time.Time{}, time.Now(), 0
+				idle, i = time.Time{}, 0
 				continue
 			}
 		}
@@ -777,10 +756,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
-			}
-			gap := now.Sub(last)
-			last = now
-			if !e.yield.spinning(now, gap, e.cfg.Spin, &e.stats) || now.Sub(idle) >= 10*e.cfg.Spin {
+			} else if now.Sub(idle) >= 10*e.cfg.Spin {
 				return false
 			}
 		}

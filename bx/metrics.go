@@ -88,10 +88,6 @@ type Counters struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted, ClosedDrops uint64
 	// SelfPolled: Calls whose response their own goroutine polled.
 	SelfPolled uint64
-	// Yields: spins cut short because the poller had lost its CPU to
-	// other threads (a contended machine); the endpoint then waits for
-	// events for a while instead of polling.
-	Yields uint64
 	// Arms and Wakeups: the endpoint's CQ armed for an event, and woken
 	// by one (the event-driven path; a polling endpoint has few).
 	Arms, Wakeups uint64
@@ -305,7 +301,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Yields: st.Yields.Load(), Ticks: e.ticks.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Ticks: e.ticks.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

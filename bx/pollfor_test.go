@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -177,58 +176,5 @@ func TestSpinWindowAdapts(t *testing.T) {
 	t.Logf("%d calls 3 Spins apart: the server armed %d times (%d requests more than 12 Spins after the previous one)", calls, arms, long)
 	if bound := uint64(calls/5 + 2*long); arms > bound {
 		t.Errorf("the server armed its CQ %d times in %d calls (bound %d): its spin window did not grow", arms, calls, bound)
-	}
-}
-
-// TestSpinYieldsToHogs runs calls on polling endpoints while busy
-// goroutines keep every P of the process wanted: the pollers lose their
-// CPU between clock reads, must notice it (Counters.Yields) and wait for
-// events instead of spinning, and every call must still complete intact.
-func TestSpinYieldsToHogs(t *testing.T) {
-	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
-	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Spin = 250 * time.Microsecond })
-	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
-	ctx, wd := hang.For(t, "calls", 60*time.Second)
-	defer wd.Stop()
-	y0 := cli.Snapshot().Counters.Yields + srv.Snapshot().Counters.Yields
-	stop := make(chan struct{})
-	var hogs sync.WaitGroup
-	for range 2 * runtime.GOMAXPROCS(0) {
-		hogs.Add(1)
-		go func() {
-			defer hogs.Done()
-			for x := 0; ; x++ {
-				if x%1024 == 0 {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-				}
-			}
-		}()
-	}
-	const calls = 200
-	req := make([]byte, 64)
-	for i := range calls {
-		binary.LittleEndian.PutUint64(req, uint64(i))
-		m, err := p.Call(ctx, 1, req)
-		if err != nil {
-			close(stop)
-			t.Fatal(hang.Cause(ctx, err))
-		}
-		if !bytes.Equal(m.Data(), req) {
-			t.Errorf("call %d: the response is not the request", i)
-		}
-		m.Release()
-		wd.Progress()
-	}
-	close(stop)
-	hogs.Wait()
-	y := cli.Snapshot().Counters.Yields + srv.Snapshot().Counters.Yields - y0
-	cs, ss := cli.Snapshot().Counters, srv.Snapshot().Counters
-	t.Logf("%d calls beside %d busy goroutines: %d spins cut short (client %+v, server %+v)", calls, 2*runtime.GOMAXPROCS(0), y, cs, ss)
-	if y == 0 {
-		t.Error("no poller noticed that it had lost its CPU to the busy goroutines (Counters.Yields 0)")
 	}
 }
