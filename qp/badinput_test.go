@@ -136,6 +136,7 @@ func TestPostOnResetQP(t *testing.T) {
 		t.Fatalf("PostSend on a RESET QP: %v, want a StateError naming RESET", err)
 	}
 	wantErr(t, err, "RESET")
+	wantErr(t, s.qp.QueueSend([]qp.SendWR{{Opcode: qp.OpSend, SGEs: []qp.SGE{sge}}}), "RESET")
 	err = s.qp.PostRecv([]qp.RecvWR{{SGEs: []qp.SGE{sge}}})
 	wantErr(t, err, "RESET")
 	// INIT accepts receives but not sends.

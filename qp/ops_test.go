@@ -3,8 +3,10 @@ package qp_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/goverbs/goverbs/qp"
 )
@@ -270,5 +272,60 @@ func TestBatchAndUnsignaled(t *testing.T) {
 			}
 		}
 		a.noMore(t, 0)
+	}
+}
+
+// TestQueueSendRing queues three sends in two batches without a doorbell:
+// nothing may arrive until Ring, then all three arrive in order with one
+// system call. Ring with nothing queued is harmless; after Close both
+// QueueSend and Ring say ErrClosed.
+func TestQueueSendRing(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{})
+	const n = 100
+	var rwrs []qp.RecvWR
+	for i := range 3 {
+		rwrs = append(rwrs, qp.RecvWR{ID: uint64(10 + i), SGEs: []qp.SGE{b.sge(t, dstOff+i*n, n)}})
+	}
+	if err := b.qp.PostRecv(rwrs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.Ring(); err != nil {
+		t.Fatalf("Ring with nothing queued: %v", err)
+	}
+	send := func(i int) qp.SendWR {
+		fill(a.mem.Bytes()[srcOff+i*n:srcOff+(i+1)*n], byte(i+1))
+		return qp.SendWR{ID: uint64(i + 1), Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, srcOff+i*n, n)}}
+	}
+	if err := a.qp.QueueSend([]qp.SendWR{send(0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.QueueSend([]qp.SendWR{send(1), send(2)}); err != nil {
+		t.Fatal(err)
+	}
+	// Not rung: the device has not started on them.
+	b.noMore(t, 200*time.Millisecond)
+	a.noMore(t, 0)
+	if err := a.qp.Ring(); err != nil {
+		t.Fatal(err)
+	}
+	sw := a.waitOK(t, 3)
+	rw := b.waitOK(t, 3)
+	for i := range 3 {
+		if sw[i].ID != uint64(i+1) || rw[i].ID != uint64(10+i) || rw[i].ByteLen != n {
+			t.Errorf("completion %d: send %+v, receive %+v", i, sw[i], rw[i])
+		}
+		want := a.mem.Bytes()[srcOff+i*n : srcOff+(i+1)*n]
+		if got := b.mem.Bytes()[dstOff+i*n : dstOff+(i+1)*n]; !bytes.Equal(got, want) {
+			t.Errorf("message %d: payload differs", i)
+		}
+	}
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.QueueSend([]qp.SendWR{send(0)}); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("QueueSend after Close: %v, want ErrClosed", err)
+	}
+	if err := a.qp.Ring(); !errors.Is(err, qp.ErrClosed) {
+		t.Errorf("Ring after Close: %v, want ErrClosed", err)
 	}
 }

@@ -334,6 +334,44 @@ func (q *QP) PostSend(wrs []SendWR) error {
 	return q.drv.PostSend(wrs)
 }
 
+// QueueSend is PostSend without the doorbell: the batch is in the send
+// queue (the same checks, the whole batch or none of it), and the device
+// starts on it at the next Ring or PostSend. Several goroutines that send
+// on one QP can so share one doorbell (one system call on rxe): each
+// queues its requests under the lock it already holds for the queue, and
+// whoever rings covers all of them. QueueSend and PostSend must not run
+// concurrently on one QP; Ring may.
+func (q *QP) QueueSend(wrs []SendWR) error {
+	if q.closed.Load() {
+		return ErrClosed
+	}
+	if len(wrs) == 0 {
+		return nil
+	}
+	if s := q.State(); s != RTS && s != SQD {
+		return &StateError{Op: "queue send", State: s, Want: "RTS"}
+	}
+	if q.cfg.Type == UD {
+		if err := q.checkUD(wrs); err != nil {
+			return err
+		}
+	}
+	return q.drv.QueueSend(wrs)
+}
+
+// Ring rings the send doorbell once for every work request queued so far
+// (QueueSend). Any goroutine may call it at any time, also while another
+// queues; it waits for a Close in progress and returns ErrClosed after
+// one.
+func (q *QP) Ring() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return ErrClosed
+	}
+	return q.drv.Ring()
+}
+
 // PostRecv posts a batch of receive work requests (no system call on rxe).
 // The whole batch is posted or none of it. The QP must be past RESET.
 func (q *QP) PostRecv(wrs []RecvWR) error {

@@ -132,6 +132,16 @@ type QP interface {
 	// PostSend posts the whole batch and rings the doorbell once, or posts
 	// nothing and returns an error (ErrQueueFull when it does not fit).
 	PostSend(wrs []SendWR) error
+	// QueueSend is PostSend without the doorbell: the work requests are in
+	// the send queue, and the device starts on them at the next Ring or
+	// PostSend. Callers batch several QueueSends under one Ring.
+	QueueSend(wrs []SendWR) error
+	// Ring rings the send doorbell once for every work request queued so
+	// far. It may run concurrently with QueueSend and PostSend (the core
+	// keeps it from racing Close): rxe's doorbell is a POST_SEND write
+	// that makes the kernel read the producer index; a provider whose
+	// doorbell copies queue entries must order that itself.
+	Ring() error
 	// PostRecv posts the whole batch or nothing.
 	PostRecv(wrs []RecvWR) error
 	Close() error

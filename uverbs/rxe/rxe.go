@@ -351,6 +351,18 @@ func validBind(i int, typ uint32, wr *provider.SendWR) error {
 }
 
 func (q *qp) PostSend(wrs []provider.SendWR) error {
+	if err := q.QueueSend(wrs); err != nil {
+		return err
+	}
+	return q.ring()
+}
+
+// Ring implements provider.QP.
+func (q *qp) Ring() error { return q.ring() }
+
+// QueueSend implements provider.QP: the WQEs and the producer index are
+// written; the kernel reads them at the next doorbell.
+func (q *qp) QueueSend(wrs []provider.SendWR) error {
 	r := &q.sq
 	if r.mem == nil {
 		return errClosed
@@ -369,7 +381,7 @@ func (q *qp) PostSend(wrs []provider.SendWR) error {
 		prod = (prod + 1) & r.mask
 	}
 	atomic.StoreUint32(r.prod, prod) // release: the WQEs are complete
-	return q.ring()
+	return nil
 }
 
 func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
