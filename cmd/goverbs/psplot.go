@@ -251,15 +251,7 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 		return fmt.Sprintf("ps %s, MTU %d", g.wl, g.mtu)
 	}
 	for _, g := range order {
-		p := plot.New()
-		p.Title.Text = title(g) + ": latency CDF, closed loop"
-		p.X.Label.Text = "latency (us, log)"
-		p.Y.Label.Text = "fraction of operations"
-		p.X.Scale = plot.LogScale{}
-		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-		p.Legend.Top = false
-		p.Legend.Left = false
-		p.Add(plotter.NewGrid())
+		p := newLogPlot(title(g)+": latency CDF, closed loop", "latency (us, log)", "fraction of operations", true)
 		lines := 0
 		for _, r := range workloads[g] {
 			if r.Offered != 0 {
@@ -585,15 +577,7 @@ func mainOp(workload string) string {
 // color per transport. No file without at least one open-loop run.
 func writeLoadPlot(dir, name, title string, rs []benchResult) (string, error) {
 	op := mainOp(rs[0].Workload)
-	p := plot.New()
-	p.Title.Text = title + ": " + op + " latency against offered load, open loop"
-	p.X.Label.Text = "offered steps per second"
-	p.Y.Label.Text = op + " latency (us, log)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	p.Legend.Left = true
-	p.Add(plotter.NewGrid())
+	p := newLogPlot(title+": "+op+" latency against offered load, open loop", "offered steps per second", op+" latency (us, log)", false)
 	n := 0
 	for _, tr := range []string{"rdma", "tcp"} {
 		var p50, p99 plotter.XYs
@@ -635,4 +619,21 @@ func writeLoadPlot(dir, name, title string, rs []benchResult) (string, error) {
 	}
 	f := filepath.Join(dir, name)
 	return f, p.Save(7*vg.Inch, 4.5*vg.Inch, f)
+}
+
+// newLogPlot is a plot with a grid and a logarithmic x axis (logX, legend
+// at the bottom right) or y axis (legend at the top left).
+func newLogPlot(title, xLabel, yLabel string, logX bool) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text, p.Y.Label.Text = xLabel, yLabel
+	ax := &p.Y
+	if logX {
+		ax = &p.X
+	}
+	ax.Scale = plot.LogScale{}
+	ax.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = !logX, !logX
+	p.Add(plotter.NewGrid())
+	return p
 }
