@@ -317,6 +317,16 @@ func (q *QP) State() State { return State(q.state.Load()) }
 // batch is posted or none of it: ErrQueueFull when it does not fit, an error
 // naming the request when one is invalid. The QP must be in RTS.
 func (q *QP) PostSend(wrs []SendWR) error {
+	if err := q.checkSend("post send", wrs); err != nil || len(wrs) == 0 {
+		return err
+	}
+	return q.drv.PostSend(wrs)
+}
+
+// checkSend is what PostSend and QueueSend check before the provider
+// sees a batch: the QP open and in RTS (or SQD), UD requests complete.
+// An empty batch on an open QP is nothing to do (nil).
+func (q *QP) checkSend(op string, wrs []SendWR) error {
 	if q.closed.Load() {
 		return ErrClosed
 	}
@@ -324,14 +334,12 @@ func (q *QP) PostSend(wrs []SendWR) error {
 		return nil
 	}
 	if s := q.State(); s != RTS && s != SQD {
-		return &StateError{Op: "post send", State: s, Want: "RTS"}
+		return &StateError{Op: op, State: s, Want: "RTS"}
 	}
 	if q.cfg.Type == UD {
-		if err := q.checkUD(wrs); err != nil {
-			return err
-		}
+		return q.checkUD(wrs)
 	}
-	return q.drv.PostSend(wrs)
+	return nil
 }
 
 // QueueSend is PostSend without the doorbell: the batch is in the send
@@ -342,19 +350,8 @@ func (q *QP) PostSend(wrs []SendWR) error {
 // whoever rings covers all of them. QueueSend and PostSend must not run
 // concurrently on one QP; Ring may.
 func (q *QP) QueueSend(wrs []SendWR) error {
-	if q.closed.Load() {
-		return ErrClosed
-	}
-	if len(wrs) == 0 {
-		return nil
-	}
-	if s := q.State(); s != RTS && s != SQD {
-		return &StateError{Op: "queue send", State: s, Want: "RTS"}
-	}
-	if q.cfg.Type == UD {
-		if err := q.checkUD(wrs); err != nil {
-			return err
-		}
+	if err := q.checkSend("queue send", wrs); err != nil || len(wrs) == 0 {
+		return err
 	}
 	return q.drv.QueueSend(wrs)
 }
