@@ -351,8 +351,19 @@ func (r *perfRun) prepare(size int) error {
 		q.buf[size-1] = 0
 	}
 	// Receives for this size: send_lat on both sides, send_bw on the server.
+	// Each takes this size (and the GRH on UD), as perftest's: a peer that
+	// sends more fails the receive rather than passes unnoticed.
 	if o.kind.verb == verbSend && (!o.kind.bw || !r.client) {
+		grh := 0
+		if o.conn == "UD" {
+			grh = qp.GRHSize
+		}
 		for _, q := range r.qps {
+			rs, err := q.mr.SGE(q.half, size+grh)
+			if err != nil {
+				return err
+			}
+			q.rsge[0] = rs // q.rwrs share it
 			if err := q.qp.PostRecv(q.rwrs); err != nil {
 				return fmt.Errorf("couldn't post receives: %v", err)
 			}
