@@ -92,6 +92,11 @@ func TestPerfInterop(t *testing.T) {
 		{"send_bw", "-n 64 -s 1024 -q 2"},
 		{"write_bw", "-n 32"},
 		{"write_bw", "-n 64 -s 4096 -q 2"},
+		{"read_bw", "-n 32"},
+		{"atomic_lat", "-n 20"},
+		{"atomic_bw", "-n 32"},
+		{"send_lat", "-n 20 -c UD -s 512"},
+		{"send_bw", "-n 32 -c UD -s 512"},
 	} {
 		for _, ourServer := range []bool{false, true} {
 			name := tc.test + " " + tc.args + " goverbs-client"
@@ -114,6 +119,9 @@ func TestPerfInterop(t *testing.T) {
 				if strings.HasSuffix(tc.test, "_bw") {
 					wantSize = 65536
 				}
+				if strings.HasPrefix(tc.test, "atomic") {
+					wantSize = 8
+				}
 				if i := slices.Index(args, "-s"); i >= 0 {
 					wantSize, _ = strconv.Atoi(args[i+1])
 				}
@@ -122,10 +130,10 @@ func TestPerfInterop(t *testing.T) {
 					r   result
 				}{{"client", c}, {"server", s}} {
 					out := x.r.stdout + x.r.stderr
-					if x.who == "server" && tc.test == "read_lat" {
+					if x.who == "server" && (tc.test == "read_lat" || tc.test == "atomic_lat") {
 						// A passive latency server reports nothing.
 						if _, _, _, ok := perfResultLine(out); ok {
-							t.Errorf("read_lat server: a result line:\n%s", out)
+							t.Errorf("%s server: a result line:\n%s", tc.test, out)
 						}
 						continue
 					}
