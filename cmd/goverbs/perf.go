@@ -13,8 +13,7 @@ import (
 // ib_write_lat, ib_read_lat, ib_atomic_lat, ib_send_bw, ib_write_bw,
 // ib_read_bw, ib_atomic_bw) on the goverbs API, with perftest's flags,
 // defaults, measurement conventions and report format. The TCP exchange is
-// our own (JSON lines), not perftest's: a goverbs perf client needs a
-// goverbs perf server.
+// perftest's own (perf_xchg.go), so either side may be perftest's ib_TEST.
 //
 // What is measured, as in perftest 4.5 (src/perftest_resources.c):
 //
@@ -118,6 +117,7 @@ type perfOptions struct {
 	cpuprof  string
 	server   string // the host to connect to; "" for the server
 	cpuFreqF bool
+	dontXchg bool
 
 	set map[string]bool // flags given on the command line, by long name
 
@@ -166,6 +166,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfOptions) {
 	strFlag(&o.atomic, "A", "atomic_type", "FETCH_AND_ADD", "atomic `type`: CMP_AND_SWAP or FETCH_AND_ADD")
 	boolFlag(&o.noPeak, "N", "noPeak", "do not compute the peak bandwidth")
 	boolFlag(&o.cpuFreqF, "F", "CPU-freq", "accepted for perftest compatibility; goverbs does not count cycles")
+	fs.BoolVar(&o.dontXchg, "dont_xchg_versions", false, "do not exchange versions, page sizes and MTU with the peer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with the results instead of the report")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the measured loops to `file` (debugging)")
 	fs.Usage = func() { fmt.Fprint(stderr, perfUsage) }
@@ -178,7 +179,10 @@ const perfUsage = `Usage:
 
 TEST is send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw,
 read_bw or atomic_bw: perftest's ib_TEST, with its flags, defaults and
-report. The TCP exchange is goverbs' own: run goverbs perf on both sides.
+report. The TCP exchange is perftest's (its default, without rdma_cm):
+either side may be perftest's ib_TEST or goverbs perf. The exchange does
+not carry -s, -n or -c: both sides must be given the same; a latency test
+whose peer disagrees fails after 10 s without progress.
 bx_lat, tcp_lat, bx_bw and tcp_bw compare ByteExpress calls with the same
 framing over kernel TCP (goverbs perf bx_lat --help).
 
@@ -208,6 +212,8 @@ Options:
   -A, --atomic_type=<type>  CMP_AND_SWAP or FETCH_AND_ADD (default)
   -N, --noPeak              skip the peak bandwidth
   -F, --CPU-freq            accepted and ignored (perftest compatibility)
+      --dont_xchg_versions  skip the exchange of versions, page sizes and MTU
+                            (perftest 4.5-0.17 itself then refuses the peer)
       --json                print the results as one JSON object
       --cpuprofile=<file>   CPU profile of the measured loops (debugging)
 `

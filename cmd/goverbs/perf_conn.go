@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// The TCP exchange of goverbs perf (our own, not perftest's wire format):
-// JSON objects, one per line.
+// The TCP exchange of goverbs perf's bx_* and tcp_* tests, which have no
+// perftest counterpart (the perftest tests speak perftest's own exchange,
+// perf_xchg.go): JSON objects, one per line.
 //
 //	client -> server  hello: the test's parameters and its QPs' addresses
 //	server            checks the parameters match its own

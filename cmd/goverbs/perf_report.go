@@ -116,24 +116,6 @@ func (r *perfRun) result(size int, rep *perfReport) []byte {
 	return b
 }
 
-func (rep *perfReport) addPeer(b []byte) error {
-	rep.MeasuredBy = "client"
-	if rep.bw {
-		var res perfBWResult
-		if err := json.Unmarshal(b, &res); err != nil {
-			return fmt.Errorf("the client's results %q: %v", b, err)
-		}
-		rep.Bandwidth = append(rep.Bandwidth, res)
-		return nil
-	}
-	var res perfLatResult
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("the client's results %q: %v", b, err)
-	}
-	rep.Latency = append(rep.Latency, res)
-	return nil
-}
-
 // latStats is print_report_lat: the differences of consecutive stamps,
 // sorted, without the LAT_MEASURE_TAIL (2) largest; usec divided by factor.
 func latStats(t []int64, size int, factor float64) perfLatResult {
@@ -284,7 +266,7 @@ func (r *perfRun) printHeader(my, rem []perfQPInfo) {
 		fmt.Fprintf(w, " Atomic type     : %s\n", o.atomic)
 	}
 	fmt.Fprintf(w, " Use events      : %s\n", onOff(o.events))
-	fmt.Fprintf(w, " Data ex. method : TCP (goverbs JSON)\n")
+	fmt.Fprintf(w, " Data ex. method : Ethernet\n")
 	fmt.Fprint(w, perfLine)
 	for i := range my {
 		printAddr(w, "local", my[i], o.kind.verb != verbSend)

@@ -211,7 +211,9 @@ func (r *perfRun) setup(stderr io.Writer) error {
 	if o.conn == "UD" {
 		grh = qp.GRHSize
 	}
-	half := (max(maxSize+grh, 64) + 4095) &^ 4095
+	// At least a page: perftest's RDMA steps through a cycle buffer of a
+	// page from the address we give it.
+	half := (max(maxSize+grh, 64, os.Getpagesize()) + 4095) &^ 4095
 	typ := qp.RC
 	if o.conn == "UD" {
 		typ = qp.UD
@@ -341,13 +343,27 @@ func (r *perfRun) prepare(size int) error {
 			}
 			q.wrs[j] = wr
 		}
-		// write_lat: forget the last byte of an earlier size.
-		q.buf[q.half+size-1] = 0
+		// write_lat: forget the last byte we sent at an earlier size. The
+		// byte the peer writes is not cleared: perftest does not shake
+		// hands between write_lat's sizes, so the peer's first write may
+		// be here already (each size's last byte is a new one, zero until
+		// then).
 		q.buf[size-1] = 0
 	}
 	// Receives for this size: send_lat on both sides, send_bw on the server.
+	// Each takes this size (and the GRH on UD), as perftest's: a peer that
+	// sends more fails the receive rather than passes unnoticed.
 	if o.kind.verb == verbSend && (!o.kind.bw || !r.client) {
+		grh := 0
+		if o.conn == "UD" {
+			grh = qp.GRHSize
+		}
 		for _, q := range r.qps {
+			rs, err := q.mr.SGE(q.half, size+grh)
+			if err != nil {
+				return err
+			}
+			q.rsge[0] = rs // q.rwrs share it
 			if err := q.qp.PostRecv(q.rwrs); err != nil {
 				return fmt.Errorf("couldn't post receives: %v", err)
 			}
@@ -367,8 +383,16 @@ func (r *perfRun) prepare(size int) error {
 
 // poll waits for one completion on c (busy polling, or sleeping on the
 // CQ's events with -e) and checks it. It allocates nothing unless it fails.
+// Busy polling gives up after perfStall without a completion: the peer is
+// not running the same test (see stalled).
 func (r *perfRun) poll(c *cq.CQ) (*cq.WC, error) {
-	for {
+	var since int64
+	for spins := 0; ; spins++ {
+		if spins&0xfff == 0xfff {
+			if err := r.stalled(&since); err != nil {
+				return nil, err
+			}
+		}
 		n, err := c.Poll(r.wc[:1])
 		if err != nil {
 			return nil, fmt.Errorf("poll CQ failed: %v", err)
@@ -386,6 +410,22 @@ func (r *perfRun) poll(c *cq.CQ) (*cq.WC, error) {
 			}
 		}
 	}
+}
+
+// stalled fails once perfStall has passed since *since (set on the first
+// call). perftest's exchange does not carry the message size or the number
+// of iterations, so a peer that disagrees on them shows as a latency loop
+// that makes no progress: we say so rather than spin for ever.
+func (r *perfRun) stalled(since *int64) error {
+	now := r.now()
+	if *since == 0 {
+		*since = now
+		return nil
+	}
+	if time.Duration(now-*since) > perfStall {
+		return fmt.Errorf("no progress for %v: does the peer run the same test with the same -s, -n and -c?", perfStall)
+	}
+	return nil
 }
 
 // pollMany returns up to len(r.wc) completions, waiting for at least one
@@ -467,7 +507,13 @@ func (r *perfRun) writeLat(size int) error {
 	for scnt < iters || ccnt < iters || rcnt < iters {
 		if rcnt < iters && !(scnt < 1 && !r.client) {
 			rcnt++
-			for loadByte(q.buf, pollOff) != byte(rcnt) {
+			var since int64
+			for spins := 0; loadByte(q.buf, pollOff) != byte(rcnt); spins++ {
+				if spins&0xfff == 0xfff {
+					if err := r.stalled(&since); err != nil {
+						return fmt.Errorf("waiting for the peer's write %d: %v", rcnt, err)
+					}
+				}
 			}
 		}
 		if scnt < iters {
@@ -602,8 +648,9 @@ func (r *perfRun) bwServer() error {
 	return nil
 }
 
-// perfMain runs one side of a test: setup, exchange, connect, then for
-// each size a start barrier, the measured loop and an end barrier.
+// perfMain runs one side of a test: setup, then perftest's exchange
+// (perf_xchg.go) and, for each size, the measured loop, with perftest's
+// handshakes between the phases, test by test as perftest 4.5 does them.
 func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 	r := &perfRun{o: o, client: o.server != "", info: stdout}
 	if o.json {
@@ -614,108 +661,190 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	params := perfParams{Version: perfWireVersion, Test: o.kind.name, Conn: o.conn, Sizes: o.sizes, Iters: o.iters,
-		QPs: o.qps, PostList: o.postList, TxDepth: o.txDepth, CQMod: o.cqMod}
-	if o.kind.verb == verbAtomic {
-		params.Atomic = o.atomic
-	}
-	var pc *perfConn
-	var err error
+	var c net.Conn
 	if r.client {
-		pc, err = perfDial(o.server, o.port)
+		pc, err := perfDial(o.server, o.port)
+		if err != nil {
+			return err
+		}
+		c = pc.c
 	} else {
 		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
-		pc, err = perfListen(o.port)
+		pc, err := perfListen(o.port)
+		if err != nil {
+			return err
+		}
+		c = pc.c
 	}
-	if err != nil {
+	p := &ptConn{c: c, client: r.client, gid: r.port.LinkLayer == 2 || o.gidx >= 0}
+	defer p.Close()
+	if err := r.perftestPrelude(p, stderr); err != nil {
 		return err
 	}
-	defer pc.Close()
-	fail := func(err error) error { pc.fail(err); return err }
 
 	my := r.myInfo()
 	var rem []perfQPInfo
-	if r.client {
-		if err := pc.send(perfMsg{Params: &params, QPs: my}); err != nil {
-			return fmt.Errorf("couldn't send local address: %v", err)
+	h1 := func() error { _, err := p.handshake(my[0], r.outReads); return err }
+	hAll := func() error {
+		got := make([]perfQPInfo, len(my))
+		for i := range my {
+			a, err := p.handshake(my[i], r.outReads)
+			if err != nil {
+				return err
+			}
+			got[i] = a
 		}
-		m, err := pc.recv()
-		if err != nil {
-			return err
+		if rem == nil {
+			rem = got
 		}
-		rem = m.QPs
-	} else {
-		m, err := pc.clientParams(params)
-		if err != nil {
-			return err
-		}
-		rem = m.QPs
-		if err := pc.send(perfMsg{Params: &params, QPs: my}); err != nil {
-			return fmt.Errorf("couldn't send local address: %v", err)
-		}
+		return nil
 	}
-	if err := r.connect(rem); err != nil {
-		return fail(err)
+	closeConn := func() error { return p.closeConn(my[0], r.outReads) }
+
+	k := o.kind
+	sendTest := k.verb == verbSend
+	// The handshakes before the measurement: send_lat and send_bw shake
+	// once per QP, connect, then once more and once per QP again; the
+	// others shake once, once per QP, connect, once per QP and once more.
+	if sendTest {
+		if err := hAll(); err != nil {
+			return err
+		}
+		if err := r.connect(rem); err != nil {
+			return err
+		}
+		if err := h1(); err != nil {
+			return err
+		}
+		if err := hAll(); err != nil {
+			return err
+		}
+	} else {
+		if !k.bw {
+			if err := h1(); err != nil {
+				return err
+			}
+		}
+		if err := hAll(); err != nil {
+			return err
+		}
+		if err := r.connect(rem); err != nil {
+			return err
+		}
+		if err := hAll(); err != nil {
+			return err
+		}
+		if err := h1(); err != nil {
+			return err
+		}
 	}
 	r.printHeader(my, rem)
+
+	rep := r.newReport()
+	// A passive server (write_bw, read_*, atomic_*): the client does it
+	// all; perftest's bw server prints the client's results, its latency
+	// server none.
+	active := r.client || sendTest || (!k.bw && k.verb == verbWrite)
+	if !active {
+		if k.bw {
+			if err := h1(); err != nil {
+				return err
+			}
+			peer, err := p.bwReport(perfBWResult{})
+			if err != nil {
+				return err
+			}
+			rep.MeasuredBy = "client"
+			rep.Bandwidth = append(rep.Bandwidth, peer)
+			if !o.json {
+				rep.printLast(stdout)
+			}
+		}
+		if err := closeConn(); err != nil {
+			return err
+		}
+		return r.finish(&rep, stdout)
+	}
 
 	if o.cpuprof != "" {
 		f, err := os.Create(o.cpuprof)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return fail(err)
+			return err
 		}
 		defer pprof.StopCPUProfile()
 	}
 
-	rep := r.newReport()
-	active := r.client || (o.kind.bw && o.kind.verb == verbSend) || (!o.kind.bw && (o.kind.verb == verbSend || o.kind.verb == verbWrite))
+	var last perfBWResult
 	for _, size := range o.sizes {
 		if err := r.prepare(size); err != nil {
-			return fail(err)
-		}
-		if _, err := pc.barrier(fmt.Sprintf("start %d", size), nil); err != nil {
 			return err
 		}
+		// send_lat and send_bw shake after posting the receives, so that
+		// no message comes before its receive.
+		if sendTest {
+			if err := h1(); err != nil {
+				return err
+			}
+		}
 		r.base = time.Now()
+		var err error
 		switch {
-		case !active:
-			err = nil // passive server: the client does it all
-		case o.kind.bw && !r.client:
+		case k.bw && !r.client:
 			err = r.bwServer()
-		case o.kind.bw:
+		case k.bw:
 			err = r.bwClient()
-		case o.kind.verb == verbSend:
+		case k.verb == verbSend:
 			err = r.sendLat()
-		case o.kind.verb == verbWrite:
+		case k.verb == verbWrite:
 			err = r.writeLat(size)
 		default:
 			err = r.oneSidedLat()
 		}
 		if err != nil {
-			return fail(err)
-		}
-		var mine []byte
-		if active {
-			mine = r.result(size, &rep)
-		}
-		peer, err := pc.barrier(fmt.Sprintf("end %d", size), mine)
-		if err != nil {
 			return err
 		}
-		if !active {
-			if err := rep.addPeer(peer); err != nil {
-				return err
-			}
+		r.result(size, &rep)
+		if k.bw {
+			last = rep.Bandwidth[len(rep.Bandwidth)-1]
 		}
 		if !o.json {
 			rep.printLast(stdout)
 		}
+		// send_bw shakes after each size of -a.
+		if sendTest && k.bw && o.all {
+			if err := h1(); err != nil {
+				return err
+			}
+		}
 	}
-	if o.json {
+	switch {
+	case k.bw && !sendTest:
+		// The client gives its results to the passive server.
+		if err := h1(); err != nil {
+			return err
+		}
+		if _, err := p.bwReport(last); err != nil {
+			return err
+		}
+		if err := closeConn(); err != nil {
+			return err
+		}
+	case !k.bw && k.verb == verbWrite:
+		// write_lat ends without closing.
+	default:
+		if err := closeConn(); err != nil {
+			return err
+		}
+	}
+	return r.finish(&rep, stdout)
+}
+
+func (r *perfRun) finish(rep *perfReport, stdout io.Writer) error {
+	if r.o.json {
 		return rep.writeJSON(stdout)
 	}
 	fmt.Fprint(stdout, perfLine)

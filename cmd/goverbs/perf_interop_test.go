@@ -1,0 +1,216 @@
+package main
+
+import (
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/internal/rxetest"
+)
+
+// perfInteropPair runs a server and a client of test, each either goverbs perf
+// or perftest's ib_TEST, the server with srvArgs and the client with
+// cliArgs, and returns both results. idle bounds each side (runCmd).
+func perfInteropPair(t *testing.T, ourServer bool, test string, cli, srv, host string, gidx int, idle time.Duration, srvArgs, cliArgs []string) (client, server result) {
+	t.Helper()
+	ib, err := exec.LookPath("ib_" + test)
+	if err != nil {
+		t.Skipf("perftest's ib_%s is not installed: %v", test, err)
+	}
+	port := perfPort
+	perfPort++
+	common := []string{"-x", strconv.Itoa(gidx), "-F", "-p", strconv.Itoa(port)}
+	run := func(ours bool, args ...string) result {
+		if ours {
+			return goverbs(t, idle, slices.Concat([]string{"perf", test}, args)...)
+		}
+		return runCmd(t, idle, ib, nil, args...)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		server = run(ourServer, slices.Concat(common, srvArgs, []string{"-d", srv})...)
+	}()
+	waitListen(t, port, done)
+	client = run(!ourServer, slices.Concat(common, cliArgs, []string{"-d", cli, host})...)
+	<-done
+	return client, server
+}
+
+// perfResultLine finds the first result line under the report's header:
+// its size, iterations and the figures after them.
+func perfResultLine(out string) (size, iters int, figs []float64, ok bool) {
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, "#bytes") || i+1 >= len(lines) {
+			continue
+		}
+		f := strings.Fields(lines[i+1])
+		if len(f) < 5 {
+			return 0, 0, nil, false
+		}
+		var err1, err2 error
+		size, err1 = strconv.Atoi(f[0])
+		iters, err2 = strconv.Atoi(f[1])
+		if err1 != nil || err2 != nil {
+			return 0, 0, nil, false
+		}
+		for _, s := range f[2:] {
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return 0, 0, nil, false
+			}
+			figs = append(figs, v)
+		}
+		return size, iters, figs, true
+	}
+	return 0, 0, nil, false
+}
+
+var perfErrLine = regexp.MustCompile(`(?m)^goverbs: .+`)
+
+// TestPerfInterop runs goverbs perf against perftest's own binaries, each
+// test both ways (our client and perftest's server, and the reverse): the
+// exchange is perftest's, so both must finish and report.
+func TestPerfInterop(t *testing.T) {
+	cli, srv := rxetest.Pair(t)
+	host, gidx := serverTarget(t, srv)
+	for _, tc := range []struct {
+		test string
+		args string
+	}{
+		{"send_lat", "-n 20"},
+		{"send_lat", "-n 20 -s 4096"},
+		{"write_lat", "-n 20"},
+		{"write_lat", "-n 5 -a"},
+		{"read_lat", "-n 20"},
+		{"send_bw", "-n 32"},
+		{"send_bw", "-n 64 -s 1024 -q 2"},
+		{"write_bw", "-n 32"},
+		{"write_bw", "-n 64 -s 4096 -q 2"},
+		{"read_bw", "-n 32"},
+		{"atomic_lat", "-n 20"},
+		{"atomic_bw", "-n 32"},
+		{"send_lat", "-n 20 -c UD -s 512"},
+		{"send_bw", "-n 32 -c UD -s 512"},
+	} {
+		for _, ourServer := range []bool{false, true} {
+			name := tc.test + " " + tc.args + " goverbs-client"
+			if ourServer {
+				name = tc.test + " " + tc.args + " goverbs-server"
+			}
+			t.Run(name, func(t *testing.T) {
+				args := strings.Fields(tc.args)
+				c, s := perfInteropPair(t, ourServer, tc.test, cli, srv, host, gidx, 2*time.Minute, args, args)
+				for _, x := range []struct {
+					who string
+					r   result
+				}{{"client", c}, {"server", s}} {
+					if x.r.code != 0 || x.r.err != nil {
+						t.Fatalf("%s: exit %d (%v)\nstdout:\n%s\nstderr:\n%s", x.who, x.r.code, x.r.err, x.r.stdout, x.r.stderr)
+					}
+				}
+				iters, _ := strconv.Atoi(args[slices.Index(args, "-n")+1])
+				wantSize := 2
+				if strings.HasSuffix(tc.test, "_bw") {
+					wantSize = 65536
+				}
+				if strings.HasPrefix(tc.test, "atomic") {
+					wantSize = 8
+				}
+				if i := slices.Index(args, "-s"); i >= 0 {
+					wantSize, _ = strconv.Atoi(args[i+1])
+				}
+				for _, x := range []struct {
+					who string
+					r   result
+				}{{"client", c}, {"server", s}} {
+					out := x.r.stdout + x.r.stderr
+					if x.who == "server" && (tc.test == "read_lat" || tc.test == "atomic_lat") {
+						// A passive latency server reports nothing.
+						if _, _, _, ok := perfResultLine(out); ok {
+							t.Errorf("%s server: a result line:\n%s", tc.test, out)
+						}
+						continue
+					}
+					size, n, figs, ok := perfResultLine(out)
+					if !ok {
+						t.Fatalf("%s: no result line in\n%s", x.who, out)
+					}
+					if slices.Contains(args, "-a") {
+						wantSize = 2 // the first of -a's sizes
+					}
+					wantIters := iters
+					if strings.HasSuffix(tc.test, "_bw") {
+						if q := slices.Index(args, "-q"); q >= 0 {
+							nq, _ := strconv.Atoi(args[q+1])
+							wantIters *= nq
+						}
+					}
+					if size != wantSize || n != wantIters {
+						t.Errorf("%s: result line for %d bytes, %d iterations; want %d, %d\n%s", x.who, size, n, wantSize, wantIters, out)
+					}
+					if strings.HasSuffix(tc.test, "_lat") {
+						// t_min, t_max, t_typical, t_avg ...
+						if len(figs) < 4 || figs[0] <= 0 || figs[0] > figs[2] || figs[2] > figs[1] {
+							t.Errorf("%s: implausible latency %v\n%s", x.who, figs, out)
+						}
+					} else if len(figs) < 3 || figs[1] <= 0 || figs[2] <= 0 {
+						// BW peak, BW average, MsgRate (peak is 0 on a send_bw server)
+						t.Errorf("%s: implausible bandwidth %v\n%s", x.who, figs, out)
+					}
+					t.Logf("%s: %v", x.who, figs)
+				}
+				if strings.Count(c.stdout+s.stdout, "-----\n") == 0 {
+					t.Errorf("no report")
+				}
+			})
+		}
+	}
+}
+
+// TestPerfInteropMismatch: perftest's exchange does not carry the message
+// size, so a peer given another -s is found out by the test itself: a
+// completion error (send_lat: the message overflows the receive) or no
+// progress (write_lat: nobody writes the byte we wait on). goverbs perf
+// must fail then, not hang; perftest may hang (write_lat), and is killed.
+func TestPerfInteropMismatch(t *testing.T) {
+	cli, srv := rxetest.Pair(t)
+	host, gidx := serverTarget(t, srv)
+	for _, tc := range []struct {
+		test      string
+		ourServer bool
+		srv, cli  string // -s of each side
+		want      string
+	}{
+		{"send_lat", true, "2", "4096", "completion with error"},
+		{"send_lat", false, "2", "4096", "completion with error"},
+		{"write_lat", true, "2", "64", "no progress"},
+		{"write_lat", false, "64", "2", "no progress"},
+	} {
+		name := tc.test + " goverbs-client"
+		if tc.ourServer {
+			name = tc.test + " goverbs-server"
+		}
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			c, s := perfInteropPair(t, tc.ourServer, tc.test, cli, srv, host, gidx, 40*time.Second,
+				[]string{"-n", "50", "-s", tc.srv}, []string{"-n", "50", "-s", tc.cli})
+			ours := c
+			if tc.ourServer {
+				ours = s
+			}
+			if ours.code == 0 || !strings.Contains(ours.stderr, tc.want) {
+				t.Errorf("goverbs: exit %d (%v), want a failure with %q\nstdout:\n%s\nstderr:\n%s", ours.code, ours.err, tc.want, ours.stdout, ours.stderr)
+			}
+			if ours.err != nil && strings.Contains(ours.err.Error(), "killed") {
+				t.Errorf("goverbs hung: %v", ours.err)
+			}
+			t.Logf("goverbs failed after %v: %s", time.Since(start).Round(time.Second), perfErrLine.FindString(ours.stderr))
+		})
+	}
+}

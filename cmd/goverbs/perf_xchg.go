@@ -1,0 +1,329 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goverbs/goverbs/uverbs"
+)
+
+// perftest 4.5's out-of-band TCP exchange (src/perftest_communication.c,
+// the default mode without rdma_cm), which goverbs perf speaks for its
+// perftest tests so that either side may be perftest's ib_TEST.
+//
+// Every exchange is symmetric and fixed-size: the client writes its part,
+// then reads the server's; the server reads first, then writes
+// (ctx_xchg_data). After the TCP connection:
+//
+//	versions   16 bytes, a NUL-padded version string (exchange_versions;
+//	           skipped with --dont_xchg_versions, as are the next two)
+//	sys data   4 bytes cycle buffer (page size), 4 bytes cache line size,
+//	           big-endian ints (check_sys_data; the larger of each wins)
+//	MTU        2 bytes, the ibv_mtu enum in decimal and a NUL (check_mtu;
+//	           the smaller of the two wins)
+//
+// Then handshakes (ctx_hand_shake): each side's "keys" for one QP, a
+// 108-byte NUL-terminated text KEY_PRINT_FMT_GID
+//
+//	lid:out_reads:qpn:psn:rkey:vaddr:gid[0]:...:gid[15]:srqn:
+//
+// in hex (59 bytes without the GID, KEY_PRINT_FMT, when the GID index is
+// unset on an IB port). Every barrier between phases is a handshake too,
+// and each test has its own sequence of them (see perftestSeq). The end
+// (ctx_close_connection) is a handshake and a "done" NUL-terminated,
+// which nobody reads. A passive bandwidth server gets the client's
+// results (xchg_bw_reports): size and iterations as big-endian 64-bit
+// ints, BW peak, BW average and message rate as big-endian doubles, one
+// exchange each.
+
+// perftestVersion is the version we announce: perftest 4.5-0.17's
+// (configure.ac: 6.06). perftest refuses peers older than 5.70.
+const (
+	perftestVersion    = "6.06"
+	perftestMinVersion = 5.70
+	perftestKeysGID    = 108 // KEY_MSG_SIZE_GID
+	perftestKeysNoGID  = 59  // KEY_MSG_SIZE
+	perftestCacheLine  = 64  // DEF_CACHE_LINE_SIZE
+)
+
+// perfStall is how long a latency loop waits without any progress before
+// it decides that the peer is not running the same test (another size or
+// iteration count) and fails rather than spins for ever.
+const perfStall = 10 * time.Second
+
+type ptConn struct {
+	c      net.Conn
+	client bool
+	gid    bool // keys carry the GID
+}
+
+func (p *ptConn) Close() error { return p.c.Close() }
+
+// xchg sends mine and returns the peer's n bytes, in perftest's order.
+func (p *ptConn) xchg(what string, mine []byte, n int) ([]byte, error) {
+	rem := make([]byte, n)
+	write := func() error {
+		if _, err := p.c.Write(mine); err != nil {
+			return fmt.Errorf("exchange with the peer (%s): %v", what, err)
+		}
+		return nil
+	}
+	read := func() error {
+		if _, err := io.ReadFull(p.c, rem); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("exchange with the peer (%s): the peer closed the connection (did it fail, or does it run another test?)", what)
+			}
+			return fmt.Errorf("exchange with the peer (%s): %v", what, err)
+		}
+		return nil
+	}
+	if p.client {
+		if err := write(); err != nil {
+			return nil, err
+		}
+		return rem, read()
+	}
+	if err := read(); err != nil {
+		return nil, err
+	}
+	return rem, write()
+}
+
+// cstring is b up to its first NUL.
+func cstring(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+// atof is C's atof on the leading number of s (0 if none).
+func atof(s string) float64 {
+	s = strings.TrimSpace(s)
+	end := 0
+	for end < len(s) && (s[end] >= '0' && s[end] <= '9' || s[end] == '.') {
+		end++
+	}
+	v, _ := strconv.ParseFloat(s[:end], 64)
+	return v
+}
+
+// versions is exchange_versions and check_version_compatibility.
+func (p *ptConn) versions() (string, error) {
+	mine := make([]byte, 16)
+	copy(mine, perftestVersion)
+	rem, err := p.xchg("versions", mine, 16)
+	if err != nil {
+		return "", err
+	}
+	v := cstring(rem)
+	if atof(v) < perftestMinVersion {
+		return v, fmt.Errorf("the peer's version %q is older than %.2f: not compatible (perftest's check_version_compatibility)", v, perftestMinVersion)
+	}
+	return v, nil
+}
+
+// sysData is check_sys_data: it returns the peer's cycle buffer and cache
+// line size.
+func (p *ptConn) sysData(cycle int) (remCycle, remLine int, err error) {
+	b := make([]byte, 4)
+	binary.BigEndian.PutUint32(b, uint32(cycle))
+	rem, err := p.xchg("page size", b, 4)
+	if err != nil {
+		return 0, 0, err
+	}
+	remCycle = int(int32(binary.BigEndian.Uint32(rem)))
+	binary.BigEndian.PutUint32(b, perftestCacheLine)
+	if rem, err = p.xchg("cache line size", b, 4); err != nil {
+		return 0, 0, err
+	}
+	return remCycle, int(int32(binary.BigEndian.Uint32(rem))), nil
+}
+
+// mtu is check_mtu's exchange: it returns the peer's ibv_mtu enum (0 if it
+// sent none that is valid).
+func (p *ptConn) mtu(mine int) (int, error) {
+	b := []byte(strconv.Itoa(mine) + "\x00")
+	rem, err := p.xchg("MTU", b[:2], 2)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.Atoi(cstring(rem))
+	if err != nil || v < 1 || v > 5 {
+		return 0, nil
+	}
+	return v, nil
+}
+
+// formatKeys is ethernet_write_keys' message.
+func formatKeys(a perfQPInfo, outReads int, gid bool) []byte {
+	var s string
+	if gid {
+		g := a.GID.To16()
+		if g == nil {
+			g = make(net.IP, 16)
+		}
+		s = fmt.Sprintf("%04x:%04x:%06x:%06x:%08x:%016x:", a.LID, outReads, a.QPN, a.PSN, a.RKey, a.Addr)
+		for _, x := range g {
+			s += fmt.Sprintf("%02x:", x)
+		}
+		s += fmt.Sprintf("%08x:", 0)
+	} else {
+		s = fmt.Sprintf("%04x:%04x:%06x:%06x:%08x:%016x:%08x", a.LID, outReads, a.QPN, a.PSN, a.RKey, a.Addr, 0)
+	}
+	n := perftestKeysNoGID
+	if gid {
+		n = perftestKeysGID
+	}
+	b := make([]byte, n)
+	copy(b[:n-1], s)
+	return b
+}
+
+// parseKeys is ethernet_read_keys.
+func parseKeys(b []byte, gid bool) (perfQPInfo, error) {
+	s := cstring(b)
+	f := strings.Split(s, ":")
+	want := 7
+	if gid {
+		want = 24 // 6 fields, 16 GID bytes, srqn, and the empty tail
+	}
+	var a perfQPInfo
+	bad := func() (perfQPInfo, error) {
+		return perfQPInfo{}, fmt.Errorf("couldn't parse the peer's address %q (is it perftest or goverbs perf, and does it use a GID?)", s)
+	}
+	if len(f) != want {
+		return bad()
+	}
+	var v [6]uint64
+	for i := range v {
+		x, err := strconv.ParseUint(f[i], 16, 64)
+		if err != nil {
+			return bad()
+		}
+		v[i] = x
+	}
+	a.LID, a.QPN, a.PSN, a.RKey, a.Addr = uint16(v[0]), uint32(v[2]), uint32(v[3]), uint32(v[4]), v[5]
+	if gid {
+		a.GID = make(net.IP, 16)
+		for i := 0; i < 16; i++ {
+			x, err := strconv.ParseUint(f[6+i], 16, 8)
+			if err != nil {
+				return bad()
+			}
+			a.GID[i] = byte(x)
+		}
+	}
+	return a, nil
+}
+
+// handshake is ctx_hand_shake: our keys for one QP for the peer's.
+func (p *ptConn) handshake(my perfQPInfo, outReads int) (perfQPInfo, error) {
+	n := perftestKeysNoGID
+	if p.gid {
+		n = perftestKeysGID
+	}
+	rem, err := p.xchg("handshake", formatKeys(my, outReads, p.gid), n)
+	if err != nil {
+		return perfQPInfo{}, err
+	}
+	return parseKeys(rem, p.gid)
+}
+
+// closeConn is ctx_close_connection: a last handshake, then "done". We
+// also take the peer's "done" if it comes soon, so that closing with
+// unread data does not reset the connection under it.
+func (p *ptConn) closeConn(my perfQPInfo, outReads int) error {
+	if _, err := p.handshake(my, outReads); err != nil {
+		return err
+	}
+	if _, err := p.c.Write([]byte("done\x00")); err != nil {
+		return fmt.Errorf("exchange with the peer (done): %v", err)
+	}
+	p.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	io.ReadFull(p.c, make([]byte, 5))
+	return nil
+}
+
+// bwReport is xchg_bw_reports: ours (zero on a passive server) for the
+// peer's.
+func (p *ptConn) bwReport(mine perfBWResult) (perfBWResult, error) {
+	var out perfBWResult
+	u := func(what string, x uint64) (uint64, error) {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint64(b, x)
+		rem, err := p.xchg(what, b, 8)
+		if err != nil {
+			return 0, err
+		}
+		return binary.BigEndian.Uint64(rem), nil
+	}
+	size, err := u("report size", uint64(mine.Bytes))
+	if err != nil {
+		return out, err
+	}
+	iters, err := u("report iterations", uint64(mine.Iterations))
+	if err != nil {
+		return out, err
+	}
+	var d [3]float64
+	for i, x := range []float64{mine.BWPeak, mine.BWAvg, mine.MsgRate} {
+		r, err := u("report", math.Float64bits(x))
+		if err != nil {
+			return out, err
+		}
+		d[i] = math.Float64frombits(r)
+	}
+	return perfBWResult{Bytes: int(size), Iterations: int(iters), BWPeak: d[0], BWAvg: d[1], MsgRate: d[2]}, nil
+}
+
+// perftestPrelude is what follows the TCP connection: versions, sys data
+// and MTU (unless --dont_xchg_versions); it settles r.mtu.
+func (r *perfRun) perftestPrelude(p *ptConn, stderr io.Writer) error {
+	o := r.o
+	if o.dontXchg {
+		return nil
+	}
+	if _, err := p.versions(); err != nil {
+		return err
+	}
+	remCycle, _, err := p.sysData(os.Getpagesize())
+	if err != nil {
+		return err
+	}
+	// The peer's RDMA to us steps through its cycle buffer (the larger of
+	// the two page sizes) from the address we give it.
+	if len(r.qps) > 0 && remCycle > r.qps[0].half {
+		return fmt.Errorf("the peer's cycle buffer (%d bytes) is larger than our buffer (%d bytes)", remCycle, r.qps[0].half)
+	}
+	rm, err := p.mtu(int(r.mtu))
+	if err != nil {
+		return err
+	}
+	if rm != 0 && rm < int(r.mtu) {
+		r.mtu = uverbs.MTU(rm)
+	}
+	if o.conn == "UD" && o.sizes[len(o.sizes)-1] > r.mtu.Bytes() {
+		if o.all {
+			s := o.sizes[:0]
+			for _, n := range o.sizes {
+				if n <= r.mtu.Bytes() {
+					s = append(s, n)
+				}
+			}
+			o.sizes = s
+		} else {
+			return fmt.Errorf("-s %d: a UD message must fit the path MTU, which is %d with the peer", o.size, r.mtu.Bytes())
+		}
+	}
+	return nil
+}
