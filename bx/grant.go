@@ -237,10 +237,10 @@ func (p *Peer) bindFence(l *lane) error {
 	if err != nil {
 		return err
 	}
-	b, err := w.Bind(m, 0, fenceLen, mr.RemoteRead, uint8(w.RKey())+1)
+	b, err := fenceBind(w, m)
 	if err != nil {
 		e.dropMW(w)
-		return fmt.Errorf("bx: binding a fence window: %w", err)
+		return err
 	}
 	e.grants.mu.Lock()
 	e.grants.fences++
@@ -272,13 +272,23 @@ func (e *Endpoint) fenceWRs(l *lane, wrs []qp.SendWR) error {
 		return errGrantsClosed
 	}
 	cur := w.RKey()
-	b, err := w.Bind(m, 0, fenceLen, mr.RemoteRead, uint8(cur)+1)
+	b, err := fenceBind(w, m)
 	if err != nil {
-		return fmt.Errorf("bx: binding a fence window: %w", err)
+		return err
 	}
 	wrs[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpLocalInv, InvRKey: cur}
 	wrs[1] = qp.SendWR{ID: tagSend, Opcode: qp.OpBindMW, Bind: b}
 	return nil
+}
+
+// fenceBind is the bind of fence window w over the fence region m, read
+// only, with the next rkey.
+func fenceBind(w *mr.MW, m *mr.MR) (uverbs.MWBind, error) {
+	b, err := w.Bind(m, 0, fenceLen, mr.RemoteRead, uint8(w.RKey())+1)
+	if err != nil {
+		return b, fmt.Errorf("bx: binding a fence window: %w", err)
+	}
+	return b, nil
 }
 
 // closeFence deallocates l's fence window (never recycled: a post that

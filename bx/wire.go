@@ -103,7 +103,8 @@ func (h *header) decode(b []byte) error {
 		if len(b)-HeaderSize != want || int(h.Length) != want {
 			return fmt.Errorf("bx: rendezvous message type %d of %d bytes, want %d", h.Type, len(b)-HeaderSize, want)
 		}
-		if h.Type != typRndv && h.Flags&^flagWindow != 0 || h.Type != typCTS && h.Flags&flagWindow != 0 {
+		// (The window flag, on anything but a CTS, is refused below.)
+		if h.Type != typRndv && h.Flags&^flagWindow != 0 {
 			return fmt.Errorf("bx: rendezvous control message type %d with flags %#x", h.Type, h.Flags)
 		}
 	case typCredit:
