@@ -705,36 +705,18 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 	sendTest := k.verb == verbSend
 	// The handshakes before the measurement: send_lat and send_bw shake
 	// once per QP, connect, then once more and once per QP again; the
-	// others shake once, once per QP, connect, once per QP and once more.
-	if sendTest {
-		if err := hAll(); err != nil {
-			return err
+	// others shake once (latency tests only), once per QP, connect, once
+	// per QP and once more.
+	connect := func() error { return r.connect(rem) }
+	steps := []func() error{hAll, connect, h1, hAll}
+	if !sendTest {
+		steps = []func() error{h1, hAll, connect, hAll, h1}
+		if k.bw {
+			steps = steps[1:]
 		}
-		if err := r.connect(rem); err != nil {
-			return err
-		}
-		if err := h1(); err != nil {
-			return err
-		}
-		if err := hAll(); err != nil {
-			return err
-		}
-	} else {
-		if !k.bw {
-			if err := h1(); err != nil {
-				return err
-			}
-		}
-		if err := hAll(); err != nil {
-			return err
-		}
-		if err := r.connect(rem); err != nil {
-			return err
-		}
-		if err := hAll(); err != nil {
-			return err
-		}
-		if err := h1(); err != nil {
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
 			return err
 		}
 	}
