@@ -289,7 +289,7 @@ func TestRecoveryForcedError(t *testing.T) {
 // flight in both directions: every message must arrive intact, once, in
 // order, whatever step of a rendezvous the failure cut.
 func TestRecoveryMidRendezvous(t *testing.T) {
-	t.Run("region", func(t *testing.T) { recoveryMidRendezvous(t, nil) })
+	t.Run("region", func(t *testing.T) { recoveryMidRendezvous(t, shared) })
 	// Transfers in progress get new windows on the new QPs.
 	t.Run("windows", func(t *testing.T) { recoveryMidRendezvous(t, windowsOn) })
 }

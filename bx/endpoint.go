@@ -38,17 +38,22 @@ type Config struct {
 	// ends must use TLS, or neither. The data plane (RDMA) is not
 	// encrypted.
 	TLS *tls.Config
-	// Windows opens each rendezvous target to the one peer that writes
-	// it, for that one transfer, through a type 2 memory window (grant.go,
-	// docs/reliability.md): no memory is then registered for remote
+	// SharedTargets gives up the per-transfer isolation of rendezvous
+	// targets, for speed. By default each target is opened to the one peer
+	// that writes it, for that one transfer, through a type 2 memory window
+	// (grant.go, docs/reliability.md): no memory is registered for remote
 	// access, a peer cannot write another peer's target or its own after
-	// the transfer, and a delivered message cannot change. Off by default:
-	// without it all targets of an endpoint are one region under one rkey
-	// that every peer learns. Each bind goes behind a fence (rxe re-runs a
-	// BIND_MW on an RC retransmission and then stalls; grant.go), so a CTS
-	// waits until what its lane sent before is acknowledged. The device
-	// must support memory windows.
-	Windows bool
+	// the transfer, and a delivered message cannot change. Each bind goes
+	// behind a fence (rxe re-runs a BIND_MW on an RC retransmission and
+	// then stalls; grant.go), so a CTS waits until what its lane sent
+	// before is acknowledged; under emulation that costs a third to a half
+	// of a rendezvous call (docs/perf.md). The default needs a device with
+	// memory windows; New refuses one without them unless SharedTargets is
+	// set. With SharedTargets all targets of an endpoint are one region
+	// under one rkey that every peer learns: use it only among peers that
+	// trust each other. Only the receiving side's setting matters: it is
+	// the one that grants.
+	SharedTargets bool
 	// Lanes is the number of RC QPs per peer (1..4, default 2). Streams are
 	// spread over them; QP count grows with peers, not with streams.
 	Lanes int
@@ -284,8 +289,8 @@ func New(cfg Config) (*Endpoint, error) {
 		return fail(fmt.Errorf("Config.MaxPeers %d x Credits %d = %d receive buffers; the device's shared receive queue takes %d",
 			cfg.MaxPeers, cfg.Credits, posted, max))
 	}
-	if cfg.Windows && e.ctx.Attr().MaxMW == 0 {
-		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer", e.ctx.Name()))
+	if !cfg.SharedTargets && e.ctx.Attr().MaxMW == 0 {
+		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer; set Config.SharedTargets to share one region among trusted peers instead", e.ctx.Name()))
 	}
 	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
 	if e.pd, err = e.ctx.AllocPD(); err != nil {
@@ -311,9 +316,9 @@ func New(cfg Config) (*Endpoint, error) {
 	if e.rndv, err = mr.NewAllocator(e.pd, lc); err != nil {
 		return fail(err)
 	}
-	// With Windows targets too are local memory: a peer reaches one only
-	// through the window bound for its transfer (grant.go).
-	if !cfg.Windows {
+	// Without SharedTargets targets too are local memory: a peer reaches
+	// one only through the window bound for its transfer (grant.go).
+	if cfg.SharedTargets {
 		lc.Access = mr.LocalWrite | mr.RemoteWrite
 	}
 	if e.large, err = mr.NewAllocator(e.pd, lc); err != nil {

@@ -267,7 +267,7 @@ func TestForgedDescriptor(t *testing.T) {
 // every message exactly once and in order, and every call returns once.
 // With windows, RC retransmissions rewind send queues that hold BIND_MWs.
 func TestPacketLoss(t *testing.T) {
-	t.Run("region", func(t *testing.T) { packetLoss(t, nil) })
+	t.Run("region", func(t *testing.T) { packetLoss(t, shared) })
 	t.Run("windows", func(t *testing.T) { packetLoss(t, windowsOn) })
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/goverbs/goverbs/uverbs"
 )
 
-// Grants: what a peer may write, with Config.Windows (without it every
-// target is in one region under one rkey).
+// Grants: what a peer may write, by default (with Config.SharedTargets
+// every target is in one region under one rkey).
 //
 // A rendezvous payload is written by the sender straight into a target
 // buffer of the receiver. No memory of an endpoint is registered for

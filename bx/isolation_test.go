@@ -125,19 +125,22 @@ func (tr *trio) carriesOn(t *testing.T) {
 	}
 }
 
-// windowsOn turns on Config.Windows.
-func windowsOn(c *bx.Config) { c.Windows = true }
+// windowsOn keeps bx's default, a memory window per transfer; shared
+// turns on Config.SharedTargets.
+func windowsOn(c *bx.Config) {}
 
-// TestWindowIsolation: with Config.Windows a peer may write exactly the
+func shared(c *bx.Config) { c.SharedTargets = true }
+
+// TestWindowIsolation: by default (memory windows) a peer may write exactly the
 // rendezvous target it was granted, and only until its transfer completes
 // (issue 14, item 2).
 // The forging peer runs bx with a hook that posts RDMA WRITEs of its own
 // choosing on its lane to the victim; the victim's device refuses each
 // with a remote access error (the forger's QP goes to ERR), the victim's
 // data stay as sent, the forger is disconnected, the honest peer carries
-// on. Without windows (the default, and all there was before) every one of
-// these WRITEs lands: all targets are one region with one rkey that every
-// peer learns from its first CTS.
+// on. With Config.SharedTargets (the default before windows, and all
+// there was) every one of these WRITEs lands: all targets are one region
+// with one rkey that every peer learns from its first CTS.
 func TestWindowIsolation(t *testing.T) {
 	t.Run("another peer's granted target", func(t *testing.T) {
 		tr := newTrio(t)

@@ -75,7 +75,7 @@ type lane struct {
 	sends   int
 	swr     [4]qp.SendWR // under mu: the work requests of a post, kept off the heap
 	ssge    [2]qp.SGE
-	// Under mu, with Config.Windows: the lane's fence window and the QP it
+	// Under mu, without Config.SharedTargets: the lane's fence window and the QP it
 	// is bound on (grant.go, "The fence").
 	fence   *mr.MW
 	fenceQP *qp.QP
@@ -278,7 +278,7 @@ func (p *Peer) connectLanes(local, remote setup) error {
 		if err != nil {
 			return err
 		}
-		if p.e.cfg.Windows {
+		if !p.e.cfg.SharedTargets {
 			if err := p.bindFence(l); err != nil {
 				return fmt.Errorf("lane %d: %w", i, err)
 			}
@@ -953,10 +953,10 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 			p.shutdown(fmt.Errorf("bx: rendezvous of %d bytes: %w", d.Len, err), true)
 			return
 		}
-		// With Windows the peer writes t through a window of its own,
-		// bound with the CTS (grant.go); else through the pool's rkey.
+		// By default the peer writes t through a window of its own, bound
+		// with the CTS (grant.go); with SharedTargets through the pool's rkey.
 		var g *grant
-		if p.e.cfg.Windows {
+		if !p.e.cfg.SharedTargets {
 			var err error
 			g, err = p.e.newGrant(t, int(d.Len))
 			if err == nil {
@@ -1062,7 +1062,7 @@ func (l *lane) finished(ref uint64, inv uint32) error {
 				break
 			}
 			if in.g == nil {
-				// No window (Config.Windows off): nothing to invalidate.
+				// No window (Config.SharedTargets): nothing to invalidate.
 				if inv != 0 {
 					return fmt.Errorf("lane %d: FIN for sequence %d invalidated rkey %#x, and no window was granted", l.idx, ref, inv)
 				}

@@ -132,9 +132,10 @@ func (h *header) decode(b []byte) error {
 // WRITEs the payload there and posts a FIN behind the WRITE on the same QP,
 // so the payload is in place when the FIN arrives (RC order). The receiver
 // delivers the message at the FIN, in sequence order. A receiver exposes
-// only its rendezvous targets, for remote write (with Config.Windows only
-// the one target of each transfer, to the one peer, through a memory
-// window that the FIN, a SEND_WITH_INV, closes: grant.go); no memory is
+// only its rendezvous targets, for remote write: only the one target of
+// each transfer, to the one peer, through a memory window that the FIN, a
+// SEND_WITH_INV, closes (grant.go; with Config.SharedTargets all of its
+// targets, under one rkey); no memory is
 // remotely readable. (An earlier version had the receiver READ the payload; rxe on
 // Linux 6.1 turns a READ response that lost a packet mid-message into a
 // false success completion and a QP error, so READ was dropped.)

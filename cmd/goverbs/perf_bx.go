@@ -51,6 +51,7 @@ type perfBXOptions struct {
 	window  int
 	port    int
 	spin    time.Duration
+	shared  bool // bx Config.SharedTargets
 	idle    time.Duration
 	json    bool
 	cpuprof string
@@ -73,6 +74,7 @@ type perfBXReport struct {
 	Transport  string            `json:"transport"`
 	Window     int               `json:"window"`
 	Spin       string            `json:"spin,omitempty"`
+	Shared     bool              `json:"shared_targets,omitempty"`
 	Units      map[string]string `json:"units"`
 	Latency    []perfLatResult   `json:"latency,omitempty"`
 	Bandwidth  []perfBWResult    `json:"bandwidth,omitempty"`
@@ -115,6 +117,9 @@ Options:
   -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
                          (default 18515)
       --spin=<dur>       bx Config.Spin (default bx's; negative: event-driven)
+      --shared-targets   bx Config.SharedTargets: one rkey for all rendezvous
+                         targets, no memory window per transfer (the side
+                         that receives rendezvous payloads decides)
       --idle=<dur>       client: before the measured calls, stay connected and
                          idle for <dur> and report this process's CPU time
                          over it (percent of a core)
@@ -141,6 +146,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	}
 	fs.IntVar(&o.resp, "resp-size", -1, "")
 	fs.DurationVar(&o.spin, "spin", 0, "")
+	fs.BoolVar(&o.shared, "shared-targets", false, "")
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
@@ -249,7 +255,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		token = []byte(t)
 	}
 	if !o.tcp {
-		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, MaxMessage: max(4<<20, o.size, o.resp),
+		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, MaxMessage: max(4<<20, o.size, o.resp),
 			LaneMsgs: int64(max(64, 2*o.window))})
 		if err != nil {
 			return fail(err)
@@ -431,8 +437,11 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	}
 	if o.tcp {
 		rep.Transport, rep.Device = "tcp", ""
-	} else if o.spin != 0 {
-		rep.Spin = o.spin.String()
+	} else {
+		rep.Shared = o.shared
+		if o.spin != 0 {
+			rep.Spin = o.spin.String()
+		}
 	}
 	if o.grpc {
 		rep.Transport = "grpc over " + rep.Transport

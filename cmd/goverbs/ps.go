@@ -94,10 +94,10 @@ func runPS(args []string, stdout, stderr io.Writer) error {
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
-          [--metrics ADDR]
+          [--metrics ADDR] [--spin D] [--shared-targets]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
   bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
-          [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR]
+          [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR] [--spin D] [--shared-targets]
           run workers against servers (its own children unless --addrs) and report latency,
           throughput and CPU per 1000 ops
 
@@ -120,6 +120,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	nan := fs.String("nan", "reject", "NaN/Inf gradients: reject the push, or skip the rows")
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
+	sharedTargets := fs.Bool("shared-targets", false, "rdma: bx Config.SharedTargets: one rkey for all rendezvous targets instead of a memory window per transfer (faster; only among trusted peers)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
@@ -135,7 +136,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 		return usageError("%v", err)
 	}
 	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
-		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin}})
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets}})
 	if err != nil {
 		return err
 	}
@@ -648,6 +649,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "", "workers' RDMA device (default: the first ACTIVE one)")
 	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
+	sharedTargets := fs.Bool("shared-targets", false, "rdma: the servers' bx Config.SharedTargets (one rkey for all rendezvous targets instead of a memory window per transfer)")
 	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	depth := fs.Int("depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
@@ -775,7 +777,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		list = strings.Split(*addrs, ",")
 	} else {
 		for i := range *servers {
-			cmd := exec.Command(self, childArgs("ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String())...)
+			cmd := exec.Command(self, childArgs("ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String(), "--shared-targets="+strconv.FormatBool(*sharedTargets))...)
 			cmd.Stderr = stderr
 			out, _ := cmd.StdoutPipe()
 			if err := cmd.Start(); err != nil {
