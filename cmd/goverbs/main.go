@@ -14,14 +14,14 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
-	"strings"
+
+	"github.com/goverbs/goverbs/internal/cli"
 )
 
 // version is set with -ldflags "-X main.version=..."; otherwise the module
@@ -35,6 +35,9 @@ type exitError struct {
 }
 
 func (e *exitError) Error() string { return e.msg }
+
+// ExitCode makes exitError a cli.ExitCoder.
+func (e *exitError) ExitCode() int { return e.code }
 
 // usageError is a bad command line: exit status 1, like rc_pingpong.
 func usageError(format string, a ...any) error {
@@ -66,7 +69,7 @@ func init() {
 
 func mainUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: goverbs COMMAND [flags] [args]\n\nCommands:\n")
-	for _, c := range commands {
+	for _, c := range append(commands, hiddenCommands...) {
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun 'goverbs COMMAND -h' for a command's flags.\n")
@@ -91,22 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, c := range append(commands, hiddenCommands...) {
 		if c.name == name {
-			err := c.run(args[1:], stdout, stderr)
-			if err == nil {
-				return 0
-			}
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			var ee *exitError
-			if errors.As(err, &ee) {
-				if ee.msg != "" {
-					fmt.Fprintf(stderr, "goverbs %s: %s\n", name, ee.msg)
-				}
-				return ee.code
-			}
-			fmt.Fprintf(stderr, "goverbs %s: %v\n", name, err)
-			return 1
+			return cli.Exit("goverbs "+name, c.run(args[1:], stdout, stderr), stderr)
 		}
 	}
 	fmt.Fprintf(stderr, "goverbs: unknown command %q\n\n", name)
@@ -150,67 +138,8 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// parseGetopt parses args the way getopt_long does for the rdma-core tools,
-// with Go's flag package doing the value parsing: flags and operands may be
-// mixed ("goverbs rc-pingpong 10.0.0.2 -n 10"), short options may be
-// clustered or take their value attached ("-ce", "-p18515", "-n10"), long
-// options take "--name=value" or "--name value". A single-dash word that
-// names a defined long flag ("-iters 10") is taken as that flag, as Go
-// users would expect. It returns the operands.
+// parseGetopt is cli.ParseGetopt: getopt_long's command line, as the
+// rdma-core tools take it.
 func parseGetopt(fs *flag.FlagSet, args []string) ([]string, error) {
-	var flags, operands []string
-	needsValue := func(f *flag.Flag) bool {
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			return false
-		}
-		return true
-	}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--":
-			operands = append(operands, args[i+1:]...)
-			i = len(args)
-		case a == "-" || !strings.HasPrefix(a, "-"):
-			operands = append(operands, a)
-		default:
-			name := strings.TrimLeft(a, "-")
-			name, _, hasValue := strings.Cut(name, "=")
-			f := fs.Lookup(name)
-			if strings.HasPrefix(a, "--") || (f != nil && len(name) > 1) || len(a) == 2 {
-				flags = append(flags, a)
-				if f != nil && needsValue(f) && !hasValue && i+1 < len(args) {
-					i++
-					flags = append(flags, args[i])
-				}
-				continue
-			}
-			// A cluster of short options: -ce, -p18515, -n10.
-			cl := a[1:]
-			for j := 0; j < len(cl); j++ {
-				sf := fs.Lookup(cl[j : j+1])
-				if sf == nil || !needsValue(sf) {
-					flags = append(flags, "-"+cl[j:j+1]) // an unknown one makes Parse fail
-					continue
-				}
-				if j+1 < len(cl) {
-					flags = append(flags, "-"+cl[j:j+1], cl[j+1:])
-				} else {
-					flags = append(flags, "-"+cl[j:j+1])
-					if i+1 < len(args) {
-						i++
-						flags = append(flags, args[i])
-					}
-				}
-				break
-			}
-		}
-	}
-	if err := fs.Parse(flags); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, &exitError{code: 1} // flag already printed the error and usage
-	}
-	return append(operands, fs.Args()...), nil
+	return cli.ParseGetopt(fs, args)
 }
