@@ -69,7 +69,7 @@ func init() {
 
 func mainUsage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: goverbs COMMAND [flags] [args]\n\nCommands:\n")
-	for _, c := range append(commands, hiddenCommands...) {
+	for _, c := range commands {
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun 'goverbs COMMAND -h' for a command's flags.\n")
@@ -92,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "-version", "--version":
 		name = "version"
 	}
-	for _, c := range append(commands, hiddenCommands...) {
+	for _, c := range commands {
 		if c.name == name {
 			return cli.Exit("goverbs "+name, c.run(args[1:], stdout, stderr), stderr)
 		}

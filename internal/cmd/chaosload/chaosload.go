@@ -1,12 +1,12 @@
-package main
-
-// goverbs chaos-load: a hidden developer command, the load that
-// scripts/chaos drives while it injects faults (docs/reliability.md).
+// Command chaosload is the load that scripts/chaos drives while it injects
+// faults (docs/reliability.md). It is a test tool, not part of the goverbs
+// binary: scripts/chaos builds it (CGO_ENABLED=0, on the host) and runs it
+// in the rxe guest.
 //
-//	goverbs chaos-load serve  --device rxe1 --listen 10.99.0.2:18900
-//	goverbs chaos-load drive  --device rxe0 --peer 10.99.0.2:18900 --duration 20s
-//	goverbs chaos-load verify --device rxe0 --peer 10.99.0.2:18900 --journal F
-//	goverbs chaos-load stats  --device rxe0 --peer 10.99.0.2:18900
+//	chaosload serve  --device rxe1 --listen 10.99.0.2:18900
+//	chaosload drive  --device rxe0 --peer 10.99.0.2:18900 --duration 20s
+//	chaosload verify --device rxe0 --peer 10.99.0.2:18900 --journal F
+//	chaosload stats  --device rxe0 --peer 10.99.0.2:18900
 //
 // serve is a bx endpoint with three handlers: "apply" (stream 1) records a
 // request id in a ledger and applies it the first time only, so a retried
@@ -14,7 +14,9 @@ package main
 // the process's own resources as JSON; "check" (stream 3) answers, for a
 // list of ids, whether each was applied and how often it was delivered.
 // SIGUSR1 makes every apply handler hold its request (and so its receive
-// buffer: the receiver stops returning credits) for --stall.
+// buffer: the receiver stops returning credits) for --stall. SIGUSR2
+// writes MODIFY_QP to ERR for handles 0..255 on every uverbs descriptor of
+// the process: its QPs forced to ERROR from outside.
 //
 // drive issues calls with unique ids (a random 32-bit run prefix and a
 // sequence number) and retries an id, with the same id, after any error
@@ -27,6 +29,10 @@ package main
 // lost with the server's state, not as violations. drive then closes its
 // peer and checks its own leaks: allocator buffers back to the idle
 // baseline, no QP left, goroutines and fds back to the baseline.
+//
+// Exit status: 0; 1 for a bad command line or any other error; 3 when
+// invariants are violated (drive, verify, stats --check).
+package main
 
 import (
 	"bufio"
@@ -54,16 +60,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/cli"
 	"github.com/goverbs/goverbs/internal/procstat"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 )
-
-// hiddenCommands are dispatched by run but not listed in the usage.
-var hiddenCommands = []command{
-	{"chaos-load", "bx RPC load with an exactly-once ledger, for scripts/chaos", runChaosLoad},
-}
 
 const (
 	chaosStreamApply = 1
@@ -80,32 +82,39 @@ func chaosToken() []byte {
 	return []byte("goverbs-chaos-load-dev-token")
 }
 
-const chaosUsage = `Usage: goverbs chaos-load serve|drive|verify|stats [flags]
+const chaosUsage = `Usage: chaosload serve|drive|verify|stats [flags]
 
 A developer load for scripts/chaos (docs/reliability.md): a bx RPC server
 with an exactly-once ledger, and a driver that retries every id until it is
-acknowledged. Run 'goverbs chaos-load COMMAND -h' for flags.
+acknowledged. Run 'chaosload COMMAND -h' for flags.
 `
+
+func main() {
+	os.Exit(cli.Exit("chaosload", runChaosLoad(os.Args[1:], os.Stdout, os.Stderr), os.Stderr))
+}
+
+// chaosCommands are chaosload's commands by name.
+var chaosCommands = map[string]func(args []string, stdout, stderr io.Writer) error{
+	"serve":  chaosServe,
+	"drive":  chaosDrive,
+	"verify": chaosVerifyCmd,
+	"stats":  chaosStatsCmd,
+}
 
 func runChaosLoad(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, chaosUsage)
-		return &exitError{code: 1}
+		return &cli.ExitError{Code: 1}
+	}
+	if run, ok := chaosCommands[args[0]]; ok {
+		return run(args[1:], stdout, stderr)
 	}
 	switch args[0] {
-	case "serve":
-		return chaosServe(args[1:], stdout, stderr)
-	case "drive":
-		return chaosDrive(args[1:], stdout, stderr)
-	case "verify":
-		return chaosVerifyCmd(args[1:], stdout, stderr)
-	case "stats":
-		return chaosStatsCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, chaosUsage)
 		return nil
 	}
-	return usageError("unknown chaos-load command %q", args[0])
+	return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("unknown chaosload command %q", args[0])}
 }
 
 // chaosEndpointFlags are the bx.Config knobs both roles share.
@@ -119,8 +128,12 @@ type chaosEndpointFlags struct {
 	peerTimeout *time.Duration
 }
 
-func addChaosEndpointFlags(fs *flag.FlagSet, dev string) chaosEndpointFlags {
-	return chaosEndpointFlags{
+// chaosFlags is the flag set of command cmd, with the endpoint flags
+// (device dev by default) defined.
+func chaosFlags(cmd, dev string, stderr io.Writer) (*flag.FlagSet, chaosEndpointFlags) {
+	fs := flag.NewFlagSet("chaosload "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs, chaosEndpointFlags{
 		device:      fs.String("device", dev, "RDMA device"),
 		credits:     fs.Int("credits", 0, "bx Config.Credits (0: default 64)"),
 		maxPeers:    fs.Int("max-peers", 4, "bx Config.MaxPeers"),
@@ -287,12 +300,10 @@ type chaosServerStats struct {
 }
 
 func chaosServe(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("goverbs chaos-load serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ef := addChaosEndpointFlags(fs, "rxe1")
+	fs, ef := chaosFlags("serve", "rxe1", stderr)
 	listen := fs.String("listen", "10.99.0.2:18900", "control-plane address")
 	stall := fs.Duration("stall", 3*time.Second, "how long apply handlers hold their requests after SIGUSR1")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if _, err := cli.ParseGetopt(fs, args); err != nil {
 		return err
 	}
 	e, err := bx.New(ef.config())
@@ -555,9 +566,7 @@ type chaosVerifyRes struct {
 }
 
 func chaosDrive(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("goverbs chaos-load drive", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ef := addChaosEndpointFlags(fs, "rxe0")
+	fs, ef := chaosFlags("drive", "rxe0", stderr)
 	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
 	duration := fs.Duration("duration", 20*time.Second, "how long new ids are started")
 	conc := fs.Int("concurrency", 8, "calls in flight")
@@ -570,7 +579,7 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 	journal := fs.String("journal", "", "append acknowledged ids (id, server incarnation: 2 little-endian uint64) to this file")
 	every := fs.Duration("report-every", 0, "print a progress line and verify the ids acknowledged since the last one this often (soak)")
 	maxRSS := fs.Int64("max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded)")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if _, err := cli.ParseGetopt(fs, args); err != nil {
 		return err
 	}
 	if *payload < chaosReqHeader {
@@ -920,7 +929,7 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "violations %s\n", strings.Join(sum.Violations, "; "))
 	}
 	if !sum.OK {
-		return &exitError{code: 3, msg: "invariants violated: " + strings.Join(sum.Violations, "; ")}
+		return &cli.ExitError{Code: 3, Msg: "invariants violated: " + strings.Join(sum.Violations, "; ")}
 	}
 	return nil
 }
@@ -1019,15 +1028,30 @@ func chaosServerStatsOf(ctx context.Context, p *bx.Peer) (*chaosServerStats, err
 
 // --- verify and stats ------------------------------------------------------
 
+// chaosDialServer opens an endpoint and dials the server at addr with it,
+// for verify and stats: ctx bounds both to 60 s; done closes the peer and
+// the endpoint.
+func chaosDialServer(ef chaosEndpointFlags, addr string) (ctx context.Context, p *bx.Peer, done func(), err error) {
+	e, err := bx.New(ef.config())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	if p, err = e.Dial(ctx, addr); err != nil {
+		cancel()
+		e.Close()
+		return nil, nil, nil, err
+	}
+	return ctx, p, func() { p.Close(); e.Close(); cancel() }, nil
+}
+
 // chaosVerifyCmd checks journals written by drive processes (killed ones
 // too) against the server's ledger.
 func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("goverbs chaos-load verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ef := addChaosEndpointFlags(fs, "rxe0")
+	fs, ef := chaosFlags("verify", "rxe0", stderr)
 	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
 	journal := fs.String("journal", "", "journal written by drive --journal (required)")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if _, err := cli.ParseGetopt(fs, args); err != nil {
 		return err
 	}
 	b, err := os.ReadFile(*journal)
@@ -1038,18 +1062,11 @@ func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
 	for i := 0; i+16 <= len(b); i += 16 {
 		acks = append(acks, chaosAck{binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])})
 	}
-	e, err := bx.New(ef.config())
+	ctx, p, done, err := chaosDialServer(ef, *peer)
 	if err != nil {
 		return err
 	}
-	defer e.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	p, err := e.Dial(ctx, *peer)
-	if err != nil {
-		return err
-	}
-	defer p.Close()
+	defer done()
 	vr, err := chaosVerify(ctx, p, acks)
 	if err != nil {
 		return err
@@ -1057,34 +1074,25 @@ func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
 	out, _ := json.Marshal(map[string]any{"journal": *journal, "records": len(acks), "torn_bytes": len(b) % 16, "verify": vr})
 	fmt.Fprintf(stdout, "verify %s\n", out)
 	if vr.NotApplied > 0 {
-		return &exitError{code: 3, msg: fmt.Sprintf("%d acknowledged ids not applied", vr.NotApplied)}
+		return &cli.ExitError{Code: 3, Msg: fmt.Sprintf("%d acknowledged ids not applied", vr.NotApplied)}
 	}
 	return nil
 }
 
 func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("goverbs chaos-load stats", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ef := addChaosEndpointFlags(fs, "rxe0")
+	fs, ef := chaosFlags("stats", "rxe0", stderr)
 	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
 	check := fs.Bool("check", false, "exit 3 unless the server is back to its idle resources (but for this one peer)")
 	srvLanes := fs.Int("server-lanes", 2, "with --check: QPs the server holds per peer")
 	maxRSS := fs.Int64("max-rss", 512<<10, "with --check: largest acceptable server RSS in KiB")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if _, err := cli.ParseGetopt(fs, args); err != nil {
 		return err
 	}
-	e, err := bx.New(ef.config())
+	ctx, p, done, err := chaosDialServer(ef, *peer)
 	if err != nil {
 		return err
 	}
-	defer e.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	p, err := e.Dial(ctx, *peer)
-	if err != nil {
-		return err
-	}
-	defer p.Close()
+	defer done()
 	// Give the server a moment to notice peers that went away.
 	var st *chaosServerStats
 	var v []string
@@ -1108,7 +1116,7 @@ func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
 	out, _ := json.Marshal(map[string]any{"stats": st, "violations": v})
 	fmt.Fprintf(stdout, "stats %s\n", out)
 	if *check && len(v) > 0 {
-		return &exitError{code: 3, msg: "server invariants violated: " + strings.Join(v, "; ")}
+		return &cli.ExitError{Code: 3, Msg: "server invariants violated: " + strings.Join(v, "; ")}
 	}
 	return nil
 }
