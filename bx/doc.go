@@ -1,0 +1,82 @@
+// Package bx is ByteExpress: messages, streams and RPC between processes
+// over RDMA (RC queue pairs on one device), with a TCP control plane for
+// setup, credit resync and recovery. It is built on packages uverbs, cq,
+// qp and mr; its flow control (credits, send windows, duplicate
+// filtering) is package flow.
+//
+// # What a user holds
+//
+//   - Endpoint (New(Config)): one process's presence on one RDMA device: a
+//     shared receive queue whose buffers every peer's messages land in, one
+//     event-driven CQ polled by a progress goroutine, buffer pools, and
+//     its peers. Config.Device and Config.Token (at least 16 bytes, the
+//     same at both ends) are required; zero values elsewhere take the
+//     defaults Config lists.
+//   - Peer (Endpoint.Dial, or Endpoint.Listen then Accept): the
+//     connection to one remote endpoint, a TCP control connection and
+//     Config.Lanes RC QPs carrying any number of streams. Peer.ID is the
+//     remote endpoint's incarnation: a restarted peer has a new one.
+//   - Stream (Peer.Stream(id)): a logical channel to a peer; messages of
+//     one stream arrive in order. Send copies, SendBuffer hands over a
+//     Buffer from Endpoint.Alloc without a copy; Recv returns a *Msg.
+//   - RPC: Endpoint.Handle (or HandleInline, for a quick handler run on
+//     the goroutine polling the CQ) serves a stream id for every peer;
+//     Peer.Call sends a request and waits for the response.
+//   - Msg: a received message whose Data is the buffer it landed in (no
+//     copy). Release it when done: until then the buffer, and the credit
+//     it stands for, is not returned to the peer.
+//   - Conn, through Endpoint.DialConn and Endpoint.Listener: a stream as a
+//     net.Conn, for net/http, net/rpc or gRPC (package bx/bxgrpc).
+//
+// # Lifecycle
+//
+//	e, err := bx.New(bx.Config{Device: "rxe0", Token: token})
+//	...
+//	defer e.Close()                     // disconnects every peer, releases the device
+//	e.Handle(1, handler)                // a call to a stream with no handler fails (*RemoteError)
+//	addr, err := e.Listen("10.0.0.1:0") // the control plane
+//	p, err := e.Dial(ctx, peerAddr)
+//	m, err := p.Call(ctx, 1, req)
+//	...
+//	m.Release()
+//
+// Peer.Close disconnects one peer; Stream.Close closes one stream, and the
+// peer learns it (its Recv returns io.EOF once it read what was sent
+// before). A Buffer passed to SendBuffer belongs to bx whatever the
+// result; one never sent is given back with Free. Endpoint.Close makes
+// calls in flight fail with ErrClosed.
+//
+// # Concurrency
+//
+// An endpoint serves all its peers at once, and a Peer is meant to be
+// called from many goroutines: concurrent Calls on one Peer are the
+// ordinary use (package ps and internal/cmd/chaosload do it). Blocking handlers
+// run on a bounded pool of goroutines (Config.Workers); inline ones on
+// the goroutine polling the CQ, so they must not block. A send that must
+// wait for flow control (a credit from the peer, room in the send window)
+// blocks, bounded by its context.
+//
+// # Errors
+//
+// Sentinels for errors.Is: ErrClosed (this endpoint, peer or stream was
+// closed), ErrPeerGone (the peer was unreachable for Config.PeerTimeout,
+// or is gone for good: Peer.Done is closed and Peer.Err says why),
+// ErrRecovering (wrapped with a context's error when the peer was being
+// recovered), ErrTooLarge, ErrProtocol, ErrAuth, ErrTLS, ErrConnRefused
+// and ErrStreamClosed. A handler's error reaches the caller as a
+// *RemoteError (IsRemote). When a peer's QPs fail, bx rebuilds them over
+// the control connection and resends what the peer had not acknowledged;
+// the receiver drops what it already had, so nothing is delivered twice,
+// and calls in flight wait, bounded by their contexts (recovery.go).
+//
+// # Observing it
+//
+// Endpoint.Snapshot (counters, peers, RPC latency per stream class, pools),
+// Endpoint.Stats and DumpState (every endpoint's flow-control state, for a
+// stall); package metrics exports snapshots to Prometheus.
+//
+// README.md describes bx in its package table; docs/reliability.md has
+// its fault scenarios and invariants, memory windows and the control
+// plane; docs/mw.md the memory windows that open rendezvous targets;
+// docs/perf.md its figures; docs/observability.md its metrics.
+package bx
