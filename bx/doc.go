@@ -25,6 +25,11 @@
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
 //     it stands for, is not returned to the peer.
+//   - Payloads over Config.EagerSize go by rendezvous: the sender RDMA
+//     writes them straight into a buffer of the receiver, which a memory
+//     window opens to that one peer for that one transfer (grant.go);
+//     Config.SharedTargets gives that isolation up for speed among
+//     trusted peers.
 //   - Conn, through Endpoint.DialConn and Endpoint.Listener: a stream as a
 //     net.Conn, for net/http, net/rpc or gRPC (package bx/bxgrpc).
 //
