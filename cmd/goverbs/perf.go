@@ -118,6 +118,7 @@ type perfOptions struct {
 	server   string // the host to connect to; "" for the server
 	cpuFreqF bool
 	dontXchg bool
+	rdmaCM   bool
 
 	set map[string]bool // flags given on the command line, by long name
 
@@ -165,6 +166,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfOptions) {
 	intFlag(&o.outReads, "o", "outs", 0, "outstanding reads/atomics (default device max)")
 	strFlag(&o.atomic, "A", "atomic_type", "FETCH_AND_ADD", "atomic `type`: CMP_AND_SWAP or FETCH_AND_ADD")
 	boolFlag(&o.noPeak, "N", "noPeak", "do not compute the peak bandwidth")
+	boolFlag(&o.rdmaCM, "R", "rdma_cm", "connect the QPs with rdma_cm and run the exchange over it (perftest's -R)")
 	boolFlag(&o.cpuFreqF, "F", "CPU-freq", "accepted for perftest compatibility; goverbs does not count cycles")
 	fs.BoolVar(&o.dontXchg, "dont_xchg_versions", false, "do not exchange versions, page sizes and MTU with the peer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with the results instead of the report")
@@ -400,7 +402,7 @@ func runPerf(args []string, stdout, stderr io.Writer) error {
 	long := map[string]string{"d": "ib-dev", "i": "ib-port", "x": "gid-index", "s": "size", "n": "iters",
 		"a": "all", "l": "post_list", "q": "qp", "e": "events", "p": "port", "c": "connection", "m": "mtu",
 		"t": "tx-depth", "r": "rx-depth", "Q": "cq-mod", "I": "inline_size", "o": "outs", "A": "atomic_type",
-		"N": "noPeak", "F": "CPU-freq"}
+		"N": "noPeak", "F": "CPU-freq", "R": "rdma_cm"}
 	fs.Visit(func(f *flag.Flag) {
 		if l, ok := long[f.Name]; ok {
 			o.set[l] = true
