@@ -110,7 +110,13 @@ func goverbs(t *testing.T, idle time.Duration, args ...string) result {
 // end gets idle, scaled, in all.
 func runCmd(t *testing.T, idle time.Duration, bin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, wd := hang.Watch(context.Background(), filepath.Base(bin)+" "+strings.Join(args, " "), idle)
+	return runCmdCtx(t, context.Background(), idle, bin, env, args...)
+}
+
+// runCmdCtx is runCmd that also kills bin when parent ends.
+func runCmdCtx(t *testing.T, parent context.Context, idle time.Duration, bin string, env []string, args ...string) result {
+	t.Helper()
+	ctx, wd := hang.Watch(parent, filepath.Base(bin)+" "+strings.Join(args, " "), idle)
 	defer wd.Stop()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)

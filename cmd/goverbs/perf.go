@@ -12,8 +12,9 @@ import (
 // goverbs perf: perftest's latency and bandwidth tests (ib_send_lat,
 // ib_write_lat, ib_read_lat, ib_atomic_lat, ib_send_bw, ib_write_bw,
 // ib_read_bw, ib_atomic_bw) on the goverbs API, with perftest's flags,
-// defaults, measurement conventions and report format. The TCP exchange is
-// perftest's own (perf_xchg.go), so either side may be perftest's ib_TEST.
+// defaults, measurement conventions and report format. The exchange is
+// perftest's own, over TCP (perf_xchg.go) or with -R over rdma_cm
+// (perf_cm.go), so either side may be perftest's ib_TEST.
 //
 // What is measured, as in perftest 4.5 (src/perftest_resources.c):
 //
@@ -118,6 +119,7 @@ type perfOptions struct {
 	server   string // the host to connect to; "" for the server
 	cpuFreqF bool
 	dontXchg bool
+	rdmaCM   bool
 
 	set map[string]bool // flags given on the command line, by long name
 
@@ -165,6 +167,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfOptions) {
 	intFlag(&o.outReads, "o", "outs", 0, "outstanding reads/atomics (default device max)")
 	strFlag(&o.atomic, "A", "atomic_type", "FETCH_AND_ADD", "atomic `type`: CMP_AND_SWAP or FETCH_AND_ADD")
 	boolFlag(&o.noPeak, "N", "noPeak", "do not compute the peak bandwidth")
+	boolFlag(&o.rdmaCM, "R", "rdma_cm", "connect the QPs with rdma_cm and run the exchange over it (perftest's -R)")
 	boolFlag(&o.cpuFreqF, "F", "CPU-freq", "accepted for perftest compatibility; goverbs does not count cycles")
 	fs.BoolVar(&o.dontXchg, "dont_xchg_versions", false, "do not exchange versions, page sizes and MTU with the peer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with the results instead of the report")
@@ -179,10 +182,11 @@ const perfUsage = `Usage:
 
 TEST is send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw,
 read_bw or atomic_bw: perftest's ib_TEST, with its flags, defaults and
-report. The TCP exchange is perftest's (its default, without rdma_cm):
+report. The exchange is perftest's, over TCP or with -R over rdma_cm:
 either side may be perftest's ib_TEST or goverbs perf. The exchange does
 not carry -s, -n or -c: both sides must be given the same; a latency test
-whose peer disagrees fails after 10 s without progress.
+whose peer disagrees fails after 10 s without progress, and so does a step
+of the exchange that hears nothing from the peer.
 bx_lat, tcp_lat, bx_bw and tcp_bw compare ByteExpress calls with the same
 framing over kernel TCP (goverbs perf bx_lat --help).
 
@@ -211,6 +215,9 @@ Options:
   -o, --outs=<n>            outstanding reads/atomics (default device max)
   -A, --atomic_type=<type>  CMP_AND_SWAP or FETCH_AND_ADD (default)
   -N, --noPeak              skip the peak bandwidth
+  -R, --rdma_cm             connect the QPs with rdma_cm and run the exchange
+                            over an rdma_cm connection (perftest's -R; both
+                            sides must give it; rdma_cm picks the device)
   -F, --CPU-freq            accepted and ignored (perftest compatibility)
       --dont_xchg_versions  skip the exchange of versions, page sizes and MTU
                             (perftest 4.5-0.17 itself then refuses the peer)
@@ -400,7 +407,7 @@ func runPerf(args []string, stdout, stderr io.Writer) error {
 	long := map[string]string{"d": "ib-dev", "i": "ib-port", "x": "gid-index", "s": "size", "n": "iters",
 		"a": "all", "l": "post_list", "q": "qp", "e": "events", "p": "port", "c": "connection", "m": "mtu",
 		"t": "tx-depth", "r": "rx-depth", "Q": "cq-mod", "I": "inline_size", "o": "outs", "A": "atomic_type",
-		"N": "noPeak", "F": "CPU-freq"}
+		"N": "noPeak", "F": "CPU-freq", "R": "rdma_cm"}
 	fs.Visit(func(f *flag.Flag) {
 		if l, ok := long[f.Name]; ok {
 			o.set[l] = true

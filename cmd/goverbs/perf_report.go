@@ -266,7 +266,12 @@ func (r *perfRun) printHeader(my, rem []perfQPInfo) {
 		fmt.Fprintf(w, " Atomic type     : %s\n", o.atomic)
 	}
 	fmt.Fprintf(w, " Use events      : %s\n", onOff(o.events))
-	fmt.Fprintf(w, " Data ex. method : Ethernet\n")
+	if o.rdmaCM {
+		fmt.Fprintf(w, " rdma_cm QPs     : ON\n")
+		fmt.Fprintf(w, " Data ex. method : rdma_cm\n")
+	} else {
+		fmt.Fprintf(w, " Data ex. method : Ethernet\n")
+	}
 	fmt.Fprint(w, perfLine)
 	for i := range my {
 		printAddr(w, "local", my[i], o.kind.verb != verbSend)

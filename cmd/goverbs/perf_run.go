@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -33,6 +34,9 @@ type perfQP struct {
 	psn  uint32
 	ah   *uverbs.AH
 	rem  perfQPInfo
+	// remQKey is the Q_Key of the peer's UD QP: perftest's 0x11111111, or
+	// with -R the one rdma_cm gave it.
+	remQKey uint32
 
 	// Built once, reused by every post: the hot loops allocate nothing.
 	sges []qp.SGE
@@ -68,6 +72,10 @@ type perfRun struct {
 	base       time.Time
 	tposted    []int64
 	tcompleted []int64
+
+	// -R: the event channel and the test's rdma_cm IDs, which own the QPs.
+	cmch  *cm.Channel
+	cmIDs []*cm.ID
 }
 
 // now is the monotonic time in ns since base: time.Since reads the
@@ -75,6 +83,10 @@ type perfRun struct {
 func (r *perfRun) now() int64 { return int64(time.Since(r.base)) }
 
 func (r *perfRun) close() {
+	if r.cmch != nil {
+		r.cmClose()
+		r.cmch.Close()
+	}
 	if r.ctx != nil {
 		r.ctx.Close() // destroys AHs, QPs, CQs, MRs and the PD, newest first
 	}
@@ -90,7 +102,7 @@ func (r *perfRun) close() {
 var perfUnknownVendors = map[uint32]string{0xffffff: "rxe", 0x626d74: "siw"}
 
 // setup opens the device and builds CQs, QPs and buffers; QPs end in INIT
-// (RC) or RTS (UD).
+// (RC) or RTS (UD). With -R the QPs are left to cmConnect.
 func (r *perfRun) setup(stderr io.Writer) error {
 	o := r.o
 	name := o.dev
@@ -220,7 +232,7 @@ func (r *perfRun) setup(stderr io.Writer) error {
 	}
 	access := mr.LocalWrite | mr.RemoteWrite | mr.RemoteRead | mr.RemoteAtomic
 	for i := 0; i < nq; i++ {
-		q := &perfQP{idx: i, half: half, psn: rand.Uint32() & 0xffffff}
+		q := &perfQP{idx: i, half: half, psn: rand.Uint32() & 0xffffff, remQKey: perfQKey}
 		r.qps = append(r.qps, q)
 		if q.mem, err = mr.Alloc(2 * half); err != nil {
 			return fmt.Errorf("couldn't allocate %d bytes: %v", 2*half, err)
@@ -229,17 +241,19 @@ func (r *perfRun) setup(stderr io.Writer) error {
 		if q.mr, err = mr.Register(r.pd, q.buf, access); err != nil {
 			return fmt.Errorf("couldn't register MR: %v", err)
 		}
-		cfg := qp.Config{Type: typ, SendCQ: r.sendCQ, RecvCQ: r.recvCQ, MaxSendWR: uint32(o.txDepth),
-			MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: uint32(r.inline)}
-		if q.qp, err = qp.Create(r.pd, cfg); err != nil {
-			return fmt.Errorf("couldn't create QP: %v", err)
-		}
-		if typ == qp.UD {
-			if err := q.qp.ToRTS(qp.UDOptions{Port: uint8(o.ibPort), QKey: perfQKey, PSN: q.psn}); err != nil {
-				return fmt.Errorf("couldn't bring the UD QP to RTS: %v", err)
+		// With -R, cmConnect makes the QPs on their rdma_cm IDs.
+		if !o.rdmaCM {
+			if q.qp, err = qp.Create(r.pd, r.qpConfig()); err != nil {
+				return fmt.Errorf("couldn't create QP: %v", err)
 			}
-		} else if err := q.qp.Init(uint8(o.ibPort), access); err != nil {
-			return fmt.Errorf("failed to modify QP to INIT: %v", err)
+			if typ == qp.UD {
+				err = q.qp.ToRTS(qp.UDOptions{Port: uint8(o.ibPort), QKey: perfQKey, PSN: q.psn})
+			} else {
+				err = q.qp.Init(uint8(o.ibPort), access)
+			}
+			if err != nil {
+				return fmt.Errorf("couldn't bring the QP to %s: %v", map[bool]string{true: "RTS", false: "INIT"}[typ == qp.UD], err)
+			}
 		}
 		// Receives land in the second half (behind the GRH room on UD).
 		rs, err := q.mr.SGE(half, half)
@@ -270,12 +284,34 @@ func (r *perfRun) myInfo() []perfQPInfo {
 	return out
 }
 
+// qpConfig is the test QPs' configuration.
+func (r *perfRun) qpConfig() qp.Config {
+	o := r.o
+	typ := qp.RC
+	if o.conn == "UD" {
+		typ = qp.UD
+	}
+	return qp.Config{Type: typ, SendCQ: r.sendCQ, RecvCQ: r.recvCQ, MaxSendWR: uint32(o.txDepth),
+		MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: uint32(r.inline)}
+}
+
 // connect brings each QP to RTS towards its peer (RC), or makes the
-// address handle (UD).
+// address handle (UD). With -R rdma_cm did both (cmConnect): the peer's
+// addresses only give where RDMA goes.
 func (r *perfRun) connect(rem []perfQPInfo) error {
 	o := r.o
 	if len(rem) != len(r.qps) {
 		return fmt.Errorf("the peer has %d QPs, we have %d", len(rem), len(r.qps))
+	}
+	if o.rdmaCM {
+		for i, q := range r.qps {
+			qpn := q.rem.QPN
+			q.rem = rem[i]
+			if o.conn == "UD" {
+				q.rem.QPN = qpn // from rdma_cm, as perftest's cma_master
+			}
+		}
+		return nil
 	}
 	for i, q := range r.qps {
 		q.rem = rem[i]
@@ -320,7 +356,7 @@ func (r *perfRun) prepare(size int) error {
 			case verbSend:
 				wr.Opcode = qp.OpSend
 				if q.ah != nil {
-					wr.AH, wr.RemoteQPN, wr.RemoteQKey = q.ah.Provider(), q.rem.QPN, perfQKey
+					wr.AH, wr.RemoteQPN, wr.RemoteQKey = q.ah.Provider(), q.rem.QPN, q.remQKey
 				}
 			case verbWrite:
 				wr.Opcode, wr.RemoteAddr, wr.RKey = qp.OpRDMAWrite, q.rem.Addr, q.rem.RKey
@@ -657,29 +693,55 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		r.info = stderr
 	}
 	defer r.close()
-	if err := r.setup(stderr); err != nil {
-		return err
+	waiting := func() {
+		if !r.client {
+			fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		}
 	}
 
-	var c net.Conn
-	if r.client {
-		pc, err := perfDial(o.server, o.port)
+	var link ptLink
+	if o.rdmaCM {
+		// The exchange's connection first: rdma_cm picks the device.
+		waiting()
+		l, err := r.perfCMExchange(stderr)
 		if err != nil {
 			return err
 		}
-		c = pc.c
+		link = l
+		if err := r.setup(stderr); err != nil {
+			l.Close()
+			return err
+		}
 	} else {
-		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
-		pc, err := perfListen(o.port)
-		if err != nil {
+		if err := r.setup(stderr); err != nil {
 			return err
 		}
-		c = pc.c
+		var c net.Conn
+		if r.client {
+			pc, err := perfDial(o.server, o.port)
+			if err != nil {
+				return err
+			}
+			c = pc.c
+		} else {
+			waiting()
+			pc, err := perfListen(o.port)
+			if err != nil {
+				return err
+			}
+			c = pc.c
+		}
+		link = &ptTCP{c: c}
 	}
-	p := &ptConn{c: c, client: r.client, gid: r.port.LinkLayer == 2 || o.gidx >= 0}
+	p := &ptConn{l: link, client: r.client, gid: r.port.LinkLayer == 2 || o.gidx >= 0, rdma: o.rdmaCM, gidx: r.gid.Index}
 	defer p.Close()
 	if err := r.perftestPrelude(p, stderr); err != nil {
 		return err
+	}
+	if o.rdmaCM {
+		if err := r.cmConnect(p); err != nil {
+			return err
+		}
 	}
 
 	my := r.myInfo()
@@ -728,6 +790,8 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 	// server none.
 	active := r.client || sendTest || (!k.bw && k.verb == verbWrite)
 	if !active {
+		// The next step waits for the client's whole measurement.
+		p.bound = r.measureBound()
 		if k.bw {
 			if err := h1(); err != nil {
 				return err
@@ -823,6 +887,21 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		}
 	}
 	return r.finish(&rep, stdout)
+}
+
+// measureBound is how long a passive side's exchange waits for the peer's
+// measurement: perfStall, plus the measurement of every size at a floor of
+// 1 ms per message and 1 MB/s (the guest's rxe, under TCG, does 20-40 us
+// and about 30 MB/s), so that a peer gone silent is found out, late but
+// surely.
+func (r *perfRun) measureBound() time.Duration {
+	o := r.o
+	msgs := float64(o.iters) * float64(o.qps)
+	d := perfStall
+	for _, size := range o.sizes {
+		d += time.Duration(msgs * (float64(time.Millisecond) + float64(size)*float64(time.Second)/1e6))
+	}
+	return d
 }
 
 func (r *perfRun) finish(rep *perfReport, stdout io.Writer) error {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/goverbs/goverbs/uverbs"
@@ -57,45 +58,103 @@ const (
 
 // perfStall is how long a latency loop waits without any progress before
 // it decides that the peer is not running the same test (another size or
-// iteration count) and fails rather than spins for ever.
+// iteration count) and fails rather than spins for ever. One step of the
+// exchange waits as long for the peer (see ptConn.bound).
 const perfStall = 10 * time.Second
 
-type ptConn struct {
-	c      net.Conn
-	client bool
-	gid    bool // keys carry the GID
+// errPtStall and errPtClosed are what a link returns when the peer said
+// nothing within the bound, or went away.
+var (
+	errPtStall  = errors.New("nothing from the peer")
+	errPtClosed = errors.New("the peer closed the connection")
+)
+
+// ptLink carries perftest's exchange: a TCP connection (ptTCP), or with -R
+// SENDs on an RC QP connected by rdma_cm (ptRDMA, perf_cm.go). Each call
+// gives up after bound with errPtStall.
+type ptLink interface {
+	write(b []byte, bound time.Duration) error
+	read(b []byte, bound time.Duration) error
+	Close() error
 }
 
-func (p *ptConn) Close() error { return p.c.Close() }
+// ptTCP is the exchange over TCP, perftest's default.
+type ptTCP struct{ c net.Conn }
 
-// xchg sends mine and returns the peer's n bytes, in perftest's order.
+func (t *ptTCP) Close() error { return t.c.Close() }
+
+func (t *ptTCP) write(b []byte, bound time.Duration) error {
+	t.c.SetWriteDeadline(time.Now().Add(bound))
+	_, err := t.c.Write(b)
+	return tcpErr(err)
+}
+
+func (t *ptTCP) read(b []byte, bound time.Duration) error {
+	t.c.SetReadDeadline(time.Now().Add(bound))
+	_, err := io.ReadFull(t.c, b)
+	return tcpErr(err)
+}
+
+func tcpErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return errPtStall
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+		return errPtClosed
+	}
+	return err
+}
+
+type ptConn struct {
+	l      ptLink
+	client bool
+	gid    bool // text keys carry the GID (TCP)
+	rdma   bool // -R: keys are perftest's struct pingpong_dest, binary
+	gidx   int  // our GID index, in the binary keys
+
+	// bound is how long one step waits for the peer: perfStall while both
+	// sides go in step, longer around a step that waits for the peer's
+	// measurement (perfRun.measureBound). 0 is perfStall.
+	bound time.Duration
+}
+
+func (p *ptConn) Close() error { return p.l.Close() }
+
+// xchg sends mine and returns the peer's n bytes, in perftest's order: the
+// client writes first, the server reads first.
 func (p *ptConn) xchg(what string, mine []byte, n int) ([]byte, error) {
 	rem := make([]byte, n)
-	write := func() error {
-		if _, err := p.c.Write(mine); err != nil {
-			return fmt.Errorf("exchange with the peer (%s): %v", what, err)
-		}
-		return nil
+	bound := p.bound
+	if bound <= 0 {
+		bound = perfStall
 	}
-	read := func() error {
-		if _, err := io.ReadFull(p.c, rem); err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("exchange with the peer (%s): the peer closed the connection (did it fail, or does it run another test?)", what)
-			}
-			return fmt.Errorf("exchange with the peer (%s): %v", what, err)
+	fail := func(err error) error {
+		switch {
+		case errors.Is(err, errPtStall):
+			return fmt.Errorf("exchange with the peer (%s): nothing from the peer for %v (is it goverbs perf or perftest's ib_TEST, running the same test, with -R on both sides or neither?)", what, bound)
+		case errors.Is(err, errPtClosed):
+			return fmt.Errorf("exchange with the peer (%s): the peer closed the connection (did it fail, or does it run another test?)", what)
 		}
-		return nil
+		return fmt.Errorf("exchange with the peer (%s): %v", what, err)
 	}
 	if p.client {
-		if err := write(); err != nil {
-			return nil, err
+		if err := p.l.write(mine, bound); err != nil {
+			return nil, fail(err)
 		}
-		return rem, read()
+		if err := p.l.read(rem, bound); err != nil {
+			return nil, fail(err)
+		}
+		return rem, nil
 	}
-	if err := read(); err != nil {
-		return nil, err
+	if err := p.l.read(rem, bound); err != nil {
+		return nil, fail(err)
 	}
-	return rem, write()
+	if err := p.l.write(mine, bound); err != nil {
+		return nil, fail(err)
+	}
+	return rem, nil
 }
 
 // cstring is b up to its first NUL.
@@ -228,6 +287,13 @@ func parseKeys(b []byte, gid bool) (perfQPInfo, error) {
 
 // handshake is ctx_hand_shake: our keys for one QP for the peer's.
 func (p *ptConn) handshake(my perfQPInfo, outReads int) (perfQPInfo, error) {
+	if p.rdma {
+		rem, err := p.xchg("handshake", formatKeysCM(my, outReads, p.gidx), perftestKeysCM)
+		if err != nil {
+			return perfQPInfo{}, err
+		}
+		return parseKeysCM(rem), nil
+	}
 	n := perftestKeysNoGID
 	if p.gid {
 		n = perftestKeysGID
@@ -239,18 +305,21 @@ func (p *ptConn) handshake(my perfQPInfo, outReads int) (perfQPInfo, error) {
 	return parseKeys(rem, p.gid)
 }
 
-// closeConn is ctx_close_connection: a last handshake, then "done". We
-// also take the peer's "done" if it comes soon, so that closing with
-// unread data does not reset the connection under it.
+// closeConn is ctx_close_connection: a last handshake, then (over TCP)
+// "done". We also take the peer's "done" if it comes soon, so that closing
+// with unread data does not reset the connection under it.
 func (p *ptConn) closeConn(my perfQPInfo, outReads int) error {
 	if _, err := p.handshake(my, outReads); err != nil {
 		return err
 	}
-	if _, err := p.c.Write([]byte("done\x00")); err != nil {
+	t, ok := p.l.(*ptTCP)
+	if !ok {
+		return nil // rdma_cm: the handshake is all
+	}
+	if err := t.write([]byte("done\x00"), time.Second); err != nil {
 		return fmt.Errorf("exchange with the peer (done): %v", err)
 	}
-	p.c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	io.ReadFull(p.c, make([]byte, 5))
+	t.read(make([]byte, 5), 2*time.Second)
 	return nil
 }
 
