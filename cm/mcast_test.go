@@ -290,3 +290,64 @@ func TestMulticastBadInput(t *testing.T) {
 		t.Errorf("%d IDs on the channel, want 2", n)
 	}
 }
+
+// TestMulticastSendOnly: a send-only member (rxe0) makes no IGMP
+// membership and its QP is not attached, yet its datagrams reach a full
+// member (rxe1); rxe0 gets no copy of them.
+func TestMulticastSendOnly(t *testing.T) {
+	needCM(t)
+	checkCMIDs(t)
+	ctx := testCtx(t)
+	ch := openChannel(t)
+	group := netip.MustParseAddr("239.1.7.3")
+	recv := newID(t, ch, cm.UDP)
+	if err := recv.Bind(netip.AddrPortFrom(addr1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	r := newEnd(t, recv)
+	if err := r.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{must(r.mr.SGE(0, 512))}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recv.JoinMulticast(ctx, group, cm.JoinOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	send := newID(t, ch, cm.UDP)
+	if err := send.Bind(netip.AddrPortFrom(addr0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	s := newEnd(t, send)
+	if err := s.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{must(s.mr.SGE(0, 512))}}}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := send.JoinMulticast(ctx, group, cm.JoinOptions{SendOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.SendOnly || igmpMember(t, "v0", group) {
+		t.Errorf("send-only join: SendOnly %v, v0 IGMP member %v", m.SendOnly, igmpMember(t, "v0", group))
+	}
+	ah, err := s.pd.CreateAH(m.AH)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah.Close()
+	msg := "send-only datagram"
+	copy(s.mem.Bytes()[4096:], msg)
+	if err := s.qp.PostSend([]qp.SendWR{{ID: 2, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{must(s.mr.SGE(4096, len(msg)))},
+		AH: ah.Provider(), RemoteQPN: m.QPN, RemoteQKey: m.QKey}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := s.poll(t); wc.Err() != nil || wc.ID != 2 {
+		t.Fatalf("send completion %+v (%v)", wc, wc.Err())
+	}
+	wc := r.poll(t)
+	if got := string(r.mem.Bytes()[qp.GRHSize : qp.GRHSize+len(msg)]); wc.Err() != nil || got != msg {
+		t.Fatalf("rxe1 received %+v %q", wc, got)
+	}
+	if s.pollFor(t, 300*time.Millisecond) {
+		t.Errorf("the send-only member received a datagram: %+v", s.wc[0])
+	}
+	if err := send.LeaveMulticast(group); err != nil {
+		t.Fatal(err)
+	}
+}
