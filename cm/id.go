@@ -397,7 +397,8 @@ func (id *ID) Close() error {
 	id.mu.Unlock()
 
 	var errs []error
-	// Leave the groups first, while the QP can still be detached.
+	// Leave the groups first: the kernel refuses to destroy a QP that is
+	// still attached to a group (EBUSY).
 	for i := len(mcs) - 1; i >= 0; i-- {
 		if err := id.leave(mcs[i]); err != nil {
 			errs = append(errs, fmt.Errorf("cm: close: %w", err))

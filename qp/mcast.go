@@ -16,8 +16,9 @@ func (q *QP) AttachMcast(gid net.IP, mlid uint16) error {
 	return q.mcast(ioctl.IB_USER_VERBS_CMD_ATTACH_MCAST, "ATTACH_MCAST", "attach to", gid, mlid)
 }
 
-// DetachMcast undoes AttachMcast (DETACH_MCAST). Destroying the QP
-// detaches it from every group as well.
+// DetachMcast undoes AttachMcast (DETACH_MCAST). The kernel refuses to
+// destroy a QP that is still attached to a group (Close fails with EBUSY):
+// detach it first (cm's LeaveMulticast and ID.Close do).
 func (q *QP) DetachMcast(gid net.IP, mlid uint16) error {
 	return q.mcast(ioctl.IB_USER_VERBS_CMD_DETACH_MCAST, "DETACH_MCAST", "detach from", gid, mlid)
 }
