@@ -30,7 +30,8 @@ type Channel struct {
 	mu      sync.Mutex
 	closed  bool
 	nextUID uint64
-	ids     map[uint64]*ID // by uid, the key the kernel reports events with
+	ids     map[uint64]*ID        // by uid, the key the kernel reports events with
+	mcs     map[uint64]*Multicast // multicast joins, by their own uid
 	readErr error
 	done    chan struct{} // closed when the reader ends
 }
@@ -50,7 +51,7 @@ func Open() (*Channel, error) {
 		f.Close()
 		return nil, fmt.Errorf("cm: open %s: %w", DevicePath, err)
 	}
-	ch := &Channel{file: f, rc: rc, ids: map[uint64]*ID{}, done: make(chan struct{})}
+	ch := &Channel{file: f, rc: rc, ids: map[uint64]*ID{}, mcs: map[uint64]*Multicast{}, done: make(chan struct{})}
 	go ch.read()
 	return ch, nil
 }
@@ -185,11 +186,30 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 	p := (*ioctl.UcmConnParam)(unsafe.Pointer(&resp.Param[0]))
 	ch.mu.Lock()
 	owner := ch.ids[resp.Uid]
+	var mc *Multicast
+	if ev.Type == MulticastJoin || ev.Type == MulticastError {
+		// A multicast event carries the uid its join gave, not the ID's.
+		owner = nil
+		if mc = ch.mcs[resp.Uid]; mc != nil {
+			owner = mc.id
+			ev.Multicast = mc
+		}
+	}
 	var ud bool
 	if owner != nil {
 		ud = owner.ps == UDP
 	}
-	if !ud && ev.Type != MulticastJoin && ev.Type != MulticastError {
+	switch {
+	case mc != nil:
+		if ev.Type == MulticastJoin {
+			u := (*ioctl.UcmUDParam)(unsafe.Pointer(&resp.Param[0]))
+			ev.QPN, ev.QKey = u.Qp_num, u.Qkey
+			ah := udAH(&u.Ah_attr)
+			ev.AH = &ah
+			// Only the reader writes these, before the event is queued.
+			mc.AH, mc.QPN, mc.QKey, mc.MLID = ah, u.Qp_num, u.Qkey, u.Ah_attr.Dlid
+		}
+	case !ud:
 		n := int(p.Private_data_len)
 		if n > len(p.Private_data) {
 			n = len(p.Private_data)
@@ -200,7 +220,7 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 		ev.QPN, ev.QKey = p.Qp_num, p.Qkey
 		ev.ResponderResources, ev.InitiatorDepth = p.Responder_resources, p.Initiator_depth
 		ev.RetryCount, ev.RNRRetryCount, ev.SRQ = p.Retry_count, p.Rnr_retry_count, p.Srq != 0
-	} else if ud {
+	default:
 		u := (*ioctl.UcmUDParam)(unsafe.Pointer(&resp.Param[0]))
 		n := min(int(u.Private_data_len), len(u.Private_data))
 		if n > 0 {
@@ -208,11 +228,8 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 		}
 		ev.QPN, ev.QKey = u.Qp_num, u.Qkey
 		if ev.Type == Established {
-			a := &u.Ah_attr
-			ev.AH = &uverbs.AHAttr{
-				Port: a.Port_num, DGID: append(net.IP(nil), a.Grh.Dgid[:]...), SGIDIndex: a.Grh.Sgid_index, UseSGID: a.Is_global != 0,
-				HopLimit: a.Grh.Hop_limit, TrafficClass: a.Grh.Traffic_class, FlowLabel: a.Grh.Flow_label, DLID: a.Dlid, SL: a.Sl,
-			}
+			ah := udAH(&u.Ah_attr)
+			ev.AH = &ah
 		}
 	}
 	if ev.Type == ConnectRequest {
@@ -230,6 +247,14 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 		return // an ID destroyed since; the kernel dropped the rest
 	}
 	owner.push(ev)
+}
+
+// udAH converts the kernel's struct ib_uverbs_ah_attr of a UD event.
+func udAH(a *ioctl.AHAttr) uverbs.AHAttr {
+	return uverbs.AHAttr{
+		Port: a.Port_num, DGID: append(net.IP(nil), a.Grh.Dgid[:]...), SGIDIndex: a.Grh.Sgid_index, UseSGID: a.Is_global != 0,
+		HopLimit: a.Grh.Hop_limit, TrafficClass: a.Grh.Traffic_class, FlowLabel: a.Grh.Flow_label, DLID: a.Dlid, SL: a.Sl,
+	}
 }
 
 func (ch *Channel) destroyHandle(h uint32) {

@@ -72,6 +72,10 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 	id.qp = q
 	id.devAttr = pd.Context().Attr()
 	id.mu.Unlock()
+	// Groups joined before the QP existed take it now.
+	if err := id.attachJoined(); err != nil {
+		return q, fmt.Errorf("cm: create QP: %w", err)
+	}
 	return q, nil
 }
 

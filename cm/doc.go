@@ -22,6 +22,12 @@
 // GetRequest; each request is a new ID (the event's ID) that the user
 // accepts (after CreateQP) or rejects, and closes.
 //
+// On a UDP ID bound to a device address (or with a resolved address),
+// JoinMulticast joins a multicast group and attaches the ID's QP to it
+// (now, or when CreateQP makes the QP); the returned Multicast holds the
+// group's address handle attributes, QPN (MulticastQPN) and Q_Key to send
+// to it. LeaveMulticast leaves; Close leaves every group first.
+//
 // Every step that waits for the kernel takes a context; a failure is an
 // *EventError naming the step and the event (address error, route error,
 // unreachable, rejected with its reason and private data, disconnected),

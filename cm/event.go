@@ -68,9 +68,12 @@ type Event struct {
 	RetryCount         uint8
 	RNRRetryCount      uint8
 	SRQ                bool
-	// AH is where a UD peer is (a UDP ID's ESTABLISHED): give it to
-	// uverbs.PD.CreateAH and send to QPN with QKey.
+	// AH is where a UD peer is (a UDP ID's ESTABLISHED, or the group of a
+	// MULTICAST_JOIN): give it to uverbs.PD.CreateAH and send to QPN with
+	// QKey.
 	AH *uverbs.AHAttr
+	// Multicast is the group of a MULTICAST_JOIN or MULTICAST_ERROR.
+	Multicast *Multicast
 }
 
 func (e Event) String() string {
@@ -149,6 +152,8 @@ func (e *EventError) Error() string {
 		cause = "peer unreachable"
 	case ConnectError:
 		cause = "connection error"
+	case MulticastError:
+		cause = "multicast error"
 	}
 	if ev.Status < 0 {
 		return fmt.Sprintf("cm: %s: %s: %v", e.Op, cause, unix.Errno(-ev.Status))
@@ -174,6 +179,8 @@ func (e *EventError) Is(target error) bool {
 		return target == ErrDisconnected
 	case ConnectError:
 		return target == ErrConnect
+	case MulticastError:
+		return target == ErrMulticast
 	}
 	return false
 }

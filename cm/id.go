@@ -67,6 +67,7 @@ type ID struct {
 	closed  bool
 	qp      *qp.QP
 	devAttr uverbs.DeviceAttr
+	mcs     []*Multicast // joined or joining
 }
 
 // CreateID makes an ID in port space ps.
@@ -258,7 +259,7 @@ func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPor
 		return fmt.Errorf("cm: resolve address: destination %v: %w", dst, err)
 	}
 	c.Dst_size = n
-	if dst.Port() == 0 {
+	if dst.Port() == 0 && !dst.Addr().IsMulticast() {
 		return fmt.Errorf("cm: resolve address: destination %v has port 0", dst)
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -389,13 +390,23 @@ func (id *ID) Close() error {
 	}
 	id.closed = true
 	q := id.qp
-	id.qp = nil
+	mcs := append([]*Multicast(nil), id.mcs...)
 	pending := id.queue
 	id.queue = nil
 	close(id.done)
 	id.mu.Unlock()
 
 	var errs []error
+	// Leave the groups first: the kernel refuses to destroy a QP that is
+	// still attached to a group (EBUSY).
+	for i := len(mcs) - 1; i >= 0; i-- {
+		if err := id.leave(mcs[i]); err != nil {
+			errs = append(errs, fmt.Errorf("cm: close: %w", err))
+		}
+	}
+	id.mu.Lock()
+	id.qp = nil
+	id.mu.Unlock()
 	if q != nil {
 		if err := q.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("cm: close: QP: %w", err))

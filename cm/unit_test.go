@@ -57,6 +57,7 @@ func TestEventError(t *testing.T) {
 		{Event{Type: RouteError, Status: -int32(unix.ETIMEDOUT)}, []error{ErrRoute}, nil, "route error"},
 		{Event{Type: Unreachable, Status: -int32(unix.ETIMEDOUT)}, []error{ErrUnreachable}, nil, "peer unreachable"},
 		{Event{Type: Disconnected}, []error{ErrDisconnected}, nil, "peer disconnected"},
+		{Event{Type: MulticastError, Status: -int32(unix.ENETUNREACH)}, []error{ErrMulticast, unix.ENETUNREACH}, []error{ErrConnect}, "multicast error: network is unreachable"},
 	} {
 		err := error(&EventError{Op: "connect", Event: c.ev})
 		if !strings.Contains(err.Error(), c.text) {

@@ -521,6 +521,8 @@ const (
 	SizeofCompEventDesc                            = 0x8
 	SizeofGIDEntry                                 = 0x20
 	SizeofQPCap                                    = 0x14
+	SizeofAttachMcast                              = 0x18
+	SizeofDetachMcast                              = 0x18
 	SizeofRxeSendWr                                = 0x90
 	SizeofRxeWrRDMA                                = 0x10
 	SizeofRxeWrAtomic                              = 0x20
@@ -565,6 +567,7 @@ const (
 	SizeofUcmInitQPAttr                            = 0x10
 	SizeofUcmNotify                                = 0x8
 	SizeofUcmJoinMcast                             = 0x98
+	SizeofUcmJoinIPMcast                           = 0x30
 	SizeofUcmGetEvent                              = 0x8
 	SizeofUcmEventResp                             = 0x150
 	SizeofUcmSetOption                             = 0x18
@@ -1019,6 +1022,18 @@ type QPCap struct {
 	Recv_sge    uint32
 	Inline_data uint32
 }
+type AttachMcast struct {
+	Gid      [16]uint8
+	Handle   uint32
+	Mlid     uint16
+	Reserved uint16
+}
+type DetachMcast struct {
+	Gid      [16]uint8
+	Handle   uint32
+	Mlid     uint16
+	Reserved uint16
+}
 type RxeSendWr struct {
 	Wr_id      uint64
 	Reserved   uint32
@@ -1309,6 +1324,12 @@ type UcmJoinMcast struct {
 	Addr_size  uint16
 	Join_flags uint16
 	Addr       SockaddrStorage
+}
+type UcmJoinIPMcast struct {
+	Response uint64
+	Uid      uint64
+	Addr     SockaddrIn6
+	Id       uint32
 }
 type UcmGetEvent struct {
 	Response uint64

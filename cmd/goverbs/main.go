@@ -60,6 +60,8 @@ func init() {
 		{"vm", "run a command as root in throw-away qemu guests with rxe devices (docs/vm.md)", runVM},
 		{"rping", "RDMA ping over rdma_cm (RDMA READ and WRITE), wire compatible with rdma-core's rping", runRping},
 		{"udaddy", "UD datagrams over rdma_cm (SIDR), wire compatible with rdma-core's udaddy", runUdaddy},
+		{"ucmatose", "RC SENDs both ways over rdma_cm, wire compatible with rdma-core's ucmatose (cmatose)", runUcmatose},
+		{"mckey", "UD multicast over rdma_cm (join, send, leave), wire compatible with rdma-core's mckey", runMckey},
 		{"perf", "perftest-like latency and bandwidth tests (send_lat, write_lat, read_bw, ...)", runPerf},
 		{"ps", "parameter server over ByteExpress (rdma) or TCP: serve, bench, report", runPS},
 		{"top", "live view of uverbs commands, doorbells, rxe QPs and retransmits (eBPF probes)", runTop},

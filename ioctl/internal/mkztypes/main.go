@@ -109,6 +109,8 @@ var types = [][2]string{
 	{"CompEventDesc", "struct ib_uverbs_comp_event_desc"},
 	{"GIDEntry", "struct ib_uverbs_gid_entry"},
 	{"QPCap", "struct ib_uverbs_qp_cap"},
+	{"AttachMcast", "struct ib_uverbs_attach_mcast"},
+	{"DetachMcast", "struct ib_uverbs_detach_mcast"},
 
 	// rxe (Soft-RoCE) provider ABI
 	{"RxeSendWr", "struct rxe_send_wr"},
@@ -157,6 +159,7 @@ var types = [][2]string{
 	{"UcmInitQPAttr", "struct rdma_ucm_init_qp_attr"},
 	{"UcmNotify", "struct rdma_ucm_notify"},
 	{"UcmJoinMcast", "struct rdma_ucm_join_mcast"},
+	{"UcmJoinIPMcast", "struct rdma_ucm_join_ip_mcast"},
 	{"UcmGetEvent", "struct rdma_ucm_get_event"},
 	{"UcmEventResp", "struct rdma_ucm_event_resp"},
 	{"UcmSetOption", "struct rdma_ucm_set_option"},
