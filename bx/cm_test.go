@@ -18,6 +18,7 @@ import (
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/qp"
 )
 
 // Lanes set up through rdma_cm (Config.LaneSetup CM).
@@ -97,6 +98,23 @@ func cmCalls(t *testing.T, mod func(*bx.Config)) {
 	base := checkCMIDs(t)
 	srv, _, p, sp := pair(t, mod)
 	wantCMIDs(t, base, p.LaneCountForTest())
+	// The connection manager moved the QPs with the parameters bx asked
+	// for: retry count 6 (7 would retry forever on rxe), ACK timeout 14
+	// (the kernel's is 19 on rxe).
+	for i := range p.LaneCountForTest() {
+		for _, peer := range []*bx.Peer{p, sp} {
+			a, err := peer.LaneAttrForTest(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.State != qp.RTS || a.RetryCnt != 6 || a.MaxRdAtomic != 1 || a.Timeout != 14 {
+				t.Errorf("lane %d: QP in %v, retry count %d, RDMA reads in flight %d, ACK timeout %d; want RTS, 6, 1, 14", i, a.State, a.RetryCnt, a.MaxRdAtomic, a.Timeout)
+			}
+			if i == 0 && peer == p {
+				t.Logf("lane QP: ACK timeout %d (4.096 us << %d), retry %d, RNR retry %d, path MTU %v", a.Timeout, a.Timeout, a.RetryCnt, a.RNRRetry, a.PathMTU)
+			}
+		}
+	}
 	srv.Handle(7, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		// The response differs from the request, so an echo of the wrong
 		// buffer shows.

@@ -225,10 +225,11 @@ func (e *Endpoint) serveCM(ln *cm.ID) {
 	for {
 		ev, err := ln.GetRequest(e.stopCh)
 		if err != nil {
-			if errors.Is(err, cm.ErrClosed) || e.stopCh.Err() != nil {
-				return
+			var ee *cm.EventError
+			if errors.As(err, &ee) && e.stopCh.Err() == nil {
+				continue // an error event of the listener's: it keeps listening
 			}
-			continue // an error event of the listener's: it keeps listening
+			return // closed, stopped, or the channel failed
 		}
 		id, d := ev.ID, ev.PrivateData
 		var key [16]byte
@@ -392,10 +393,11 @@ func (l *lane) install(id *cm.ID, q *qp.QP) {
 
 // cmConnParam is what both sides of a lane's connection ask for: no RDMA
 // READ (bx never reads; 1 is the least the connection manager takes), the
-// retry count of lanes set up by exchange (6: 7 would retry forever on
-// rxe).
+// retry count and ACK timeout of lanes set up by exchange (6: 7 would
+// retry forever on rxe; 14, 67 ms, where the kernel's for the route is 19,
+// 2.1 s, so a peer's dead QP would be noticed only after about 15 s).
 func cmConnParam(data []byte) cm.ConnParam {
-	return cm.ConnParam{PrivateData: data, ResponderResources: 1, InitiatorDepth: 1, RetryCount: 6}
+	return cm.ConnParam{PrivateData: data, ResponderResources: 1, InitiatorDepth: 1, RetryCount: 6, ACKTimeout: 14}
 }
 
 // connectCM connects the lanes of epoch through rdma_cm: the dialer
