@@ -24,14 +24,19 @@ import (
 func TestMain(m *testing.M) {
 	if spec := os.Getenv("GOVERBS_BX_CHILD"); spec != "" {
 		dev, addr, _ := strings.Cut(spec, ",")
-		os.Exit(childServer(dev, addr))
+		addr, mode, _ := strings.Cut(addr, ",") // mode "cm": Config.LaneSetup CM
+		os.Exit(childServer(dev, addr, mode == "cm"))
 	}
 	hang.OnDump(bx.DumpState) // a hang's report shows credits and windows
 	os.Exit(m.Run())
 }
 
-func childServer(dev, addr string) int {
-	e, err := bx.New(bx.Config{Device: dev, Token: token})
+func childServer(dev, addr string, cm bool) int {
+	cfg := bx.Config{Device: dev, Token: token}
+	if cm {
+		cfg.LaneSetup = bx.LaneSetupCM
+	}
+	e, err := bx.New(cfg)
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1

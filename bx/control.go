@@ -30,6 +30,10 @@ const (
 	ctlBye     = 7 // close; body: the reason, if not an orderly Close (maxReason bytes at most)
 	ctlFail    = 8 // the other side refuses (no reason is given before authentication)
 	ctlPing    = 9 // liveness
+	// acceptor, rdma_cm lanes (Config.LaneSetup): its new lanes of a
+	// recovery epoch are accepted and its windows bound; a setup naming
+	// the epoch
+	ctlLanesUp = 10
 )
 
 const (
@@ -78,6 +82,8 @@ type setup struct {
 	// Grants are, in recovery, the new windows of transfers still waiting
 	// for their FIN (grant.go).
 	Grants []regrant
+	// CM is set when the lanes are set up through rdma_cm (cmlane.go).
+	CM *cmSetup
 }
 
 func writeCtl(c net.Conn, typ uint8, body []byte, deadline time.Duration) error {
@@ -140,7 +146,7 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 			return m, fmt.Errorf("bx: auth ok of %d bytes", len(body))
 		}
 		m.MAC = body
-	case ctlSetup, ctlRecover, ctlRecAck:
+	case ctlSetup, ctlRecover, ctlRecAck, ctlLanesUp:
 		s, err := decodeSetup(body)
 		if err != nil {
 			return m, err
@@ -188,6 +194,9 @@ func (s *setup) encode() []byte {
 		binary.LittleEndian.PutUint64(b[o+8:], l.Next)
 		binary.LittleEndian.PutUint64(b[o+16:], l.Acked)
 	}
+	if s.CM != nil {
+		b = append(b, s.CM.encode()...)
+	}
 	return b
 }
 
@@ -215,6 +224,13 @@ func decodeSetup(b []byte) (setup, error) {
 	ng := int(binary.LittleEndian.Uint16(b[g:]))
 	if ng > maxGrants {
 		return s, fmt.Errorf("bx: setup with %d windows of transfers in progress, more than %d", ng, maxGrants)
+	}
+	if end := g + 2 + ng*regrantSize; len(b) == end+cmSetupSize {
+		c, err := decodeCMSetup(b[end:])
+		if err != nil {
+			return s, err
+		}
+		s.CM, b = c, b[:end]
 	}
 	if len(b) != g+2+ng*regrantSize {
 		return s, fmt.Errorf("bx: setup of %d bytes for %d lanes and %d windows", len(b), n, ng)

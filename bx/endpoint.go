@@ -101,6 +101,18 @@ type Config struct {
 	// (default 64); requests beyond them queue. HandleInline handlers run
 	// on the progress goroutine instead.
 	Workers int
+	// LaneSetup is how the lanes' RC QPs are connected; both ends must
+	// choose the same. LaneSetupExchange (the default): QP numbers cross
+	// the control connection and each side moves its QPs to RTS.
+	// LaneSetupCM: each lane is an rdma_cm connection (package cm) from
+	// the dialer to a listener the accepting endpoint opens, on its
+	// device's IP address, with Listen; the connect request carries a key
+	// the acceptor sent over the authenticated control connection, and a
+	// request without it is rejected. The control plane (authentication,
+	// TLS, credits, recovery) is the same either way; recovery connects
+	// new lanes through rdma_cm. It needs the rdma_ucm module and an
+	// IP-based GID (RoCE v2); docs/cm.md.
+	LaneSetup LaneSetup
 }
 
 func (c *Config) defaults() error {
@@ -157,6 +169,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: EagerSize %d outside 64..1 MiB-header", c.EagerSize)
 	case c.Workers < 1:
 		return fmt.Errorf("bx: Workers %d", c.Workers)
+	case c.LaneSetup > LaneSetupCM:
+		return fmt.Errorf("bx: unknown %v", c.LaneSetup)
 	case c.MaxMessage < c.EagerSize:
 		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
 	}
@@ -177,6 +191,7 @@ type Endpoint struct {
 	grants grantPool     // the targets' own regions and the windows (grant.go)
 	rndv   *mr.Allocator // LocalWrite: rendezvous sources
 
+	lcm     *endpointCM                // Config.LaneSetup CM (cmlane.go)
 	ctsHook atomic.Pointer[func(*cts)] // tests: forge the CTS we send, as it is posted
 	finHook atomic.Pointer[func(cts)]  // tests: run before each FIN we send, on a goroutine of its own
 	srq     *qp.SRQ
@@ -253,6 +268,9 @@ type Stats struct {
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64
+	// CMRejected counts rdma_cm connect requests refused (Config.LaneSetup
+	// CM): no key of a peer being set up, a stale epoch, a replay.
+	CMRejected atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -269,6 +287,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
 	var err error
 	fail := func(err error) (*Endpoint, error) {
+		e.closeCM()
 		if e.ctx != nil {
 			e.ctx.Close()
 		}
@@ -282,6 +301,11 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	if e.gid, err = e.ctx.DefaultGID(int(cfg.Port)); err != nil {
 		return fail(err)
+	}
+	if cfg.LaneSetup == LaneSetupCM {
+		if err := e.openCM(); err != nil {
+			return fail(err)
+		}
 	}
 	// Every peer's credits are receive buffers on one SRQ: refuse what
 	// the device cannot post before sizing anything by it.
@@ -420,6 +444,11 @@ func (e *Endpoint) Close() error {
 	e.srqMu.Unlock()
 	// The peers are shut down: no window serves a transfer any more.
 	gerr := e.closeGrants()
+	// The listener and any lane's ID a peer left (with its QP) go before
+	// the device.
+	if cerr := e.closeCM(); gerr == nil {
+		gerr = cerr
+	}
 	// Context.Close destroys QPs, the SRQ, CQ and MRs in reverse order.
 	err := e.ctx.Close()
 	if err == nil {

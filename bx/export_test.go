@@ -15,6 +15,9 @@ func (p *Peer) BreakLanesForTest() error {
 		l.mu.Lock()
 		q := l.qp
 		l.mu.Unlock()
+		if q == nil {
+			return fmt.Errorf("lane %d has no QP (rdma_cm lanes, recovering)", l.idx)
+		}
 		if err := q.ToError(); err != nil {
 			return err
 		}

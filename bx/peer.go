@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/flow"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -53,6 +54,7 @@ type Peer struct {
 	recAck    chan setup
 	recDone   chan struct{}
 	askCh     chan struct{} // dialer: the acceptor asked for another recovery round
+	lcm       *peerCM       // Config.LaneSetup CM (cmlane.go)
 }
 
 const (
@@ -80,7 +82,8 @@ type lane struct {
 	fence   *mr.MW
 	fenceQP *qp.QP
 
-	live bool // under mu: the QP is connected and resends are done; else sends only queue
+	live bool   // under mu: the QP is connected and resends are done; else sends only queue
+	cm   *cm.ID // under mu, Config.LaneSetup CM: the lane's rdma_cm ID, which owns qp (nil qp before it connects)
 
 	rmu       sync.Mutex          // receive side, touched by the progress goroutine and Release
 	rqpn      uint32              // the QP whose receives count; older ones' are dropped
@@ -162,6 +165,11 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 	if err := e.checkServerTLS(); err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
 	}
+	if e.lcm != nil {
+		if err := e.listenCM(); err != nil {
+			return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
+		}
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
@@ -225,19 +233,22 @@ func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
 func (e *Endpoint) newLanes(p *Peer) error {
 	p.lanes = make([]*lane, e.cfg.Lanes)
 	for i := range p.lanes {
+		p.lanes[i] = &lane{peer: p, idx: i, nextSeq: 1,
+			win: e.win.NewChild(flow.Limits{Msgs: e.cfg.LaneMsgs, Bytes: e.cfg.LaneBytes})}
+		if e.lcm != nil {
+			continue // its QP comes with its rdma_cm connection
+		}
 		q, err := newLaneQP(e)
 		if err != nil {
 			return err
 		}
-		p.lanes[i] = &lane{peer: p, idx: i, qp: q, nextSeq: 1, rqpn: q.QPN(),
-			win: e.win.NewChild(flow.Limits{Msgs: e.cfg.LaneMsgs, Bytes: e.cfg.LaneBytes})}
+		p.lanes[i].qp, p.lanes[i].rqpn = q, q.QPN()
 	}
 	return nil
 }
 
 func newLaneQP(e *Endpoint) (*qp.QP, error) {
-	return qp.Create(e.pd, qp.Config{SendCQ: e.cq, RecvCQ: e.cq, SRQ: e.srq,
-		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: HeaderSize})
+	return qp.Create(e.pd, laneQPConfig(e))
 }
 
 // laneSendWR is a lane's send queue depth: its window of messages, a CTS
@@ -255,7 +266,7 @@ func (p *Peer) localSetup(epoch uint32) setup {
 		acked := l.delivered
 		next := acked + uint64(len(l.pending)) + 1
 		l.rmu.Unlock()
-		s.Lanes = append(s.Lanes, laneInfo{QPN: l.qp.QPN(), PSN: rand.Uint32() & 0xffffff, Next: next, Acked: acked})
+		s.Lanes = append(s.Lanes, laneInfo{QPN: l.qpn(), PSN: rand.Uint32() & 0xffffff, Next: next, Acked: acked})
 	}
 	return s
 }
@@ -264,17 +275,25 @@ func (p *Peer) connectLanes(local, remote setup) error {
 	if len(remote.Lanes) != len(p.lanes) {
 		return fmt.Errorf("%w: peer has %d lanes, we have %d", ErrProtocol, len(remote.Lanes), len(p.lanes))
 	}
+	if p.e.lcm != nil {
+		if err := p.connectCM(local.Epoch); err != nil {
+			return err
+		}
+	}
 	for i, l := range p.lanes {
 		r := remote.Lanes[i]
-		err := l.qp.Connect(qp.Remote{QPN: r.QPN, PSN: r.PSN, GID: remote.GID[:]},
-			// Peers may WRITE into our rendezvous targets and nothing
-			// else: the QP allows remote writes, only the target pool is
-			// registered for them.
-			qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, Access: mr.RemoteWrite,
-				// 7 would retry forever on rxe: a lane whose peer QP went
-				// to ERR must end in an error completion, which starts
-				// recovery.
-				RetryCnt: 6})
+		var err error
+		if p.e.lcm == nil {
+			err = l.qp.Connect(qp.Remote{QPN: r.QPN, PSN: r.PSN, GID: remote.GID[:]},
+				// Peers may WRITE into our rendezvous targets and nothing
+				// else: the QP allows remote writes, only the target pool is
+				// registered for them.
+				qp.ConnectOptions{Port: p.e.cfg.Port, PSN: local.Lanes[i].PSN, Access: mr.RemoteWrite,
+					// 7 would retry forever on rxe: a lane whose peer QP went
+					// to ERR must end in an error completion, which starts
+					// recovery.
+					RetryCnt: 6})
+		}
 		if err != nil {
 			return err
 		}
@@ -317,7 +336,14 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		p.destroyLanes()
 		return nil, err
 	}
+	if e.lcm != nil && !dialer {
+		if err := p.cmAwait(); err != nil {
+			p.destroyLanes()
+			return nil, err
+		}
+	}
 	local := p.localSetup(0)
+	local.CM = p.localCM()
 	var remote setup
 	if dialer {
 		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
@@ -326,7 +352,9 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		}
 	}
 	m, err := readCtl(c, d)
-	if err == nil && m.Type != ctlSetup {
+	if err == nil && m.Type == ctlBye {
+		err = fmt.Errorf("%w: the peer refused our setup: %s", ErrProtocol, m.Reason)
+	} else if err == nil && m.Type != ctlSetup {
 		err = fmt.Errorf("%w: expected setup, got control message %d", ErrProtocol, m.Type)
 	}
 	if err != nil {
@@ -334,6 +362,11 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		return nil, err
 	}
 	remote = m.Setup
+	if err := p.checkCM(remote); err != nil {
+		p.destroyLanes()
+		writeCtl(c, ctlBye, byeReason(err), d)
+		return nil, err
+	}
 	if remote.Grant < flow.MinGrant || remote.Grant > 1<<20 {
 		p.destroyLanes()
 		return nil, fmt.Errorf("%w: grant %d", ErrProtocol, remote.Grant)
@@ -349,9 +382,19 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	// message on an unrouted QP would be lost.
 	e.mu.Lock()
 	for _, l := range p.lanes {
-		e.byQPN[l.qp.QPN()] = l
+		if l.qp != nil {
+			e.byQPN[l.qp.QPN()] = l
+		}
 	}
 	e.mu.Unlock()
+	// Through rdma_cm the dialer connects the lanes: it needs our setup
+	// (the listener and the key) first.
+	if !dialer && e.lcm != nil {
+		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
+			p.destroyLanes()
+			return nil, err
+		}
+	}
 	if err := p.connectLanes(local, remote); err != nil {
 		p.destroyLanes()
 		return nil, err
@@ -361,7 +404,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		l.live = true
 		l.mu.Unlock()
 	}
-	if !dialer {
+	if !dialer && e.lcm == nil {
 		if err := writeCtl(c, ctlSetup, local.encode(), d); err != nil {
 			p.destroyLanes()
 			return nil, err
@@ -389,15 +432,16 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 }
 
 func (p *Peer) destroyLanes() {
+	p.cmForget()
 	for _, l := range p.lanes {
 		if l != nil {
 			l.mu.Lock()
 			p.e.closeFence(l)
-			l.mu.Unlock()
 			p.e.mu.Lock()
-			delete(p.e.byQPN, l.qp.QPN())
+			delete(p.e.byQPN, l.qpn())
 			p.e.mu.Unlock()
-			l.qp.Close()
+			l.closeQP()
+			l.mu.Unlock()
 		}
 	}
 }
@@ -447,6 +491,8 @@ func (p *Peer) control() {
 			case p.recAck <- m.Setup:
 			default:
 			}
+		case ctlLanesUp:
+			p.lanesUp(m.Setup.Epoch)
 		case ctlPing:
 		}
 	}

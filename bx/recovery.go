@@ -130,6 +130,11 @@ func (p *Peer) dialerRound(deadline time.Time) error {
 	if err := p.writeCtl(ctlPing, nil); err != nil {
 		return err
 	}
+	if p.lcm != nil {
+		if err := p.awaitLanesUp(local.Epoch, deadline); err != nil {
+			return err
+		}
+	}
 	if err := p.finishResend(remote); err != nil {
 		return &retryError{err}
 	}
@@ -226,6 +231,15 @@ func (p *Peer) acceptRound(remote setup) (*setup, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Through rdma_cm the dialer connects the new lanes once it has our
+	// answer; it resends once we confirm them (ctlLanesUp).
+	cmLanes := p.lcm != nil
+	if cmLanes {
+		p.cmExpect(local.Epoch)
+		if err := p.writeCtl(ctlRecAck, local.encode()); err != nil {
+			return nil, err
+		}
+	}
 	err = p.finishConnect(local, remote)
 	if err == nil {
 		// Our new windows are bound before the dialer may resend a WRITE
@@ -233,12 +247,18 @@ func (p *Peer) acceptRound(remote setup) (*setup, error) {
 		err = p.bindPrepared()
 	}
 	if err != nil {
-		if werr := p.writeCtl(ctlRecAck, local.encode()); werr != nil {
-			return nil, werr
+		if !cmLanes {
+			if werr := p.writeCtl(ctlRecAck, local.encode()); werr != nil {
+				return nil, werr
+			}
 		}
 		return nil, &retryError{err}
 	}
-	if err := p.writeCtl(ctlRecAck, local.encode()); err != nil {
+	done := uint8(ctlRecAck)
+	if cmLanes {
+		done = ctlLanesUp
+	}
+	if err := p.writeCtl(done, local.encode()); err != nil {
 		return nil, err
 	}
 	// The dialer connects its new lanes, then says so: only then can our
@@ -264,13 +284,21 @@ func (p *Peer) rebuild() error {
 	e := p.e
 	for _, l := range p.lanes {
 		l.mu.Lock()
-		old := l.qp
 		e.mu.Lock()
-		delete(e.byQPN, old.QPN())
+		delete(e.byQPN, l.qpn())
 		e.mu.Unlock()
 		p.unbindLane(l)
 		p.e.closeFence(l)
-		old.Close()
+		l.closeQP()
+		if e.lcm != nil {
+			// Its new QP comes with its new rdma_cm connection.
+			l.qp, l.live = nil, false
+			l.rmu.Lock()
+			l.rqpn = 0
+			l.rmu.Unlock()
+			l.mu.Unlock()
+			continue
+		}
 		q, err := newLaneQP(e)
 		if err != nil {
 			l.mu.Unlock()

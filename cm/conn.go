@@ -106,11 +106,20 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 }
 
 func (id *ID) modifyFromKernel(q *qp.QP, state qp.State) error {
+	return id.modifyFromKernelAck(q, state, 0)
+}
+
+// modifyFromKernelAck is modifyFromKernel with the local ACK timeout
+// replaced by ack (0: the kernel's) when moving to RTS.
+func (id *ID) modifyFromKernelAck(q *qp.QP, state qp.State, ack uint8) error {
 	a, mask, err := id.InitQPAttr(state)
 	if err != nil {
 		return err
 	}
 	a.State = state
+	if ack != 0 && state == qp.RTS && mask&qp.MaskTimeout != 0 {
+		a.Timeout = ack
+	}
 	if err := q.Modify(&a, mask); err != nil {
 		return fmt.Errorf("modify to %v with the kernel's attributes (mask %#x): %w", state, uint32(mask), err)
 	}
@@ -119,9 +128,9 @@ func (id *ID) modifyFromKernel(q *qp.QP, state qp.State) error {
 
 // toRTS moves the QP through INIT (again: the kernel's values may have
 // changed since CreateQP), RTR and RTS, as librdmacm does.
-func (id *ID) toRTS(q *qp.QP) error {
+func (id *ID) toRTS(q *qp.QP, ack uint8) error {
 	for _, s := range []qp.State{qp.Init, qp.RTR, qp.RTS} {
-		if err := id.modifyFromKernel(q, s); err != nil {
+		if err := id.modifyFromKernelAck(q, s, ack); err != nil {
 			return err
 		}
 	}
@@ -139,6 +148,10 @@ type ConnParam struct {
 	// RetryCount and RNRRetryCount (0..7); 0 means 7, librdmacm's default.
 	RetryCount    uint8
 	RNRRetryCount uint8
+	// ACKTimeout, when not 0, is the QP's local ACK timeout (4.096 us <<
+	// ACKTimeout) instead of the one the kernel derives from the route
+	// (19, about 2.1 s, on rxe), as librdmacm's RDMA_OPTION_ID_ACK_TIMEOUT.
+	ACKTimeout uint8
 	// QPN is used when the ID has no QP of its own (the caller moves its
 	// QP with InitQPAttr); ignored otherwise.
 	QPN uint32
@@ -222,7 +235,7 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 	q := id.qp
 	id.mu.Unlock()
 	if q != nil {
-		if err := id.toRTS(q); err != nil {
+		if err := id.toRTS(q, p.ACKTimeout); err != nil {
 			q.ToError()
 			id.Reject(nil, 0)
 			return ev, fmt.Errorf("cm: connect: %w", err)
@@ -262,7 +275,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 	q := id.qp
 	id.mu.Unlock()
 	if q != nil && id.ps == TCP {
-		if err := id.toRTS(q); err != nil {
+		if err := id.toRTS(q, p.ACKTimeout); err != nil {
 			return Event{}, fmt.Errorf("cm: accept: %w", err)
 		}
 	}
