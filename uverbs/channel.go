@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -40,7 +41,62 @@ type CompChannel struct {
 	// Next's: the ctx it was last given and how to stop watching it.
 	nctx  context.Context
 	nstop func() bool
-	nbuf  [ioctl.SizeofCompEventDesc]byte
+	next  *eventReader
+}
+
+// eventReader reads a channel's events with a raw read(2) and parks in the
+// netpoller when there is none (syscall.RawConn.Read). os.File.Read would
+// enter the system call through the runtime's entersyscall, and the first
+// one after the process went idle wakes sysmon from its deep sleep: a futex
+// wake on the critical path of every wake-up, then sysmon polling every
+// 20 us on the other CPU, which keeps that CPU busy so the scheduler stacks
+// the peer's wake-up on ours (docs/perf.md, "Twelfth session"). The
+// descriptor is non-blocking, so the read never blocks and needs no
+// entersyscall. Built once per reader, it allocates nothing per event.
+type eventReader struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) bool
+	buf [ioctl.SizeofCompEventDesc]byte
+	n   uintptr
+	e   syscall.Errno
+}
+
+func newEventReader(f *os.File) (*eventReader, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &eventReader{rc: rc}
+	r.fn = func(fd uintptr) bool {
+		for {
+			n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&r.buf[0])), uintptr(len(r.buf)))
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false // park until readable, then call again
+			}
+			r.n, r.e = n, e
+			return true
+		}
+	}
+	return r, nil
+}
+
+// read returns the length of the event read into r.buf, io.EOF at end of
+// file, or the error of the read or of the wait (a deadline, a close).
+func (r *eventReader) read() (int, error) {
+	r.n, r.e = 0, 0
+	if err := r.rc.Read(r.fn); err != nil {
+		return 0, err
+	}
+	switch {
+	case r.e != 0:
+		return 0, r.e
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	return int(r.n), nil
 }
 
 // CreateCompChannel creates a completion channel.
@@ -64,7 +120,12 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("uverbs: %s: completion channel: %w", c.info.Name, err)
 	}
-	ch := &CompChannel{ctx: c, file: f, fd: fd, waiters: map[uint64]chan struct{}{}, done: make(chan struct{})}
+	r, err := newEventReader(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("uverbs: %s: completion channel: %w", c.info.Name, err)
+	}
+	ch := &CompChannel{ctx: c, file: f, fd: fd, waiters: map[uint64]chan struct{}{}, done: make(chan struct{}), next: r}
 	if err := c.Track(ch); err != nil {
 		f.Close()
 		return nil, err
@@ -163,11 +224,11 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 		ch.mu.Unlock()
 	}
 	for {
-		n, err := ch.file.Read(ch.nbuf[:])
+		n, err := ch.next.read()
 		switch {
-		case err == nil && n == len(ch.nbuf):
+		case err == nil && n == len(ch.next.buf):
 			ch.events.Add(1)
-			return binary.NativeEndian.Uint64(ch.nbuf[:]), nil
+			return binary.NativeEndian.Uint64(ch.next.buf[:]), nil
 		case err == nil:
 			continue // a short read: not an event
 		case errors.Is(err, os.ErrDeadlineExceeded):
@@ -204,9 +265,15 @@ func (ch *CompChannel) Done() <-chan struct{} { return ch.done }
 
 func (ch *CompChannel) read() {
 	defer close(ch.done)
-	var buf [ioctl.SizeofCompEventDesc]byte
+	r, err := newEventReader(ch.file)
+	if err != nil {
+		e := fmt.Errorf("uverbs: completion channel: %w", err)
+		ch.err.Store(&e)
+		return
+	}
+	buf := &r.buf
 	for {
-		n, err := ch.file.Read(buf[:])
+		n, err := r.read()
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) && !errors.Is(err, io.EOF) {
 				e := fmt.Errorf("uverbs: completion channel read: %w", err)

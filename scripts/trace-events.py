@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""scripts/trace-events.py: reduce scripts/trace-events' ftrace output.
+
+  scripts/trace-events.py TRACE:COMM [TRACE:COMM ...]
+
+COMM is the process name (ibv_rc_pingpong, goverbs). A half trip is one
+rxe_post_send of COMM to the next (the two processes alternate); the first
+and last 20 are dropped. Per half trip it prints medians of: doorbell to
+event raised (ib_uverbs_comp_handler), sched_waking of the peer to it
+running, running to its next doorbell; syscalls by kind, context switches,
+wake-ups by source (tasklet = completion event, hardirq = timer, task =
+futex and the like); and, with raw_syscalls traced, the peer's syscall time
+between running and its doorbell. docs/perf.md, "Twelfth session".
+"""
+import collections
+import re
+import statistics as st
+import sys
+
+LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\[(\d+)\]\s+(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)$')
+NR = {0: 'read', 1: 'write', 7: 'poll', 16: 'ioctl', 24: 'sched_yield', 35: 'nanosleep',
+      39: 'getpid', 202: 'futex', 232: 'epoll_wait', 234: 'tgkill', 281: 'epoll_pwait',
+      44: 'sendto', 45: 'recvfrom', 46: 'sendmsg', 47: 'recvmsg', 230: 'clock_nanosleep'}
+
+
+def load(path):
+    ev = []
+    with open(path) as f:
+        for line in f:
+            m = LINE.match(line)
+            if m:
+                comm, tid, cpu, flags, t, name, rest = m.groups()
+                ev.append((float(t) * 1e6, comm, int(tid), int(cpu), flags, name, rest))
+    return ev
+
+
+def q(x):
+    return '%.0f' % st.median(x) if x else '-'
+
+
+def analyze(path, comm):
+    ev = load(path)
+    c15 = comm[:15]
+    mine = lambda e: e[1].startswith(c15)
+    db = [i for i, e in enumerate(ev) if e[5] == 'postsend' and mine(e)][20:-20]
+    ph = collections.defaultdict(list)
+    sysc = collections.Counter()
+    other = collections.Counter()
+    peer = collections.defaultdict(list)
+    halves = 0
+    for a, b in zip(db, db[1:]):
+        halves += 1
+        ph['half trip'].append(ev[b][0] - ev[a][0])
+        for e in ev[a:b]:
+            if e[5] == 'sys_enter' and mine(e):
+                nr = int(e[6].split()[1])
+                sysc[NR.get(nr, str(nr))] += 1
+            elif e[5] == 'sched_switch':
+                other['context switches'] += 1
+            elif e[5] == 'sched_waking':
+                src = 'timer (hardirq)' if 'h' in e[4] else 'completion event (softirq)' if 's' in e[4] else 'task (futex...)'
+                other['wake-ups from ' + src] += 1
+        ci = next((i for i in range(a, b) if ev[i][5] == 'comph'), None)
+        if ci is None:
+            continue
+        wi = next((i for i in range(ci, b) if ev[i][5] == 'sched_waking' and 's' in ev[i][4]
+                   and ('comm=' + c15) in ev[i][6]), None)
+        if wi is None:
+            continue
+        wt = int(re.search(r' pid=(\d+)', ev[wi][6]).group(1))
+        si = next((i for i in range(wi, b + 1) if ev[i][5] == 'sched_switch'
+                   and ('next_pid=%d ' % wt) in ev[i][6]), None)
+        if si is None:
+            continue
+        ph['doorbell -> event raised'].append(ev[ci][0] - ev[a][0])
+        ph['waking -> peer running'].append(ev[si][0] - ev[wi][0])
+        ph['peer running -> its doorbell'].append(ev[b][0] - ev[si][0])
+        tc = int(re.search(r'target_cpu=(\d+)', ev[wi][6]).group(1))
+        other['peer woken on the waker\'s cpu'] += tc == ev[wi][3]
+        acc = collections.Counter()
+        open_ = None
+        for e in ev[si:b + 1]:
+            if e[2] != wt:
+                continue
+            if e[5] == 'sys_enter':
+                open_ = (int(e[6].split()[1]), e[0])
+            elif e[5] == 'sys_exit' and open_:
+                acc[NR.get(open_[0], str(open_[0]))] += e[0] - open_[1]
+                open_ = None
+        for k, v in acc.items():
+            peer[k].append(v)
+    print('== %s (%s): %d half trips' % (path, comm, halves))
+    for k in ('doorbell -> event raised', 'waking -> peer running', 'peer running -> its doorbell', 'half trip'):
+        print('  %-32s median %s us (n=%d)' % (k, q(ph[k]), len(ph[k])))
+    if halves:
+        print('  per half trip: syscalls %.1f (%s)' % (sum(sysc.values()) / halves,
+              ', '.join('%s %.2f' % (k, v / halves) for k, v in sysc.most_common())))
+        print('  per half trip: ' + ', '.join('%s %.2f' % (k, v / halves) for k, v in sorted(other.items())))
+    for k, v in sorted(peer.items()):
+        print('  peer syscall %-12s median %s us, in %d of %d half trips' % (k, q(v), len(v), halves))
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for arg in sys.argv[1:]:
+        path, _, comm = arg.rpartition(':')
+        analyze(path, comm)
