@@ -197,7 +197,7 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 	}
 	var ud bool
 	if owner != nil {
-		ud = owner.ps == UDP
+		ud = owner.ud
 	}
 	switch {
 	case mc != nil:
@@ -239,7 +239,7 @@ func (ch *Channel) dispatch(resp *ioctl.UcmEventResp) {
 			ch.destroyHandle(resp.Id)
 			return
 		}
-		child := ch.newIDLocked(owner.ps, resp.Id)
+		child := ch.newIDLocked(owner.ps, owner.ud, resp.Id)
 		ev.ID = child
 	}
 	ch.mu.Unlock()
@@ -263,9 +263,9 @@ func (ch *Channel) destroyHandle(h uint32) {
 	_ = ch.command(ioctl.RDMA_USER_CM_CMD_DESTROY_ID, unsafe.Pointer(&c), ioctl.SizeofUcmDestroyID, 0, unsafe.Pointer(&r), ioctl.SizeofUcmDestroyIDResp, "DESTROY_ID")
 }
 
-func (ch *Channel) newIDLocked(ps PortSpace, handle uint32) *ID {
+func (ch *Channel) newIDLocked(ps PortSpace, ud bool, handle uint32) *ID {
 	ch.nextUID++
-	id := &ID{ch: ch, uid: ch.nextUID, handle: handle, ps: ps, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	id := &ID{ch: ch, uid: ch.nextUID, handle: handle, ps: ps, ud: ud, notify: make(chan struct{}, 1), done: make(chan struct{})}
 	ch.ids[id.uid] = id
 	return id
 }

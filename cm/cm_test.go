@@ -195,7 +195,7 @@ func newEnd(t *testing.T, id *cm.ID) *end {
 		t.Fatal(err)
 	}
 	want := qp.Init
-	if id.PortSpace() == cm.UDP {
+	if id.QPType() == qp.UD {
 		want = qp.RTS // a UD QP needs nothing of the peer
 	}
 	if e.qp.State() != want {
@@ -225,14 +225,21 @@ func (e *end) poll(t *testing.T) cq.WC {
 // TestConnect connects an RC QP on rxe0 to a listener on rxe1 with private
 // data both ways, sends a message and an RDMA READ over it, disconnects,
 // and checks the cm_id count is back where it was.
+// TestConnect runs an RC connection in the TCP port space and in the IB
+// port space (an ID made for RC QPs).
 func TestConnect(t *testing.T) {
 	needCM(t)
+	t.Run("TCP", func(t *testing.T) { testConnect(t, cm.TCP) })
+	t.Run("IB", func(t *testing.T) { testConnect(t, cm.IB) })
+}
+
+func testConnect(t *testing.T, ps cm.PortSpace) {
 	checkCMIDs(t)
 	ctx := testCtx(t)
 	T := time.Now()
 	t.Cleanup(func() { step(t, T, "cleanup done") })
 	sch, cch := openChannel(t), openChannel(t)
-	lis, err := sch.CreateID(cm.TCP)
+	lis, err := sch.CreateIDType(ps, qp.RC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,9 +256,12 @@ func TestConnect(t *testing.T) {
 		t.Fatalf("rdma resource show cm_id counts %d IDs with a listener open", n)
 	}
 
-	cli, err := cch.CreateID(cm.TCP)
+	cli, err := cch.CreateIDType(ps, qp.RC)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cli.PortSpace() != ps {
+		t.Errorf("PortSpace() = %v, want %v", cli.PortSpace(), ps)
 	}
 	step(t, T, "counted")
 	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
@@ -361,12 +371,23 @@ func TestConnect(t *testing.T) {
 // TestUD: a SIDR exchange on the UDP port space. The client learns the
 // server's QPN, Q_Key and address from ESTABLISHED, makes an AH from it and
 // sends a datagram the server receives behind its 40-byte GRH.
+// TestUD runs a SIDR exchange and datagrams in the UDP port space and in
+// the IB port space (an ID made for UD QPs).
 func TestUD(t *testing.T) {
 	needCM(t)
+	t.Run("UDP", func(t *testing.T) { testUD(t, cm.UDP) })
+	t.Run("IB", func(t *testing.T) { testUD(t, cm.IB) })
+}
+
+func testUD(t *testing.T, ps cm.PortSpace) {
 	checkCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
-	lis := newID(t, ch, cm.UDP)
+	lis, err := ch.CreateIDType(ps, qp.UD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
 	dst := netip.AddrPortFrom(addr1, port())
 	if err := lis.Bind(dst); err != nil {
 		t.Fatal(err)
@@ -374,7 +395,7 @@ func TestUD(t *testing.T) {
 	if err := lis.Listen(2); err != nil {
 		t.Fatal(err)
 	}
-	cli, err := ch.CreateID(cm.UDP)
+	cli, err := ch.CreateIDType(ps, qp.UD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,6 +608,17 @@ func TestBadInput(t *testing.T) {
 	ch := openChannel(t)
 	if _, err := ch.CreateID(cm.PortSpace(7)); err == nil {
 		t.Error("CreateID(7) succeeded")
+	}
+	for _, c := range []struct {
+		ps cm.PortSpace
+		t  qp.Type
+	}{{cm.TCP, qp.UD}, {cm.UDP, qp.RC}, {cm.IB, qp.UC}} {
+		if id, err := ch.CreateIDType(c.ps, c.t); err == nil || !strings.Contains(err.Error(), "not possible") {
+			t.Errorf("CreateIDType(%v, %v) = %v, want an error naming the mismatch", c.ps, c.t, err)
+			if id != nil {
+				id.Close()
+			}
+		}
 	}
 	id := newID(t, ch, cm.TCP)
 	if err := id.Listen(0); err == nil {

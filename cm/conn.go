@@ -35,10 +35,8 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 	} else if name != pd.Context().Name() {
 		return nil, fmt.Errorf("cm: create QP: the PD is on %s, the ID on %s", pd.Context().Name(), name)
 	}
-	switch id.ps {
-	case TCP:
-		cfg.Type = qp.RC
-	case UDP:
+	cfg.Type = qp.RC
+	if id.ud {
 		cfg.Type = qp.UD
 	}
 	q, err := qp.Create(pd, cfg)
@@ -214,7 +212,7 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 		return Event{}, err
 	}
 	max := MaxConnectData
-	if id.ps == UDP {
+	if id.ud {
 		// A SIDR request: the answer is ESTABLISHED with the peer's QPN,
 		// Q_Key and address (Event.AH), or REJECTED / UNREACHABLE.
 		max = MaxUDConnectData
@@ -264,7 +262,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 		return Event{}, err
 	}
 	max := MaxAcceptData
-	if id.ps == UDP {
+	if id.ud {
 		max = MaxUDAcceptData
 	}
 	cp, err := id.connParam(p, "accept", max)
@@ -274,7 +272,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 	id.mu.Lock()
 	q := id.qp
 	id.mu.Unlock()
-	if q != nil && id.ps == TCP {
+	if q != nil && !id.ud {
 		if err := id.toRTS(q, p.ACKTimeout); err != nil {
 			return Event{}, fmt.Errorf("cm: accept: %w", err)
 		}
@@ -286,7 +284,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 		}
 		return Event{}, fmt.Errorf("cm: accept: %w", err)
 	}
-	if id.ps == UDP {
+	if id.ud {
 		return Event{Type: Established}, nil
 	}
 	return id.waitFor(ctx, "accept", Established)

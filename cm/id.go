@@ -20,10 +20,13 @@ import (
 // PortSpace is the rdma_cm port space of an ID (enum rdma_ucm_port_space).
 type PortSpace uint16
 
-// Port spaces: TCP gives RC connections, UDP gives UD (IP-addressed).
+// Port spaces: TCP gives RC connections, UDP gives UD (IP-addressed); IB
+// takes either, chosen when the ID is made (CreateIDType; CreateID(IB)
+// makes an RC ID), as librdmacm's rdma_create_id2 does.
 const (
 	TCP PortSpace = ioctl.RDMA_PS_TCP
 	UDP PortSpace = ioctl.RDMA_PS_UDP
+	IB  PortSpace = ioctl.RDMA_PS_IB
 )
 
 func (p PortSpace) String() string {
@@ -32,6 +35,8 @@ func (p PortSpace) String() string {
 		return "TCP"
 	case UDP:
 		return "UDP"
+	case IB:
+		return "IB"
 	}
 	return fmt.Sprintf("PortSpace(%#x)", uint16(p))
 }
@@ -65,24 +70,40 @@ type ID struct {
 	notify  chan struct{} // one token when queue grew
 	done    chan struct{} // closed by Close
 	closed  bool
+	ud      bool // a UD ID (UDP, or IB made for qp.UD): SIDR, no connection
 	qp      *qp.QP
 	devAttr uverbs.DeviceAttr
 	mcs     []*Multicast // joined or joining
 }
 
-// CreateID makes an ID in port space ps.
+// CreateID makes an ID in port space ps: an RC ID in TCP and IB, a UD ID
+// in UDP.
 func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
-	if ps != TCP && ps != UDP {
-		return nil, fmt.Errorf("cm: create ID: port space %v not supported (TCP or UDP)", ps)
+	t := qp.RC
+	if ps == UDP {
+		t = qp.UD
+	}
+	return ch.CreateIDType(ps, t)
+}
+
+// CreateIDType makes an ID in port space ps for QPs of type t: TCP takes
+// qp.RC, UDP qp.UD, IB either. The type decides how the ID connects (a
+// connection, or a SIDR exchange for UD) and the QP CreateQP makes.
+func (ch *Channel) CreateIDType(ps PortSpace, t qp.Type) (*ID, error) {
+	switch {
+	case ps != TCP && ps != UDP && ps != IB:
+		return nil, fmt.Errorf("cm: create ID: port space %v not supported (TCP, UDP or IB)", ps)
+	case t != qp.RC && t != qp.UD, ps == TCP && t != qp.RC, ps == UDP && t != qp.UD:
+		return nil, fmt.Errorf("cm: create ID: QP type %v not possible in the %v port space (TCP: RC, UDP: UD, IB: RC or UD)", t, ps)
 	}
 	ch.mu.Lock()
 	if ch.closed {
 		ch.mu.Unlock()
 		return nil, ErrClosed
 	}
-	id := ch.newIDLocked(ps, 0)
+	id := ch.newIDLocked(ps, t == qp.UD, 0)
 	ch.mu.Unlock()
-	c := ioctl.UcmCreateID{Uid: id.uid, Ps: uint16(ps)}
+	c := ioctl.UcmCreateID{Uid: id.uid, Ps: uint16(ps), Type: uint8(t)}
 	var r ioctl.UcmCreateIDResp
 	if err := ch.command(ioctl.RDMA_USER_CM_CMD_CREATE_ID, unsafe.Pointer(&c), ioctl.SizeofUcmCreateID,
 		int(unsafe.Offsetof(c.Response)), unsafe.Pointer(&r), ioctl.SizeofUcmCreateIDResp, "CREATE_ID"); err != nil {
@@ -97,6 +118,15 @@ func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
 
 // PortSpace returns the ID's port space.
 func (id *ID) PortSpace() PortSpace { return id.ps }
+
+// QPType returns the type of the QPs the ID connects: qp.UD for a UDP ID
+// and an IB ID made for UD, else qp.RC.
+func (id *ID) QPType() qp.Type {
+	if id.ud {
+		return qp.UD
+	}
+	return qp.RC
+}
 
 // Handle is the kernel's number of the ID.
 func (id *ID) Handle() uint32 { return id.handle }
