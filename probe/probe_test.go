@@ -251,7 +251,7 @@ func pingpongWith(t *testing.T, iters int, port int, args, env []string) (cli, s
 	srv, cli = &side{dev: b}, &side{dev: a}
 	common := append([]string{"rc-pingpong", "-p", p, "-n", n, "-s", "64"}, args...)
 	sc := run(srv, append(slices.Clone(common), "-d", b)...)
-	if !waitListen(port, hang.Scale(30*time.Second)) {
+	if !waitListen(port, hang.Scale(2*time.Minute)) { // a hang bound: a loaded machine starts the server late
 		sc.Wait()
 		t.Fatalf("server never listened: %s", srv.stderr.String())
 	}
