@@ -39,11 +39,23 @@ func allocMW(t testing.TB, s *side, typ mr.MWType) *mr.MW {
 	return w
 }
 
+// newKey is key, or key+1 when key is the low byte of w's current rkey
+// (rxe draws a window's first key at random; a bind refuses the current
+// key, since the old rkey would keep working).
+func newKey(w *mr.MW, key uint8) uint8 {
+	if uint8(w.RKey()) == key {
+		return key + 1
+	}
+	return key
+}
+
 // bind binds w over [off, off+n) of s's buffer with key on s.qp, waits for
-// the BIND_MW completion and returns the new rkey.
+// the BIND_MW completion and returns the new rkey (key's low byte, or the
+// next, see newKey).
 func bind(t testing.TB, s *side, w *mr.MW, off, n int, access mr.Access, key uint8) uint32 {
 	t.Helper()
 	old := w.RKey()
+	key = newKey(w, key)
 	b, err := w.Bind(s.mr, off, n, access, key)
 	if err != nil {
 		t.Fatal(err)
@@ -128,9 +140,10 @@ func TestMWWriteThenLocalInv(t *testing.T) {
 	if w.RKey()>>8 == b.mr.RKey()>>8 {
 		t.Fatalf("window rkey %#x has the index of the MR's rkey %#x", w.RKey(), b.mr.RKey())
 	}
+	before := w.RKey()
 	rkey := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x11)
-	if rkey&0xff != 0x11 {
-		t.Fatalf("bound rkey %#x, want low byte 0x11", rkey)
+	if rkey&0xff != 0x11 && rkey&0xff != 0x12 || rkey == before {
+		t.Fatalf("bound rkey %#x (window's was %#x), want a new rkey with low byte 0x11 (0x12 if 0x11 was current)", rkey, before)
 	}
 	dst := b.mem.Bytes()[mwOff : mwOff+mwLen]
 	// The whole window, start to end.
@@ -182,7 +195,7 @@ func TestMWOutOfRange(t *testing.T) {
 				t.Fatal(err)
 			}
 			w := allocMW(t, b, mr.MWType2)
-			req, err := w.Bind(target, 0, mwLen, mr.RemoteWrite, 0x42)
+			req, err := w.Bind(target, 0, mwLen, mr.RemoteWrite, newKey(w, 0x42))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -349,7 +362,7 @@ func TestMWBindWhileBound(t *testing.T) {
 	_, b := mwPair(t)
 	w := allocMW(t, b, mr.MWType2)
 	bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x1)
-	req, err := w.Bind(b.mr, mwOff, mwLen, mr.RemoteWrite, 0x2)
+	req, err := w.Bind(b.mr, mwOff, mwLen, mr.RemoteWrite, newKey(w, 0x2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +483,7 @@ func TestMWBadInput(t *testing.T) {
 	}
 
 	// Requests the provider refuses before the send queue.
-	good, err := w.Bind(b.mr, mwOff, mwLen, mr.RemoteWrite, 0x9)
+	good, err := w.Bind(b.mr, mwOff, mwLen, mr.RemoteWrite, newKey(w, 0x9))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +567,7 @@ func TestMWClosedWithContext(t *testing.T) {
 	}
 	w1 := allocMW(t, b, mr.MWType2)
 	w2 := allocMW(t, b, mr.MWType1)
-	req, err := w1.Bind(m, 0, 4096, mr.RemoteWrite, 0x3)
+	req, err := w1.Bind(m, 0, 4096, mr.RemoteWrite, newKey(w1, 0x3))
 	if err != nil {
 		t.Fatal(err)
 	}
