@@ -237,6 +237,14 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+	// waitMu is held by whoever waits for the CQ's next event (cq.Wait):
+	// the progress goroutine, or the polling Call once it waits for
+	// events itself (selfWait).
+	waitMu sync.Mutex
+	// selfBound interrupts a Call's event wait after selfWaitStep, so
+	// that it looks at its context and its channel (a shutdown closes
+	// it without an event); one timer, reset per wait.
+	selfBound *time.Timer
 	// liveMsgs counts received Msgs not yet released (queued, with a
 	// handler or with a user); userBufs, Alloc'ed Buffers a user holds.
 	// Close unmaps the pools only when both are zero.
@@ -360,6 +368,8 @@ func New(cfg Config) (*Endpoint, error) {
 	if e.cq, err = cq.CreateWith(e.ctx, cqe, cq.Options{Events: true}); err != nil {
 		return fail(err)
 	}
+	e.selfBound = time.AfterFunc(time.Hour, func() { e.cq.Interrupt() })
+	e.selfBound.Stop()
 	e.win = flow.NewWindow(flow.Limits{Msgs: cfg.EndpointMsgs, Bytes: cfg.EndpointBytes})
 	wrs := make([]qp.RecvWR, 0, 64)
 	sges := make([]qp.SGE, 64)
@@ -434,6 +444,7 @@ func (e *Endpoint) Close() error {
 	e.pollMu.Lock()
 	e.cqGone = true
 	e.pollMu.Unlock()
+	e.selfBound.Stop()
 	liveEndpoints.Add(-1)
 	endpoints.Delete(e)
 	e.win.Close()
@@ -674,7 +685,18 @@ func (e *Endpoint) progress() {
 			return
 		}
 		slept := time.Now()
-		if err := e.cq.Wait(e.stopCh); err != nil {
+		e.waitMu.Lock()
+		if e.callerPolls.Load() {
+			// A Call takes the wait over (selfWait).
+			e.waitMu.Unlock()
+			continue
+		}
+		err = e.cq.Wait(e.stopCh)
+		e.waitMu.Unlock()
+		if errors.Is(err, uverbs.ErrInterrupted) {
+			continue
+		}
+		if err != nil {
 			return
 		}
 		if e.cfg.Spin > 0 {
@@ -742,12 +764,14 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 // pollUntil is pollFor for any waiter: it polls the CQ while done reports
 // false (done takes what the waiter waits for when it is there, and is
 // called again after each poll that completed something), for 10 Spins
-// without a completion at most, and reports whether done did report true.
+// without a completion at most, and reports whether done did report
+// true. On an endpoint that does not poll (Config.Spin negative, or
+// mayPoll false) it waits for the CQ's events itself instead (selfWait).
 // A Stream.Recv polls so for its next message: a net.Conn's reader then
 // gets its data with no hand-off from the progress goroutine, and the
 // progress goroutine, waiting meanwhile, does not spin beside it.
 func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
-	if e.cfg.Spin <= 0 || !e.mayPoll() || !e.callerPolls.CompareAndSwap(false, true) {
+	if !e.callerPolls.CompareAndSwap(false, true) {
 		return false
 	}
 	defer func() {
@@ -757,6 +781,9 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		default:
 		}
 	}()
+	if e.cfg.Spin <= 0 || !e.mayPoll() {
+		return e.selfWait(ctx, done)
+	}
 	var idle time.Time
 	for i := 1; ; i++ {
 		if done() {
@@ -796,6 +823,67 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		}
 		if i%4 == 0 {
 			runtime.Gosched()
+		}
+	}
+}
+
+// Bounds of selfWait: each event wait at most selfWaitStep (then it looks
+// at its context and at done again), all of them at most selfWaitMax
+// (then it leaves the CQ to the progress goroutine, so that a reader
+// idle for long costs no timer wake-ups).
+const (
+	selfWaitStep = 10 * time.Millisecond
+	selfWaitMax  = 200 * time.Millisecond
+)
+
+// selfWait is pollUntil on an endpoint that does not poll (event-driven,
+// or one that may not poll): the waiter, holding
+// callerPolls, waits for the CQ's events itself instead of the progress
+// goroutine, and polls when one comes. So the goroutine the netpoller
+// wakes is the one whose response arrived: no second goroutine to make
+// runnable, and no second thread woken to run it (docs/perf.md, "where
+// an event wake-up's time goes"). It takes the wait from the progress
+// goroutine by interrupting it, completes whatever it polls (other
+// callers' responses, requests) as the progress goroutine would, and
+// reports whether done reported true within selfWaitMax.
+func (e *Endpoint) selfWait(ctx context.Context, done func() bool) bool {
+	e.cq.Interrupt() // the progress goroutine leaves its wait (or skips the next)
+	e.waitMu.Lock()
+	defer e.waitMu.Unlock()
+	start := time.Now()
+	for {
+		if done() {
+			return true
+		}
+		e.pollMu.Lock()
+		if e.cqGone {
+			e.pollMu.Unlock()
+			return false
+		}
+		n, err := e.pollLocked()
+		e.pollMu.Unlock()
+		if err != nil {
+			return false
+		}
+		if n > 0 {
+			if done() {
+				e.stats.SelfPolled.Add(1)
+				return true
+			}
+			continue
+		}
+		if ctx.Err() != nil || e.stopCh.Err() != nil || time.Since(start) >= selfWaitMax {
+			return false
+		}
+		step := selfWaitStep
+		if d, ok := ctx.Deadline(); ok {
+			step = max(min(step, time.Until(d)), 0)
+		}
+		e.selfBound.Reset(step)
+		err = e.cq.Wait(e.stopCh)
+		e.selfBound.Stop()
+		if err != nil && !errors.Is(err, uverbs.ErrInterrupted) {
+			return false
 		}
 	}
 }

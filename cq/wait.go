@@ -72,6 +72,19 @@ type armCmd struct {
 // No thread is blocked: the channel's descriptor is in Go's netpoller.
 func (q *CQ) Wait(ctx context.Context) error { return q.wait(ctx, false) }
 
+// Interrupt makes a Wait in progress on a CQ with its own channel
+// (Options.Events) return uverbs.ErrInterrupted, or the next one if none
+// is waiting; it reports false for a CQ without its own channel. It never
+// blocks: a goroutine takes the wait over from another, or bounds one
+// with a reused timer.
+func (q *CQ) Interrupt() bool {
+	if q.ch == nil || !q.ownCh {
+		return false
+	}
+	q.ch.Interrupt()
+	return true
+}
+
 // WaitSolicited is Wait for solicited (and error) completions only.
 func (q *CQ) WaitSolicited(ctx context.Context) error { return q.wait(ctx, true) }
 

@@ -38,6 +38,10 @@ type CompChannel struct {
 	events  atomic.Uint64
 	err     atomic.Pointer[error]
 
+	// intr is Interrupt's request, taken by the Next it ends (or by the
+	// next one to start).
+	intr atomic.Bool
+
 	// Next's: the ctx it was last given and how to stop watching it.
 	nctx  context.Context
 	nstop func() bool
@@ -191,6 +195,19 @@ func (ch *CompChannel) Own() error {
 	return nil
 }
 
+// ErrInterrupted is what Next returns when Interrupt ended its wait.
+var ErrInterrupted = errors.New("uverbs: completion channel: wait interrupted")
+
+// Interrupt makes the Next that is waiting return ErrInterrupted, or, if
+// none is, the next Next to start (one interrupt is kept, not counted).
+// It is for handing the wait over from one goroutine to another (a
+// transport whose caller takes the wait from its progress goroutine) and
+// for bounding a wait by a timer that is reused. It never blocks.
+func (ch *CompChannel) Interrupt() {
+	ch.intr.Store(true)
+	ch.file.SetReadDeadline(time.Unix(1, 0))
+}
+
 // Next parks the calling goroutine in the netpoller until the channel has
 // an event, reads it and returns the CQ user handle it names; or returns
 // ctx's error once ctx is done, or ErrClosed after Close. Only for an
@@ -223,6 +240,10 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 		}
 		ch.mu.Unlock()
 	}
+	if ch.intr.CompareAndSwap(true, false) {
+		ch.file.SetReadDeadline(time.Time{})
+		return 0, ErrInterrupted
+	}
 	for {
 		n, err := ch.next.read()
 		switch {
@@ -235,8 +256,12 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 			if err := ctx.Err(); err != nil {
 				return 0, err
 			}
-			// A deadline set for a ctx given before this one.
+			// Interrupt's deadline, or one set for a ctx given before
+			// this one.
 			ch.file.SetReadDeadline(time.Time{})
+			if ch.intr.CompareAndSwap(true, false) {
+				return 0, ErrInterrupted
+			}
 		case errors.Is(err, os.ErrClosed) || errors.Is(err, io.EOF):
 			return 0, ErrClosed
 		default:
