@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -83,14 +85,69 @@ func cmListen(ps cm.PortSpace, host string, port uint16, backlog int) (*cm.Chann
 	return ch, lis, at, nil
 }
 
-// cmRun is the frame of rdma-core's rdma_cm examples around run:
-// "<tool>: starting <who>", then "test complete" and "return status N".
-// run's context ends on SIGINT or SIGTERM.
-func cmRun(stdout io.Writer, tool, who string, run func(ctx context.Context) error) error {
+// cmOpts are the options udaddy, ucmatose and mckey have in common.
+type cmOpts struct {
+	bind        string
+	count, size int
+	stdout      io.Writer
+}
+
+// cmFirstRequest listens in port space ps on host:port with backlog 1 and
+// takes the first connection request. Closing the channel closes the
+// listener.
+func cmFirstRequest(ctx context.Context, ps cm.PortSpace, host string, port uint16) (*cm.Channel, cm.Event, error) {
+	ch, lis, _, err := cmListen(ps, host, port, 1)
+	if err != nil {
+		return nil, cm.Event{}, err
+	}
+	req, err := lis.GetRequest(ctx)
+	if err != nil {
+		ch.Close()
+		return nil, cm.Event{}, err
+	}
+	return ch, req, nil
+}
+
+// cmFlags makes the flag set of tool name with the common options (-b, -C,
+// -S) and -c, the connection count, which it returns.
+func cmFlags(name string, stderr io.Writer, o *cmOpts) (*flag.FlagSet, *int) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.bind, "b", "", "bind address")
+	fs.IntVar(&o.count, "C", 10, "message count")
+	fs.IntVar(&o.size, "S", 100, "message size")
+	return fs, fs.Int("c", 1, "connections (only 1)")
+}
+
+// cmParse parses a tool's args: -h is flag.ErrHelp, another bad flag exit
+// status 2 (the flag set has said why), arguments after the flags a usage
+// error.
+func cmParse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2}
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
+// cmRun runs client (if isClient) or server on o in the frame of
+// rdma-core's rdma_cm examples: "<tool>: starting client" (or server), then
+// "test complete" and "return status N". The run's context ends on SIGINT
+// or SIGTERM.
+func cmRun[O any](stdout io.Writer, tool string, o *O, isClient bool, client, server func(context.Context, *O) error) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	run, who := server, "server"
+	if isClient {
+		run, who = client, "client"
+	}
 	fmt.Fprintf(stdout, "%s: starting %s\n", tool, who)
-	err := run(ctx)
+	err := run(ctx, o)
 	fmt.Fprintln(stdout, "test complete")
 	if err != nil {
 		fmt.Fprintln(stdout, "return status 1")

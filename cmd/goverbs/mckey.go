@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -30,37 +28,26 @@ import (
 const mckeyPause = 3 * time.Second
 
 type mckeyOpts struct {
-	group, bind string
-	sender      bool
-	sendOnly    bool
-	count, size int
-	idle        time.Duration
-	stdout      io.Writer
+	cmOpts
+	group    string
+	sender   bool
+	sendOnly bool
+	idle     time.Duration
 }
 
 func runMckey(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mckey", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o mckeyOpts
+	fs, conns := cmFlags("mckey", stderr, &o.cmOpts)
 	fs.StringVar(&o.group, "m", "", "multicast address")
-	fs.StringVar(&o.bind, "b", "", "bind address")
 	fs.BoolVar(&o.sender, "s", false, "send (without it, receive)")
 	fs.BoolVar(&o.sendOnly, "o", false, "join as a send-only full member")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
-	conns := fs.Int("c", 1, "connections (only 1)")
 	ps := fs.String("p", "0x111", "port space (only 0x111, UDP)")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "give up receiving after this long without a datagram (mckey waits forever)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	psv, perr := strconv.ParseUint(*ps, 0, 16)
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case o.group == "":
 		return usageError("-m multicast_address is required")
 	case *conns != 1:
@@ -78,11 +65,7 @@ func runMckey(args []string, stdout, stderr io.Writer) error {
 		o.count = 0 // as mckey
 	}
 	o.stdout = stdout
-	who := "server"
-	if o.sender {
-		who = "client"
-	}
-	return cmRun(stdout, "mckey", who, func(ctx context.Context) error { return mckey(ctx, &o) })
+	return cmRun(stdout, "mckey", &o, o.sender, mckey, mckey)
 }
 
 type mcNode struct {

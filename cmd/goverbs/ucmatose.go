@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -27,38 +25,27 @@ import (
 const ucmatosePort = 7471
 
 type ucmatoseOpts struct {
-	server, bind string
-	port         int
-	count, size  int
-	idle         time.Duration
-	stdout       io.Writer
+	cmOpts
+	server string
+	port   int
+	idle   time.Duration
 }
 
 func runUcmatose(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ucmatose", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o ucmatoseOpts
+	fs, conns := cmFlags("ucmatose", stderr, &o.cmOpts)
 	fs.StringVar(&o.server, "s", "", "server address (client mode); without it, serve")
-	fs.StringVar(&o.bind, "b", "", "bind address")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
 	fs.IntVar(&o.port, "p", ucmatosePort, "port number")
-	conns := fs.Int("c", 1, "connections (only 1)")
 	ps := fs.String("P", "tcp", "port space (only tcp)")
 	fs.String("f", "name", "address format (name or ip; both are parsed the same way)")
 	tos := fs.String("t", "", "type of service (not supported)")
 	ack := fs.String("a", "", "ack timeout (not supported)")
 	migrate := fs.Bool("m", false, "migrate to a new event channel (not supported)")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "give up after this long without a completion (ucmatose waits forever)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case *conns != 1:
 		return usageError("-c %d: goverbs ucmatose makes one connection", *conns)
 	case !strings.HasPrefix(strings.ToLower(*ps), "tcp"):
@@ -78,10 +65,7 @@ func runUcmatose(args []string, stdout, stderr io.Writer) error {
 		o.count = 0 // as cmatose
 	}
 	o.stdout = stdout
-	if o.server != "" {
-		return cmRun(stdout, "cmatose", "client", func(ctx context.Context) error { return ucmatoseClient(ctx, &o) })
-	}
-	return cmRun(stdout, "cmatose", "server", func(ctx context.Context) error { return ucmatoseServer(ctx, &o) })
+	return cmRun(stdout, "cmatose", &o, o.server != "", ucmatoseClient, ucmatoseServer)
 }
 
 type toseNode struct {
@@ -144,15 +128,11 @@ func (n *toseNode) poll(ctx context.Context, c *cq.CQ, what string) error {
 }
 
 func ucmatoseServer(ctx context.Context, o *ucmatoseOpts) error {
-	ch, lis, _, err := cmListen(cm.TCP, o.bind, uint16(o.port), 1)
+	ch, req, err := cmFirstRequest(ctx, cm.TCP, o.bind, uint16(o.port))
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	req, err := lis.GetRequest(ctx)
-	if err != nil {
-		return err
-	}
 	n, err := toseSetup(o, req.ID)
 	if err != nil {
 		fmt.Fprintln(o.stdout, "cmatose: failing connection request")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -25,29 +24,18 @@ import (
 const udaddyPort = 7174
 
 type udaddyOpts struct {
-	server, bind string
-	count, size  int
-	stdout       io.Writer
+	cmOpts
+	server string
 }
 
 func runUdaddy(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("udaddy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o udaddyOpts
+	fs, conns := cmFlags("udaddy", stderr, &o.cmOpts)
 	fs.StringVar(&o.server, "s", "", "server address (client mode); without it, serve")
-	fs.StringVar(&o.bind, "b", "", "bind address")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
-	conns := fs.Int("c", 1, "connections (only 1)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case *conns != 1:
 		return usageError("-c %d: goverbs udaddy makes one connection", *conns)
 	case o.count < 1 || o.count > 4096:
@@ -58,10 +46,7 @@ func runUdaddy(args []string, stdout, stderr io.Writer) error {
 		return usageError("the server needs -b (the address to bind)")
 	}
 	o.stdout = stdout
-	if o.server != "" {
-		return cmRun(stdout, "udaddy", "client", func(ctx context.Context) error { return udaddyClient(ctx, &o) })
-	}
-	return cmRun(stdout, "udaddy", "server", func(ctx context.Context) error { return udaddyServer(ctx, &o) })
+	return cmRun(stdout, "udaddy", &o, o.server != "", udaddyClient, udaddyServer)
 }
 
 type udNode struct {
@@ -164,15 +149,11 @@ func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 }
 
 func udaddyServer(ctx context.Context, o *udaddyOpts) error {
-	ch, lis, _, err := cmListen(cm.UDP, o.bind, udaddyPort, 1)
+	ch, req, err := cmFirstRequest(ctx, cm.UDP, o.bind, udaddyPort)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	req, err := lis.GetRequest(ctx)
-	if err != nil {
-		return err
-	}
 	n, err := udSetup(o, req.ID)
 	if err != nil {
 		req.ID.Reject(nil, 0)
