@@ -376,18 +376,24 @@ func (l *lane) closeQP() {
 	}
 }
 
-// install makes q (on id) the lane's QP: routed, and the QP whose receives
-// count. It is not live yet.
-func (l *lane) install(id *cm.ID, q *qp.QP) {
-	e := l.peer.e
-	l.mu.Lock()
-	l.qp, l.cm, l.live = q, id, false
+// setQP makes q the lane's QP: routed, and the QP whose receives count.
+// It is not live yet. l.mu is held.
+func (l *lane) setQP(q *qp.QP) {
+	l.qp, l.live = q, false
 	l.rmu.Lock()
 	l.rqpn = q.QPN()
 	l.rmu.Unlock()
+	e := l.peer.e
 	e.mu.Lock()
 	e.byQPN[q.QPN()] = l
 	e.mu.Unlock()
+}
+
+// install makes q (on id) the lane's QP (setQP).
+func (l *lane) install(id *cm.ID, q *qp.QP) {
+	l.mu.Lock()
+	l.cm = id
+	l.setQP(q)
 	l.mu.Unlock()
 }
 

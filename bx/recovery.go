@@ -304,18 +304,11 @@ func (p *Peer) rebuild() error {
 			l.mu.Unlock()
 			return err
 		}
-		l.qp = q
-		l.live = false
-		l.rmu.Lock()
-		l.rqpn = q.QPN()
-		l.rmu.Unlock()
 		// Messages received but not delivered (behind a rendezvous whose
 		// FIN has not come) stay: the peer resends only from the first
 		// one we lack, so a rendezvous target is written again only while
 		// it is still ours.
-		e.mu.Lock()
-		e.byQPN[q.QPN()] = l
-		e.mu.Unlock()
+		l.setQP(q)
 		l.mu.Unlock()
 	}
 	return nil

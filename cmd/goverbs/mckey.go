@@ -2,24 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/ioctl"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
-	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
 )
 
@@ -35,37 +28,26 @@ import (
 const mckeyPause = 3 * time.Second
 
 type mckeyOpts struct {
-	group, bind string
-	sender      bool
-	sendOnly    bool
-	count, size int
-	idle        time.Duration
-	stdout      io.Writer
+	cmOpts
+	group    string
+	sender   bool
+	sendOnly bool
+	idle     time.Duration
 }
 
 func runMckey(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mckey", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o mckeyOpts
+	fs, conns := cmFlags("mckey", stderr, &o.cmOpts)
 	fs.StringVar(&o.group, "m", "", "multicast address")
-	fs.StringVar(&o.bind, "b", "", "bind address")
 	fs.BoolVar(&o.sender, "s", false, "send (without it, receive)")
 	fs.BoolVar(&o.sendOnly, "o", false, "join as a send-only full member")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
-	conns := fs.Int("c", 1, "connections (only 1)")
 	ps := fs.String("p", "0x111", "port space (only 0x111, UDP)")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "give up receiving after this long without a datagram (mckey waits forever)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	psv, perr := strconv.ParseUint(*ps, 0, 16)
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case o.group == "":
 		return usageError("-m multicast_address is required")
 	case *conns != 1:
@@ -83,46 +65,13 @@ func runMckey(args []string, stdout, stderr io.Writer) error {
 		o.count = 0 // as mckey
 	}
 	o.stdout = stdout
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	who := "server"
-	if o.sender {
-		who = "client"
-	}
-	fmt.Fprintf(stdout, "mckey: starting %s\n", who)
-	err := mckey(ctx, &o)
-	fmt.Fprintln(stdout, "test complete")
-	if err != nil {
-		fmt.Fprintln(stdout, "return status 1")
-		return err
-	}
-	fmt.Fprintln(stdout, "return status 0")
-	return nil
+	return cmRun(stdout, "mckey", &o, o.sender, mckey, mckey)
 }
 
 type mcNode struct {
-	o   *mckeyOpts
-	id  *cm.ID
-	ctx *uverbs.Context
-	pd  *uverbs.PD
-	mem *mr.Memory
-	mr  *mr.MR
-	cq  *cq.CQ
-	qp  *qp.QP
-	ah  *uverbs.AH
-}
-
-func (n *mcNode) close() {
-	if n.ah != nil {
-		n.ah.Close()
-	}
-	n.id.Close() // leaves the group, destroys the QP
-	if n.ctx != nil {
-		n.ctx.Close()
-	}
-	if n.mem != nil {
-		n.mem.Close()
-	}
+	cmNode
+	o  *mckeyOpts
+	cq *cq.CQ
 }
 
 func mckey(ctx context.Context, o *mckeyOpts) error {
@@ -146,7 +95,8 @@ func mckey(ctx context.Context, o *mckeyOpts) error {
 	if err != nil {
 		return err
 	}
-	n := &mcNode{o: o, id: id}
+	n := &mcNode{o: o}
+	n.id = id
 	defer n.close()
 	if src.IsValid() {
 		if err := id.Bind(netip.AddrPortFrom(src, 0)); err != nil {
@@ -204,22 +154,16 @@ func ntopGID(g net.IP) string {
 
 func (n *mcNode) setup() error {
 	o := n.o
-	name, _, err := n.id.Device()
-	if err != nil {
+	if err := n.open(n.id); err != nil {
 		return err
-	}
-	if n.ctx, err = uverbs.Open(name); err != nil {
-		return err
-	}
-	if n.pd, err = n.ctx.AllocPD(); err != nil {
-		return fmt.Errorf("unable to allocate PD: %w", err)
 	}
 	wrs := max(o.count, 1)
+	var err error
 	if n.cq, err = cq.Create(n.ctx, 2*wrs); err != nil {
 		return fmt.Errorf("unable to create CQ: %w", err)
 	}
-	if n.qp, err = n.id.CreateQP(n.pd, qp.Config{SendCQ: n.cq, RecvCQ: n.cq, MaxSendWR: uint32(wrs), MaxRecvWR: uint32(wrs)}); err != nil {
-		return fmt.Errorf("unable to create QP: %w", err)
+	if err := n.createQP(qp.Config{SendCQ: n.cq, RecvCQ: n.cq, MaxSendWR: uint32(wrs), MaxRecvWR: uint32(wrs)}); err != nil {
+		return err
 	}
 	if o.count > 0 && o.size > n.qp.MaxUDPayload() {
 		return fmt.Errorf("message_size %d is larger than active mtu %d", o.size, n.qp.MaxUDPayload())
@@ -227,41 +171,20 @@ func (n *mcNode) setup() error {
 	if o.count == 0 {
 		return nil
 	}
-	if n.mem, err = mr.Alloc(o.size + qp.GRHSize); err != nil {
+	if o.sender {
+		return n.alloc(o.size+qp.GRHSize, o.size)
+	}
+	if err := n.alloc(o.size+qp.GRHSize, 0); err != nil {
 		return err
 	}
-	if n.mr, err = mr.Register(n.pd, n.mem.Bytes(), mr.LocalWrite); err != nil {
-		return fmt.Errorf("failed to reg MR: %w", err)
-	}
-	if o.sender {
-		b := n.mem.Bytes()[:o.size]
-		for i := range b {
-			b[i] = byte(i)
-		}
-		return nil
-	}
-	g, _ := n.mr.SGE(0, o.size+qp.GRHSize)
-	for i := 0; i < o.count; i++ {
-		if err := n.qp.PostRecv([]qp.RecvWR{{ID: uint64(i), SGEs: []qp.SGE{g}}}); err != nil {
-			return fmt.Errorf("failed to post receives: %w", err)
-		}
-	}
-	return nil
+	return n.postRecvs(o.count, o.size+qp.GRHSize)
 }
 
 // send posts count datagrams to the group; the last one is signaled and
 // waited for, so that all have left before the group is left.
 func (n *mcNode) send(ctx context.Context, m *cm.Multicast) error {
-	g, _ := n.mr.SGE(0, n.o.size)
-	for i := 0; i < n.o.count; i++ {
-		var f qp.SendFlags
-		if i == n.o.count-1 {
-			f = qp.Signaled
-		}
-		if err := n.qp.PostSend([]qp.SendWR{{ID: uint64(i), Opcode: qp.OpSendWithImm, Flags: f, Imm: n.qp.QPN(),
-			SGEs: []qp.SGE{g}, AH: n.ah.Provider(), RemoteQPN: m.QPN, RemoteQKey: m.QKey}}); err != nil {
-			return fmt.Errorf("failed to post sends: %w", err)
-		}
+	if err := n.postUD(n.o.count, n.o.size, m.QPN, m.QKey, func(i int) bool { return i == n.o.count-1 }); err != nil {
+		return err
 	}
 	_, err := n.wait(ctx, 1, provider.WCSend)
 	return err
@@ -280,45 +203,28 @@ func (n *mcNode) receive(ctx context.Context) error {
 // wait takes count completions of kind op; for receives it checks the
 // size and returns the sender's GID from the first GRH.
 func (n *mcNode) wait(ctx context.Context, count int, op provider.WCOpcode) (string, error) {
-	wc := make([]cq.WC, 8)
-	idle := time.Now()
 	from := ""
-	for done := 0; done < count; {
-		k, err := n.cq.Poll(wc)
-		if err != nil {
-			return "", fmt.Errorf("failed polling CQ: %w", err)
+	err := cmPoll(ctx, n.cq, count, n.o.idle, "datagrams", func(w cq.WC, done int) (bool, error) {
+		if err := w.Err(); err != nil {
+			return false, err
 		}
-		for _, w := range wc[:k] {
-			if err := w.Err(); err != nil {
-				return "", err
+		if w.Opcode != op {
+			return false, nil
+		}
+		if op == provider.WCRecv {
+			if int(w.ByteLen) != qp.GRHSize+n.o.size {
+				return false, fmt.Errorf("datagram %d: %d bytes, want %d (%d and the GRH)", done, w.ByteLen, qp.GRHSize+n.o.size, n.o.size)
 			}
-			if w.Opcode != op {
-				continue
-			}
-			if op == provider.WCRecv {
-				if int(w.ByteLen) != qp.GRHSize+n.o.size {
-					return "", fmt.Errorf("datagram %d: %d bytes, want %d (%d and the GRH)", done, w.ByteLen, qp.GRHSize+n.o.size, n.o.size)
-				}
-				if from == "" {
-					if grh, err := qp.ParseGRH(n.mem.Bytes()[:qp.GRHSize]); err == nil {
-						from = ntopGID(grh.SGID)
-					}
+			if from == "" {
+				if grh, err := qp.ParseGRH(n.mem.Bytes()[:qp.GRHSize]); err == nil {
+					from = ntopGID(grh.SGID)
 				}
 			}
-			done++
 		}
-		if k > 0 {
-			idle = time.Now()
-			continue
-		}
-		if time.Since(idle) > n.o.idle {
-			return "", fmt.Errorf("%d of %d datagrams, none for %v", done, count, n.o.idle)
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(50 * time.Microsecond):
-		}
+		return true, nil
+	})
+	if err != nil {
+		return "", err
 	}
 	return from, nil
 }

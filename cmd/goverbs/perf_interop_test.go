@@ -18,14 +18,6 @@ import (
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
-// perfInteropPair runs a server and a client of test, each either goverbs perf
-// or perftest's ib_TEST, the server with srvArgs and the client with
-// cliArgs, and returns both results. idle bounds each side (runCmd).
-func perfInteropPair(t *testing.T, ourServer bool, test string, cli, srv, host string, gidx int, idle time.Duration, srvArgs, cliArgs []string) (client, server result) {
-	t.Helper()
-	return perfRunPair(t, perfPairOpts{ourServer: ourServer, ourClient: !ourServer}, test, cli, srv, host, gidx, idle, srvArgs, cliArgs)
-}
-
 // perfPairOpts says who runs each side and how.
 type perfPairOpts struct {
 	ourServer, ourClient bool // goverbs perf, else perftest's ib_TEST
@@ -137,25 +129,7 @@ var perfErrLine = regexp.MustCompile(`(?m)^goverbs [a-z_-]+: .+`)
 func TestPerfInterop(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
-	for _, tc := range []struct {
-		test string
-		args string
-	}{
-		{"send_lat", "-n 20"},
-		{"send_lat", "-n 20 -s 4096"},
-		{"write_lat", "-n 20"},
-		{"write_lat", "-n 5 -a"},
-		{"read_lat", "-n 20"},
-		{"send_bw", "-n 32"},
-		{"send_bw", "-n 64 -s 1024 -q 2"},
-		{"write_bw", "-n 32"},
-		{"write_bw", "-n 64 -s 4096 -q 2"},
-		{"read_bw", "-n 32"},
-		{"atomic_lat", "-n 20"},
-		{"atomic_bw", "-n 32"},
-		{"send_lat", "-n 20 -c UD -s 512"},
-		{"send_bw", "-n 32 -c UD -s 512"},
-	} {
+	for _, tc := range perfCases {
 		// The client's t_typical, by whether goverbs is the server.
 		typical := map[bool]float64{}
 		for _, ourServer := range []bool{false, true} {
@@ -164,9 +138,7 @@ func TestPerfInterop(t *testing.T) {
 				name = tc.test + " " + tc.args + " goverbs-server"
 			}
 			t.Run(name, func(t *testing.T) {
-				args := strings.Fields(tc.args)
-				c, s := perfInteropPair(t, ourServer, tc.test, cli, srv, host, gidx, 2*time.Minute, args, args)
-				checkPerfPair(t, tc.test, args, c, s)
+				c, _ := tc.run(t, perfPairOpts{ourServer: ourServer, ourClient: !ourServer}, cli, srv, host, gidx)
 				if _, _, figs, ok := perfResultLine(c.stdout + c.stderr); ok && strings.HasSuffix(tc.test, "_lat") && len(figs) > 2 {
 					typical[ourServer] = figs[2]
 				}
@@ -233,19 +205,10 @@ func TestPerfInteropMismatch(t *testing.T) {
 func TestPerfInteropCM(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
-	for _, tc := range []struct {
-		test string
-		args string
-	}{
-		{"send_lat", "-n 20"},
-		{"send_lat", "-n 20 -c UD -s 512"},
-		{"write_lat", "-n 20"},
-		{"read_lat", "-n 20"},
-		{"send_bw", "-n 32"},
-		{"write_bw", "-n 32"},
-		{"write_bw", "-n 64 -s 4096 -q 2"},
-		{"read_bw", "-n 32"},
-	} {
+	for _, tc := range perfCases {
+		if !tc.cm {
+			continue
+		}
 		for _, pair := range []struct {
 			name                 string
 			ourServer, ourClient bool
@@ -253,10 +216,7 @@ func TestPerfInteropCM(t *testing.T) {
 			{"goverbs-server", true, false}, {"goverbs-client", false, true}, {"goverbs-both", true, true},
 		} {
 			t.Run(tc.test+" "+tc.args+" "+pair.name, func(t *testing.T) {
-				args := strings.Fields(tc.args)
-				c, s := perfRunPair(t, perfPairOpts{ourServer: pair.ourServer, ourClient: pair.ourClient, cm: true},
-					tc.test, cli, srv, host, gidx, 2*time.Minute, args, args)
-				checkPerfPair(t, tc.test, args, c, s)
+				c, s := tc.run(t, perfPairOpts{ourServer: pair.ourServer, ourClient: pair.ourClient, cm: true}, cli, srv, host, gidx)
 				for _, x := range []struct {
 					who  string
 					ours bool
@@ -277,17 +237,6 @@ func TestPerfInteropCM(t *testing.T) {
 func TestPerfSilentPeer(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
-	want := "exchange with the peer (versions): nothing from the peer for 10s"
-	check := func(t *testing.T, r result, took time.Duration) {
-		t.Helper()
-		if r.code == 0 || !strings.Contains(r.stderr, want) {
-			t.Errorf("exit %d (%v), want a failure with %q\nstdout:\n%s\nstderr:\n%s", r.code, r.err, want, r.stdout, r.stderr)
-		}
-		if took < perfStall {
-			t.Errorf("gave up after %v, before %v", took, perfStall)
-		}
-		t.Logf("failed after %v: %s", took.Round(100*time.Millisecond), perfErrLine.FindString(r.stderr))
-	}
 	t.Run("client", func(t *testing.T) {
 		l, err := net.Listen("tcp", host+":0")
 		if err != nil {
@@ -304,28 +253,20 @@ func TestPerfSilentPeer(t *testing.T) {
 		port := l.Addr().(*net.TCPAddr).Port
 		start := time.Now()
 		r := goverbs(t, time.Minute, "perf", "send_lat", "-d", cli, "-x", strconv.Itoa(gidx), "-p", strconv.Itoa(port), host)
-		check(t, r, time.Since(start))
+		checkSilentPeer(t, r, time.Since(start))
 	})
 	t.Run("server", func(t *testing.T) {
 		port := perfPort
 		perfPort++
-		done := make(chan struct{})
-		var r result
-		var took time.Duration
-		go func() {
-			defer close(done)
-			start := time.Now()
-			r = goverbs(t, time.Minute, "perf", "send_lat", "-d", srv, "-x", strconv.Itoa(gidx), "-p", strconv.Itoa(port))
-			took = time.Since(start)
-		}()
-		waitListen(t, port, done)
+		bg := goverbsBG(t, "perf", "send_lat", "-d", srv, "-x", strconv.Itoa(gidx), "-p", strconv.Itoa(port))
+		waitListen(t, port, bg.done)
 		c, err := net.Dial("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		<-done
-		check(t, r, took)
+		r, took := bg.wait()
+		checkSilentPeer(t, r, took)
 	})
 }
 
@@ -408,4 +349,82 @@ func checkPerfPair(t *testing.T, test string, args []string, c, s result) {
 	if strings.Count(c.stdout+s.stdout, "-----\n") == 0 {
 		t.Errorf("no report")
 	}
+}
+
+// perfCase is one test of the interop tests: perftest's test and its
+// arguments (both sides'); cm marks those that also run with -R.
+type perfCase struct {
+	test string
+	args string
+	cm   bool
+}
+
+var perfCases = []perfCase{
+	{"send_lat", "-n 20", true},
+	{"send_lat", "-n 20 -s 4096", false},
+	{"write_lat", "-n 20", true},
+	{"write_lat", "-n 5 -a", false},
+	{"read_lat", "-n 20", true},
+	{"send_bw", "-n 32", true},
+	{"send_bw", "-n 64 -s 1024 -q 2", false},
+	{"write_bw", "-n 32", true},
+	{"write_bw", "-n 64 -s 4096 -q 2", true},
+	{"read_bw", "-n 32", true},
+	{"atomic_lat", "-n 20", false},
+	{"atomic_bw", "-n 32", false},
+	{"send_lat", "-n 20 -c UD -s 512", true},
+	{"send_bw", "-n 32 -c UD -s 512", false},
+}
+
+// run runs the case as po says, with 2 minutes for each side, and checks
+// both sides' result lines (checkPerfPair).
+func (tc perfCase) run(t *testing.T, po perfPairOpts, cli, srv, host string, gidx int) (client, server result) {
+	t.Helper()
+	args := strings.Fields(tc.args)
+	client, server = perfRunPair(t, po, tc.test, cli, srv, host, gidx, 2*time.Minute, args, args)
+	checkPerfPair(t, tc.test, args, client, server)
+	return client, server
+}
+
+// checkSilentPeerWant is how goverbs perf fails against a silent peer.
+const checkSilentPeerWant = "exchange with the peer (versions): nothing from the peer for 10s"
+
+// checkSilentPeer checks that goverbs perf failed against a silent peer
+// with checkSilentPeerWant, after perfStall and not before.
+func checkSilentPeer(t *testing.T, r result, took time.Duration) {
+	t.Helper()
+	want := checkSilentPeerWant
+	if r.code == 0 || !strings.Contains(r.stderr, want) {
+		t.Errorf("exit %d (%v), want a failure with %q\nstdout:\n%s\nstderr:\n%s", r.code, r.err, want, r.stdout, r.stderr)
+	}
+	if took < perfStall {
+		t.Errorf("gave up after %v, before %v", took, perfStall)
+	}
+	t.Logf("failed after %v: %s", took.Round(100*time.Millisecond), perfErrLine.FindString(r.stderr))
+}
+
+// bgRun is a goverbs run in the background (goverbsBG).
+type bgRun struct {
+	done chan struct{} // closed when it has exited
+	r    result
+	took time.Duration
+}
+
+// goverbsBG starts goverbs args in the background with a minute's idle
+// bound.
+func goverbsBG(t *testing.T, args ...string) *bgRun {
+	b := &bgRun{done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		start := time.Now()
+		b.r = goverbs(t, time.Minute, args...)
+		b.took = time.Since(start)
+	}()
+	return b
+}
+
+// wait waits for the run and returns its result and how long it took.
+func (b *bgRun) wait() (result, time.Duration) {
+	<-b.done
+	return b.r, b.took
 }

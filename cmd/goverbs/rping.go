@@ -68,15 +68,10 @@ func runRping(args []string, stdout, stderr io.Writer) error {
 			"RDMA ping-pong over rdma_cm, wire compatible with rdma-core's rping.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case o.server == o.client:
 		return usageError("give exactly one of -s (server) and -c (client)")
 	case o.size < rpingMinSize || o.size > rpingMaxSize:

@@ -2,21 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
-	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
 )
 
@@ -32,38 +25,27 @@ import (
 const ucmatosePort = 7471
 
 type ucmatoseOpts struct {
-	server, bind string
-	port         int
-	count, size  int
-	idle         time.Duration
-	stdout       io.Writer
+	cmOpts
+	server string
+	port   int
+	idle   time.Duration
 }
 
 func runUcmatose(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ucmatose", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o ucmatoseOpts
+	fs, conns := cmFlags("ucmatose", stderr, &o.cmOpts)
 	fs.StringVar(&o.server, "s", "", "server address (client mode); without it, serve")
-	fs.StringVar(&o.bind, "b", "", "bind address")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
 	fs.IntVar(&o.port, "p", ucmatosePort, "port number")
-	conns := fs.Int("c", 1, "connections (only 1)")
 	ps := fs.String("P", "tcp", "port space (only tcp)")
 	fs.String("f", "name", "address format (name or ip; both are parsed the same way)")
 	tos := fs.String("t", "", "type of service (not supported)")
 	ack := fs.String("a", "", "ack timeout (not supported)")
 	migrate := fs.Bool("m", false, "migrate to a new event channel (not supported)")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "give up after this long without a completion (ucmatose waits forever)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case *conns != 1:
 		return usageError("-c %d: goverbs ucmatose makes one connection", *conns)
 	case !strings.HasPrefix(strings.ToLower(*ps), "tcp"):
@@ -83,89 +65,42 @@ func runUcmatose(args []string, stdout, stderr io.Writer) error {
 		o.count = 0 // as cmatose
 	}
 	o.stdout = stdout
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	if o.server != "" {
-		fmt.Fprintln(stdout, "cmatose: starting client")
-		err = ucmatoseClient(ctx, &o)
-	} else {
-		fmt.Fprintln(stdout, "cmatose: starting server")
-		err = ucmatoseServer(ctx, &o)
-	}
-	fmt.Fprintln(stdout, "test complete")
-	if err != nil {
-		fmt.Fprintln(stdout, "return status 1")
-		return err
-	}
-	fmt.Fprintln(stdout, "return status 0")
-	return nil
+	return cmRun(stdout, "cmatose", &o, o.server != "", ucmatoseClient, ucmatoseServer)
 }
 
 type toseNode struct {
+	cmNode
 	o              *ucmatoseOpts
-	id             *cm.ID
-	ctx            *uverbs.Context
-	pd             *uverbs.PD
-	mem            *mr.Memory
-	mr             *mr.MR
 	sendCQ, recvCQ *cq.CQ
-	qp             *qp.QP
 }
 
 func toseSetup(o *ucmatoseOpts, id *cm.ID) (*toseNode, error) {
-	name, _, err := id.Device()
-	if err != nil {
-		return nil, err
-	}
-	n := &toseNode{o: o, id: id}
-	if n.ctx, err = uverbs.Open(name); err != nil {
-		return nil, err
-	}
+	n := &toseNode{o: o}
 	fail := func(err error) (*toseNode, error) { n.close(); return nil, err }
-	if n.pd, err = n.ctx.AllocPD(); err != nil {
-		return fail(fmt.Errorf("unable to allocate PD: %w", err))
+	if err := n.open(id); err != nil {
+		return fail(err)
 	}
 	cqe := max(o.count, 1)
+	var err error
 	if n.sendCQ, err = cq.Create(n.ctx, cqe); err == nil {
 		n.recvCQ, err = cq.Create(n.ctx, cqe)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("unable to create CQ: %w", err))
 	}
-	if n.qp, err = id.CreateQP(n.pd, qp.Config{SendCQ: n.sendCQ, RecvCQ: n.recvCQ, MaxSendWR: uint32(cqe), MaxRecvWR: uint32(cqe), SignalAll: true}); err != nil {
-		return fail(fmt.Errorf("unable to create QP: %w", err))
+	if err := n.createQP(qp.Config{SendCQ: n.sendCQ, RecvCQ: n.recvCQ, MaxSendWR: uint32(cqe), MaxRecvWR: uint32(cqe), SignalAll: true}); err != nil {
+		return fail(err)
 	}
 	if o.count == 0 {
 		return n, nil
 	}
-	if n.mem, err = mr.Alloc(o.size); err != nil {
+	if err := n.alloc(o.size, o.size); err != nil {
 		return fail(err)
 	}
-	if n.mr, err = mr.Register(n.pd, n.mem.Bytes(), mr.LocalWrite); err != nil {
-		return fail(fmt.Errorf("failed to reg MR: %w", err))
-	}
-	b := n.mem.Bytes()[:o.size]
-	for i := range b {
-		b[i] = byte(i)
-	}
-	g, _ := n.mr.SGE(0, o.size)
-	for i := 0; i < o.count; i++ {
-		if err := n.qp.PostRecv([]qp.RecvWR{{ID: uint64(i), SGEs: []qp.SGE{g}}}); err != nil {
-			return fail(fmt.Errorf("failed to post receives: %w", err))
-		}
+	if err := n.postRecvs(o.count, o.size); err != nil {
+		return fail(err)
 	}
 	return n, nil
-}
-
-func (n *toseNode) close() {
-	n.id.Close() // the QP, then the kernel ID
-	if n.ctx != nil {
-		n.ctx.Close()
-	}
-	if n.mem != nil {
-		n.mem.Close()
-	}
 }
 
 func (n *toseNode) send() error {
@@ -181,48 +116,23 @@ func (n *toseNode) send() error {
 // poll takes count successful completions off c; receives must carry
 // -S bytes.
 func (n *toseNode) poll(ctx context.Context, c *cq.CQ, what string) error {
-	wc := make([]cq.WC, 8)
-	idle := time.Now()
-	for done := 0; done < n.o.count; {
-		k, err := c.Poll(wc)
-		if err != nil {
-			return fmt.Errorf("failed polling CQ: %w", err)
+	return cmPoll(ctx, c, n.o.count, n.o.idle, what+"s", func(w cq.WC, done int) (bool, error) {
+		if err := w.Err(); err != nil {
+			return false, fmt.Errorf("%s %d: %w", what, done, err)
 		}
-		for _, w := range wc[:k] {
-			if err := w.Err(); err != nil {
-				return fmt.Errorf("%s %d: %w", what, done, err)
-			}
-			if w.Opcode == provider.WCRecv && int(w.ByteLen) != n.o.size {
-				return fmt.Errorf("%s %d: %d bytes, want %d", what, done, w.ByteLen, n.o.size)
-			}
-			done++
+		if w.Opcode == provider.WCRecv && int(w.ByteLen) != n.o.size {
+			return false, fmt.Errorf("%s %d: %d bytes, want %d", what, done, w.ByteLen, n.o.size)
 		}
-		if k > 0 {
-			idle = time.Now()
-			continue
-		}
-		if time.Since(idle) > n.o.idle {
-			return fmt.Errorf("%d of %d %ss, none for %v", done, n.o.count, what, n.o.idle)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Microsecond):
-		}
-	}
-	return nil
+		return true, nil
+	})
 }
 
 func ucmatoseServer(ctx context.Context, o *ucmatoseOpts) error {
-	ch, lis, _, err := cmListen(cm.TCP, o.bind, uint16(o.port), 1)
+	ch, req, err := cmFirstRequest(ctx, cm.TCP, o.bind, uint16(o.port))
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	req, err := lis.GetRequest(ctx)
-	if err != nil {
-		return err
-	}
 	n, err := toseSetup(o, req.ID)
 	if err != nil {
 		fmt.Fprintln(o.stdout, "cmatose: failing connection request")

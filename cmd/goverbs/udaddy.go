@@ -3,17 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -29,29 +24,18 @@ import (
 const udaddyPort = 7174
 
 type udaddyOpts struct {
-	server, bind string
-	count, size  int
-	stdout       io.Writer
+	cmOpts
+	server string
 }
 
 func runUdaddy(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("udaddy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o udaddyOpts
+	fs, conns := cmFlags("udaddy", stderr, &o.cmOpts)
 	fs.StringVar(&o.server, "s", "", "server address (client mode); without it, serve")
-	fs.StringVar(&o.bind, "b", "", "bind address")
-	fs.IntVar(&o.count, "C", 10, "message count")
-	fs.IntVar(&o.size, "S", 100, "message size")
-	conns := fs.Int("c", 1, "connections (only 1)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2}
+	if err := cmParse(fs, args); err != nil {
+		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return usageError("unexpected arguments %q", fs.Args())
 	case *conns != 1:
 		return usageError("-c %d: goverbs udaddy makes one connection", *conns)
 	case o.count < 1 || o.count > 4096:
@@ -62,150 +46,70 @@ func runUdaddy(args []string, stdout, stderr io.Writer) error {
 		return usageError("the server needs -b (the address to bind)")
 	}
 	o.stdout = stdout
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	if o.server != "" {
-		fmt.Fprintln(stdout, "udaddy: starting client")
-		err = udaddyClient(ctx, &o)
-	} else {
-		fmt.Fprintln(stdout, "udaddy: starting server")
-		err = udaddyServer(ctx, &o)
-	}
-	fmt.Fprintln(stdout, "test complete")
-	if err != nil {
-		fmt.Fprintln(stdout, "return status 1")
-		return err
-	}
-	fmt.Fprintln(stdout, "return status 0")
-	return nil
+	return cmRun(stdout, "udaddy", &o, o.server != "", udaddyClient, udaddyServer)
 }
 
 type udNode struct {
+	cmNode
 	o    *udaddyOpts
-	id   *cm.ID
-	ctx  *uverbs.Context
-	pd   *uverbs.PD
-	mem  *mr.Memory
-	mr   *mr.MR
 	cq   *cq.CQ
-	qp   *qp.QP
-	ah   *uverbs.AH
 	qpn  uint32
 	qkey uint32
-	wc   []cq.WC
 }
 
 func udSetup(o *udaddyOpts, id *cm.ID) (*udNode, error) {
-	name, _, err := id.Device()
-	if err != nil {
-		return nil, err
-	}
-	n := &udNode{o: o, id: id, wc: make([]cq.WC, 8)}
-	if n.ctx, err = uverbs.Open(name); err != nil {
-		return nil, err
-	}
+	n := &udNode{o: o}
 	fail := func(err error) (*udNode, error) { n.close(); return nil, err }
-	if n.pd, err = n.ctx.AllocPD(); err != nil {
+	if err := n.open(id); err != nil {
 		return fail(err)
 	}
-	if n.mem, err = mr.Alloc(o.size + qp.GRHSize); err != nil {
-		return fail(err)
-	}
-	if n.mr, err = mr.Register(n.pd, n.mem.Bytes(), mr.LocalWrite); err != nil {
-		return fail(err)
-	}
+	var err error
 	if n.cq, err = cq.Create(n.ctx, 2*o.count); err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("unable to create CQ: %w", err))
 	}
-	if n.qp, err = id.CreateQP(n.pd, qp.Config{SendCQ: n.cq, RecvCQ: n.cq, MaxSendWR: uint32(o.count), MaxRecvWR: uint32(o.count)}); err != nil {
+	if err := n.createQP(qp.Config{SendCQ: n.cq, RecvCQ: n.cq, MaxSendWR: uint32(o.count), MaxRecvWR: uint32(o.count)}); err != nil {
 		return fail(err)
 	}
 	if o.size > n.qp.MaxUDPayload() {
 		return fail(fmt.Errorf("message_size %d is larger than active mtu %d", o.size, n.qp.MaxUDPayload()))
 	}
-	g, _ := n.mr.SGE(0, o.size+qp.GRHSize)
-	for i := 0; i < o.count; i++ {
-		if err := n.qp.PostRecv([]qp.RecvWR{{ID: uint64(i), SGEs: []qp.SGE{g}}}); err != nil {
-			return fail(err)
-		}
+	if err := n.alloc(o.size+qp.GRHSize, 0); err != nil {
+		return fail(err)
+	}
+	if err := n.postRecvs(o.count, o.size+qp.GRHSize); err != nil {
+		return fail(err)
 	}
 	return n, nil
 }
 
-func (n *udNode) close() {
-	if n.ah != nil {
-		n.ah.Close()
-	}
-	n.id.Close()
-	if n.ctx != nil {
-		n.ctx.Close()
-	}
-	if n.mem != nil {
-		n.mem.Close()
-	}
-}
-
 func (n *udNode) send(signaled bool) error {
-	g, _ := n.mr.SGE(0, n.o.size)
-	var f qp.SendFlags
-	if signaled {
-		f = qp.Signaled
-	}
-	for i := 0; i < n.o.count; i++ {
-		if err := n.qp.PostSend([]qp.SendWR{{ID: uint64(i), Opcode: qp.OpSendWithImm, Flags: f, Imm: n.qp.QPN(),
-			SGEs: []qp.SGE{g}, AH: n.ah.Provider(), RemoteQPN: n.qpn, RemoteQKey: n.qkey}}); err != nil {
-			return fmt.Errorf("failed to post sends: %w", err)
-		}
-	}
-	return nil
+	return n.postUD(n.o.count, n.o.size, n.qpn, n.qkey, func(int) bool { return signaled })
 }
 
 // poll waits for count completions; the first receive, when there is no AH
 // yet, gives the reply AH (udaddy's create_reply_ah).
 func (n *udNode) poll(ctx context.Context) error {
-	idle := time.Now()
-	for done := 0; done < n.o.count; {
-		k, err := n.cq.Poll(n.wc)
-		if err != nil {
-			return fmt.Errorf("failed polling CQ: %w", err)
+	return cmPoll(ctx, n.cq, n.o.count, 30*time.Second, "completions", func(w cq.WC, _ int) (bool, error) {
+		if err := w.Err(); err != nil {
+			return false, err
 		}
-		for i := 0; i < k; i++ {
-			w := n.wc[i]
-			if err := w.Err(); err != nil {
-				return err
+		if n.ah == nil && w.Opcode == provider.WCRecv {
+			grh, err := qp.ParseGRH(n.mem.Bytes()[:qp.GRHSize])
+			if err != nil {
+				return false, fmt.Errorf("failed to create reply AH: %w", err)
 			}
-			if n.ah == nil && w.Opcode == provider.WCRecv {
-				grh, err := qp.ParseGRH(n.mem.Bytes()[:qp.GRHSize])
-				if err != nil {
-					return fmt.Errorf("failed to create reply AH: %w", err)
-				}
-				if n.ah, err = n.pd.CreateAH(uverbs.AHAttr{DGID: grh.SGID, HopLimit: 64}); err != nil {
-					return fmt.Errorf("failed to create reply AH: %w", err)
-				}
-				n.qpn = w.Imm
-				a, _, err := n.id.InitQPAttr(qp.Init)
-				if err != nil {
-					return err
-				}
-				n.qkey = a.QKey
+			if n.ah, err = n.pd.CreateAH(uverbs.AHAttr{DGID: grh.SGID, HopLimit: 64}); err != nil {
+				return false, fmt.Errorf("failed to create reply AH: %w", err)
 			}
+			n.qpn = w.Imm
+			a, _, err := n.id.InitQPAttr(qp.Init)
+			if err != nil {
+				return false, err
+			}
+			n.qkey = a.QKey
 		}
-		done += k
-		if k > 0 {
-			idle = time.Now()
-			continue
-		}
-		if time.Since(idle) > 30*time.Second {
-			return fmt.Errorf("%d of %d completions, none for 30 s", done, n.o.count)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Microsecond):
-		}
-	}
-	return nil
+		return true, nil
+	})
 }
 
 func udaddyClient(ctx context.Context, o *udaddyOpts) error {
@@ -245,15 +149,11 @@ func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 }
 
 func udaddyServer(ctx context.Context, o *udaddyOpts) error {
-	ch, lis, _, err := cmListen(cm.UDP, o.bind, udaddyPort, 1)
+	ch, req, err := cmFirstRequest(ctx, cm.UDP, o.bind, udaddyPort)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	req, err := lis.GetRequest(ctx)
-	if err != nil {
-		return err
-	}
 	n, err := udSetup(o, req.ID)
 	if err != nil {
 		req.ID.Reject(nil, 0)
