@@ -2,6 +2,7 @@
 """scripts/trace-events.py: reduce scripts/trace-events' ftrace output.
 
   scripts/trace-events.py TRACE:COMM [TRACE:COMM ...]
+  scripts/trace-events.py --poll TRACE:COMM [TRACE:COMM ...]
 
 COMM is the process name (ibv_rc_pingpong, goverbs). A half trip is one
 rxe_post_send of COMM to the next (the two processes alternate); the first
@@ -11,13 +12,23 @@ running, running to its next doorbell; syscalls by kind, context switches,
 wake-ups by source (tasklet = completion event, hardirq = timer, task =
 futex and the like); and, with raw_syscalls traced, the peer's syscall time
 between running and its doorbell. docs/perf.md, "Twelfth session".
+
+--poll (traces of scripts/trace-events --poll): a half trip is one
+doorbell (rxe_post_send) to the next one by the other process (by tgid);
+it is split into the doorbell's own kernel time (entry to return), the
+kernel's delivery (doorbell to the first rxe_cq_post after it: the
+peer's receive completion written, in the sender's context) and the
+peer's reaction (that completion to its doorbell); with uprobes, the
+reaction is split further at bx's received, respond and Call and the
+driver's PostSend, the first of each in the peer after the completion.
+docs/perf.md, "Thirteenth session".
 """
 import collections
 import re
 import statistics as st
 import sys
 
-LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\[(\d+)\]\s+(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)$')
+LINE = re.compile(r'^\s*(.+?)-(\d+)\s+(?:\(\s*([-\d]+)\)\s+)?\[(\d+)\]\s+(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)$')
 NR = {0: 'read', 1: 'write', 7: 'poll', 16: 'ioctl', 24: 'sched_yield', 35: 'nanosleep',
       39: 'getpid', 202: 'futex', 232: 'epoll_wait', 234: 'tgkill', 281: 'epoll_pwait',
       44: 'sendto', 45: 'recvfrom', 46: 'sendmsg', 47: 'recvmsg', 230: 'clock_nanosleep'}
@@ -29,8 +40,9 @@ def load(path):
         for line in f:
             m = LINE.match(line)
             if m:
-                comm, tid, cpu, flags, t, name, rest = m.groups()
-                ev.append((float(t) * 1e6, comm, int(tid), int(cpu), flags, name, rest))
+                comm, tid, tgid, cpu, flags, t, name, rest = m.groups()
+                tgid = int(tgid) if tgid and tgid.strip('-') else int(tid)
+                ev.append((float(t) * 1e6, comm, int(tid), int(cpu), flags, name, rest, tgid))
     return ev
 
 
@@ -100,9 +112,57 @@ def analyze(path, comm):
         print('  peer syscall %-12s median %s us, in %d of %d half trips' % (k, q(v), len(v), halves))
 
 
+UPROBES = ('u_received', 'u_respond', 'u_call', 'u_postsend')
+
+
+def analyze_poll(path, comm):
+    ev = load(path)
+    c15 = comm[:15]
+    db = [i for i, e in enumerate(ev) if e[5] == 'postsend' and e[1].startswith(c15)][20:-20]
+    ph = collections.defaultdict(list)
+    halves = same = 0
+    for a, b in zip(db, db[1:]):
+        if ev[a][7] == ev[b][7]:
+            same += 1  # a second doorbell of the same process (credit update, ack)
+            continue
+        halves += 1
+        t0, peer = ev[a][0], ev[b][7]
+        ph['half trip (doorbell -> peer\'s doorbell)'].append(ev[b][0] - t0)
+        r = next((i for i in range(a, b) if ev[i][5] == 'postret' and ev[i][2] == ev[a][2]), None)
+        if r is not None:
+            ph['doorbell entry -> return (sender)'].append(ev[r][0] - t0)
+        c = next((i for i in range(a, b) if ev[i][5] == 'cqpost'), None)
+        if c is None:
+            continue
+        ph['doorbell -> peer\'s completion written'].append(ev[c][0] - t0)
+        ph['completion -> peer\'s doorbell'].append(ev[b][0] - ev[c][0])
+        last, lastname = ev[c][0], 'completion'
+        for u in UPROBES:
+            i = next((i for i in range(c, b) if ev[i][5] == u and ev[i][7] == peer), None)
+            if i is None:
+                continue
+            ph['%s -> %s' % (lastname, u[2:])].append(ev[i][0] - last)
+            last, lastname = ev[i][0], u[2:]
+        if lastname != 'completion':
+            ph['%s -> doorbell' % lastname].append(ev[b][0] - last)
+        for e in ev[c:b]:
+            if e[5] == 'sched_switch':
+                ph['context switches'].append(1)
+    print('== %s (%s): %d half trips (%d doorbells followed by one of the same process skipped)' % (path, comm, halves, same))
+    for k, v in ph.items():
+        if k == 'context switches':
+            print('  context switches between completion and doorbell: %.2f per half trip' % (len(v) / max(halves, 1)))
+        else:
+            print('  %-44s median %6s us, mean %6.0f (n=%d)' % (k, q(v), st.mean(v), len(v)))
+
+
 if __name__ == '__main__':
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    poll = args[:1] == ['--poll']
+    if poll:
+        args = args[1:]
+    if not args:
         sys.exit(__doc__)
-    for arg in sys.argv[1:]:
+    for arg in args:
         path, _, comm = arg.rpartition(':')
-        analyze(path, comm)
+        (analyze_poll if poll else analyze)(path, comm)
