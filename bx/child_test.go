@@ -22,6 +22,16 @@ import (
 // TestMain doubles as a bx server process for the tests that kill their
 // peer: GOVERBS_BX_CHILD=DEVICE,ADDR runs an echo server until killed.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("GOVERBS_BX_POLLER"); dir != "" {
+		// A process of the pollers registry (pollers_internal_test.go):
+		// registered until killed.
+		if err := bx.RegisterPollerForTest(dir); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		select {}
+	}
 	if spec := os.Getenv("GOVERBS_BX_CHILD"); spec != "" {
 		dev, addr, _ := strings.Cut(spec, ",")
 		addr, mode, _ := strings.Cut(addr, ",") // mode "cm": Config.LaneSetup CM

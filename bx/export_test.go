@@ -203,3 +203,28 @@ func (e *Endpoint) FencesForTest() int {
 
 // LaneCountForTest reports how many lanes (QPs) the peer has.
 func (p *Peer) LaneCountForTest() int { return len(p.lanes) }
+
+// RegisterPollerForTest registers the process in the pollers registry dir
+// (pollers.go) and keeps it registered until the process ends.
+func RegisterPollerForTest(dir string) error {
+	f, err := registerIn(dir)
+	if err == nil {
+		heldPollerFile = f
+	}
+	return err
+}
+
+var heldPollerFile any
+
+// The pollers registry (pollers.go), for tests.
+func RegisterEndpointPollerForTest()   { registerPoller() }
+func UnregisterEndpointPollerForTest() { unregisterPoller() }
+func PollersDirForTest() string        { return pollersDir() }
+
+// MachinePollersForTest counts the registry now and reports the count
+// and whether it leaves a core to every poller.
+func MachinePollersForTest() (int, bool) {
+	pollers.next.Store(0)
+	n := machinePollers(time.Now())
+	return n, spareCores(time.Now())
+}
