@@ -135,6 +135,10 @@ def analyze_poll(path, comm):
         if c is None:
             continue
         ph['doorbell -> peer\'s completion written'].append(ev[c][0] - t0)
+        rv = next((i for i in range(a, c) if ev[i][5] == 'rcv'), None)
+        if rv is not None:
+            ph['  doorbell -> packet in (rxe_rcv)'].append(ev[rv][0] - t0)
+            ph['  packet in -> completion written'].append(ev[c][0] - ev[rv][0])
         ph['completion -> peer\'s doorbell'].append(ev[b][0] - ev[c][0])
         last, lastname = ev[c][0], 'completion'
         for u in UPROBES:
