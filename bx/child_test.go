@@ -30,7 +30,11 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		fmt.Println("ready")
-		select {}
+		for {
+			// Not select {}: with no other goroutine the runtime calls
+			// that a deadlock and exits, dropping the registration.
+			time.Sleep(time.Hour)
+		}
 	}
 	if spec := os.Getenv("GOVERBS_BX_CHILD"); spec != "" {
 		dev, addr, _ := strings.Cut(spec, ",")

@@ -89,7 +89,7 @@ func registerIn(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+	if err := flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
 		f.Close()
 		os.Remove(tmp)
 		return nil, fmt.Errorf("lock %s: %w", tmp, err)
@@ -162,15 +162,28 @@ func countIn(dir string, self int) (int, error) {
 		if err != nil {
 			continue
 		}
-		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if errors.Is(err, unix.EWOULDBLOCK) {
+		switch err := flock(fd, unix.LOCK_EX|unix.LOCK_NB); {
+		case errors.Is(err, unix.EWOULDBLOCK):
 			n++
-		} else if err == nil {
+		case err == nil:
 			os.Remove(path) // its process is gone
+		default:
+			n++ // cannot tell: count it, polling less rather than more
 		}
 		unix.Close(fd)
 	}
 	return n, nil
+}
+
+// flock is flock(2), again when a signal interrupted it (the runtime's
+// preemption signals reach every thread; without the retry a count
+// missed a live process in a loaded run).
+func flock(fd, how int) error {
+	for {
+		if err := unix.Flock(fd, how); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // spareCores reports whether the machine has a core for every process

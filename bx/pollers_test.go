@@ -3,11 +3,13 @@ package bx_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +40,21 @@ func startPoller(t *testing.T, dir string) *exec.Cmd {
 	return cmd
 }
 
+// registryState says what the registry holds and which of cmds live,
+// for a failure's message.
+func registryState(reg string, cmds []*exec.Cmd) string {
+	var names []string
+	ents, err := os.ReadDir(reg)
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	var live []string
+	for _, c := range cmds {
+		live = append(live, fmt.Sprintf("%d:%v", c.Process.Pid, c.Process.Signal(syscall.Signal(0)) == nil))
+	}
+	return fmt.Sprintf("registry %v (%v), this process %d, others (pid:alive) %v", names, err, os.Getpid(), live)
+}
+
 // TestPollersRegistry: processes that may poll register in a directory;
 // the count sees every live one (other processes and this one), forgets
 // and removes the file of one that was killed, and drops this process's
@@ -58,8 +75,8 @@ func TestPollersRegistry(t *testing.T) {
 		cmds = append(cmds, startPoller(t, reg))
 	}
 	if n, spare := bx.MachinePollersForTest(); n != others+1 || spare {
-		t.Fatalf("%d other processes registered: %d pollers (want %d), a core for each %v on %d CPUs",
-			others, n, others+1, spare, runtime.NumCPU())
+		t.Fatalf("%d other processes registered: %d pollers (want %d), a core for each %v on %d CPUs; %s",
+			others, n, others+1, spare, runtime.NumCPU(), registryState(reg, cmds))
 	}
 	// A killed process leaves its file unlocked: not counted, removed.
 	victim := cmds[0]
@@ -70,7 +87,7 @@ func TestPollersRegistry(t *testing.T) {
 		t.Fatalf("the killed process's file: %v (it outlives the process until a count)", err)
 	}
 	if n, spare := bx.MachinePollersForTest(); n != others || !spare {
-		t.Errorf("after a kill: %d pollers (want %d), a core for each %v", n, others, spare)
+		t.Errorf("after a kill: %d pollers (want %d), a core for each %v; %s", n, others, spare, registryState(reg, cmds[1:]))
 	}
 	if _, err := os.Stat(file); !os.IsNotExist(err) {
 		t.Errorf("the killed process's file after a count: %v, want it removed", err)
