@@ -293,6 +293,11 @@ func checkPerfPair(t *testing.T, test string, args []string, c, s result) {
 	if i := slices.Index(args, "-s"); i >= 0 {
 		wantSize, _ = strconv.Atoi(args[i+1])
 	}
+	// perftest's get_cpu_mhz can fail on a loaded host, and it says so
+	// ("Correlation coefficient r^2 ... < 0.9"); its figures are then
+	// Inf, NaN or 0 (a perftest client's are also what our server
+	// prints). Nothing of ours: the sizes and iterations still count.
+	clockBad := strings.Contains(c.stdout+c.stderr+s.stdout+s.stderr, "Correlation coefficient r^2")
 	for _, x := range []struct {
 		who string
 		r   result
@@ -323,9 +328,7 @@ func checkPerfPair(t *testing.T, test string, args []string, c, s result) {
 			t.Errorf("%s: result line for %d bytes, %d iterations; want %d, %d\n%s", x.who, size, n, wantSize, wantIters, out)
 		}
 		if slices.ContainsFunc(figs, func(v float64) bool { return math.IsInf(v, 0) || math.IsNaN(v) }) {
-			if strings.Contains(out, "Correlation coefficient r^2") {
-				// perftest's get_cpu_mhz failed on a loaded host (it
-				// says so) and it divides by zero: nothing of ours.
+			if clockBad {
 				t.Logf("%s: perftest could not measure its CPU clock: %v", x.who, figs)
 			} else {
 				t.Errorf("%s: not a number in %v\n%s", x.who, figs, out)
@@ -335,9 +338,17 @@ func checkPerfPair(t *testing.T, test string, args []string, c, s result) {
 		if strings.HasSuffix(test, "_lat") {
 			// t_min, t_max, t_typical, t_avg ...
 			if len(figs) < 4 || figs[0] <= 0 || figs[0] > figs[2] || figs[2] > figs[1] {
-				t.Errorf("%s: implausible latency %v\n%s", x.who, figs, out)
+				if clockBad && len(figs) >= 4 {
+					t.Logf("%s: perftest could not measure its CPU clock: %v", x.who, figs)
+				} else {
+					t.Errorf("%s: implausible latency %v\n%s", x.who, figs, out)
+				}
 			}
 		} else if len(figs) < 3 || figs[1] < 0 || figs[2] <= 0 {
+			if clockBad && len(figs) >= 3 {
+				t.Logf("%s: perftest could not measure its CPU clock: %v", x.who, figs)
+				continue
+			}
 			// BW peak, BW average, MsgRate (peak is 0 on a send_bw
 			// server). The average is printed with two decimals: 32
 			// atomics of 8 bytes on a slow machine print 0.00 MB/s,
