@@ -800,26 +800,19 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		if done() {
 			return true
 		}
-		if e.pollMu.TryLock() {
-			if e.cqGone { // Close: the CQ is going
-				e.pollMu.Unlock()
-				return false
+		n, ok := e.pollStep(true)
+		if !ok {
+			return false
+		}
+		if n > 0 {
+			if done() {
+				// Our own poll delivered it (or the progress
+				// goroutine's last one, just before we took over).
+				e.stats.SelfPolled.Add(1)
+				return true
 			}
-			n, err := e.pollLocked()
-			e.pollMu.Unlock()
-			if err != nil {
-				return false
-			}
-			if n > 0 {
-				if done() {
-					// Our own poll delivered it (or the progress
-					// goroutine's last one, just before we took over).
-					e.stats.SelfPolled.Add(1)
-					return true
-				}
-				idle, i = time.Time{}, 0
-				continue
-			}
+			idle, i = time.Time{}, 0
+			continue
 		}
 		if i%16 == 0 {
 			if ctx.Err() != nil {
@@ -836,6 +829,24 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			runtime.Gosched()
 		}
 	}
+}
+
+// pollStep polls the CQ once for a waiter (pollUntil, selfWait) and
+// completes what it found: n completions, ok false when the CQ is going
+// (Close) or the poll failed, and the waiter gives up. With try it does
+// not wait for pollMu: while someone else polls, it reports 0, true.
+func (e *Endpoint) pollStep(try bool) (n int, ok bool) {
+	if !try {
+		e.pollMu.Lock()
+	} else if !e.pollMu.TryLock() {
+		return 0, true
+	}
+	defer e.pollMu.Unlock()
+	if e.cqGone {
+		return 0, false
+	}
+	n, err := e.pollLocked()
+	return n, err == nil
 }
 
 // Bounds of selfWait: each event wait at most selfWaitStep (then it looks
@@ -866,14 +877,8 @@ func (e *Endpoint) selfWait(ctx context.Context, done func() bool) bool {
 		if done() {
 			return true
 		}
-		e.pollMu.Lock()
-		if e.cqGone {
-			e.pollMu.Unlock()
-			return false
-		}
-		n, err := e.pollLocked()
-		e.pollMu.Unlock()
-		if err != nil {
+		n, ok := e.pollStep(false)
+		if !ok {
 			return false
 		}
 		if n > 0 {
@@ -891,7 +896,7 @@ func (e *Endpoint) selfWait(ctx context.Context, done func() bool) bool {
 			step = max(min(step, time.Until(d)), 0)
 		}
 		e.selfBound.Reset(step)
-		err = e.cq.Wait(e.stopCh)
+		err := e.cq.Wait(e.stopCh)
 		e.selfBound.Stop()
 		if err != nil && !errors.Is(err, uverbs.ErrInterrupted) {
 			return false
