@@ -67,14 +67,10 @@ func registerPoller() {
 		return
 	}
 	dir := pollersDir()
-	f, err := registerIn(dir)
-	if err != nil {
-		pollers.count.Store(1)
-		return
+	if f, err := registerIn(dir); err == nil {
+		pollers.f, pollers.dir = f, dir
 	}
-	pollers.f, pollers.dir = f, dir
-	pollers.next.Store(0)
-	countPollers(time.Now())
+	countPollers(time.Now()) // 1 when registering failed
 }
 
 // registerIn creates the process's file in dir: under a temporary name,
