@@ -254,3 +254,79 @@ func TestStreamCloseMany(t *testing.T) {
 		t.Errorf("heap grew from %d to %d KiB over %d streams", h0>>10, h1>>10, n)
 	}
 }
+
+// TestCloseWaitsForPeerTeardown: Endpoint.Close returns only once a
+// peer's shutdown that began before it (here the peer's own Close; an
+// error or the other side's bye do the same) has torn the peer's lanes,
+// windows and QPs down, and then closes cleanly. It did not wait: a peer
+// leaves the endpoint's peers before its teardown, so Close deregistered
+// the fence region while a fence window was still being deallocated and
+// failed with MR_DESTROY: invalid argument (once in ~100 runs of
+// TestWindowIsolation without huge pages).
+func TestCloseWaitsForPeerTeardown(t *testing.T) {
+	srv, _, _, sp := pair(t, nil)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	// Only the server's peer is held: the client's side shuts down too
+	// when the bye arrives.
+	bx.OnTeardownForTest(func(p *bx.Peer) {
+		if p == sp {
+			close(entered)
+			<-release
+		}
+	})
+	defer bx.OnTeardownForTest(nil)
+	peerClosed := make(chan error, 1)
+	go func() { peerClosed <- sp.Close() }()
+	bound := hang.Scale(30 * time.Second) // a hang bound, not a speed bound
+	select {
+	case <-entered:
+	case <-time.After(bound):
+		t.Fatalf("the peer's shutdown did not reach its teardown in %v", bound)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- srv.Close() }()
+	// Close must still be waiting while the teardown is held; 300 ms is
+	// long enough for it to return if it does not wait (a slow machine
+	// can only hide the defect, never fail a correct Close).
+	select {
+	case err := <-closed:
+		close(release)
+		t.Fatalf("Endpoint.Close returned (%v) while a peer's teardown was still under way", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Endpoint.Close after the peer's teardown: %v", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("Endpoint.Close did not return in %v after the peer's teardown was released", bound)
+	}
+	if err := <-peerClosed; err != nil {
+		t.Errorf("Peer.Close: %v", err)
+	}
+}
+
+// TestPeerDeathDropsPendingTransfer: a rendezvous whose peer goes away
+// before its FIN is dropped, and its message stops counting as one a
+// user holds. It kept counting: every endpoint whose peer died with a
+// transfer under way (the forger of TestWindowIsolation, a crashed
+// worker) left all its pools mapped after Close, 65 MiB and more each.
+func TestPeerDeathDropsPendingTransfer(t *testing.T) {
+	srv, _, p, _ := pair(t, nil)
+	if n := srv.LiveMsgsForTest(); n != 0 {
+		t.Fatalf("%d messages counted live before any arrived", n)
+	}
+	// An RTS with no WRITE and no FIN after it: the transfer stays
+	// pending at the server.
+	if err := p.SendRndvForTest(1, 100_000); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the rendezvous pending at the server", func() bool { return srv.LiveMsgsForTest() == 1 })
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the dropped transfer no longer counted", func() bool { return srv.LiveMsgsForTest() == 0 })
+}

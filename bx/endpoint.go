@@ -260,6 +260,9 @@ type Endpoint struct {
 	stop   context.CancelFunc
 	stopCh context.Context
 	wg     sync.WaitGroup
+	// downs counts peers' shutdowns in progress: Close waits for them
+	// (a peer leaves peers before its lanes, windows and QPs are gone).
+	downs  sync.WaitGroup
 	closed atomic.Bool
 	stats  Stats
 	met    metricsState // RPC latency per stream class (metrics.go)
@@ -444,6 +447,11 @@ func (e *Endpoint) Close() error {
 	for _, p := range peers {
 		p.shutdown(ErrClosed, true)
 	}
+	// A peer that began to shut down on its own (an error, the peer's
+	// bye) before is no longer in peers, and its teardown may still be
+	// under way: its windows, QPs and fence must be gone before the
+	// regions and the CQ go.
+	e.downs.Wait()
 	e.stop()
 	e.wg.Wait()
 	// A Call polling the CQ (pollFor) finishes its poll; after this none

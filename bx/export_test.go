@@ -37,6 +37,10 @@ func (p *Peer) SendRndvForTest(stream uint32, n uint32) error {
 	return p.send(p.e.stopCh, stream, header{Type: typRndv, Length: rndvSize}, b, nil)
 }
 
+// LiveMsgsForTest is how many received messages the endpoint counts as
+// not released: while any is, Close leaves its pools mapped.
+func (e *Endpoint) LiveMsgsForTest() int64 { return e.liveMsgs.Load() }
+
 // SendFinForTest sends a FIN for lane sequence ref, whether or not it names
 // a rendezvous.
 func (p *Peer) SendFinForTest(stream uint32, ref uint64) error {
@@ -67,6 +71,17 @@ func OnServeReleaseForTest(f func()) {
 		return
 	}
 	serveReleased.Store(&f)
+}
+
+// OnTeardownForTest makes every peer's shutdown call f with the peer after
+// it left its endpoint's list of peers, before its lanes, windows and QPs
+// are torn down (a nil f removes the hook).
+func OnTeardownForTest(f func(*Peer)) {
+	if f == nil {
+		teardownHook.Store(nil)
+		return
+	}
+	teardownHook.Store(&f)
 }
 
 // OnReceivedForTest makes the endpoint call f as it starts handling each

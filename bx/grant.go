@@ -97,6 +97,10 @@ type grantPool struct {
 	fenceMem *mr.Memory
 	fenceMR  *mr.MR
 	fences   int
+	// dropErrs counts windows the kernel refused to deallocate when they
+	// were dropped; dropErr is the first error.
+	dropErrs int
+	dropErr  error
 }
 
 var errGrantsClosed = fmt.Errorf("bx: rendezvous target: %w", ErrClosed)
@@ -304,12 +308,22 @@ func (e *Endpoint) closeFence(l *lane) {
 }
 
 // dropMW deallocates w: a bound window stops opening its range.
+//
+// A window the kernel did not deallocate stays in all, for closeGrants
+// to try again (and report): it may still be bound.
 func (e *Endpoint) dropMW(w *mr.MW) {
+	err := w.Close()
 	gp := &e.grants
 	gp.mu.Lock()
-	delete(gp.all, w)
-	gp.mu.Unlock()
-	w.Close()
+	defer gp.mu.Unlock()
+	if err == nil {
+		delete(gp.all, w)
+		return
+	}
+	gp.dropErrs++
+	if gp.dropErr == nil {
+		gp.dropErr = err
+	}
 }
 
 // closeGrants deallocates every window, then the targets' regions (a
@@ -328,21 +342,25 @@ func (e *Endpoint) closeGrants() error {
 	gp.mrs = nil
 	fmem, fmr := gp.fenceMem, gp.fenceMR
 	gp.fenceMem, gp.fenceMR = nil, nil
-	gp.mu.Unlock()
+	fences := gp.fences
 	var errs []error
+	if gp.dropErr != nil {
+		errs = append(errs, fmt.Errorf("bx: %d windows were not deallocated when dropped: %w", gp.dropErrs, gp.dropErr))
+	}
+	gp.mu.Unlock()
 	for _, w := range ws {
 		if err := w.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	for _, m := range ms {
+	for id, m := range ms {
 		if err := m.Close(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("bx: rendezvous target region %d (%d windows allocated, %d fences): %w", id, len(ws), fences, err))
 		}
 	}
 	if fmr != nil {
 		if err := fmr.Close(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("bx: fence region (%d windows allocated, %d fences): %w", len(ws), fences, err))
 		} else if err := fmem.Close(); err != nil {
 			errs = append(errs, err)
 		}

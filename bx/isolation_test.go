@@ -47,6 +47,19 @@ func newTrio(t *testing.T) *trio {
 	}
 	tr.hp, tr.vh = dial(tr.h)
 	tr.fp, tr.vf = dial(tr.f)
+	// Every message delivered was released by the test: none may count
+	// as held when the endpoints close (a count left over keeps their
+	// pools mapped for good).
+	t.Cleanup(func() {
+		for _, e := range []struct {
+			name string
+			e    *bx.Endpoint
+		}{{"victim", tr.v}, {"honest", tr.h}, {"forger", tr.f}} {
+			if n := e.e.LiveMsgsForTest(); n != 0 {
+				t.Errorf("%s endpoint: %d received messages still counted as held at the end", e.name, n)
+			}
+		}
+	})
 	tr.honest = bytes.Repeat([]byte("honest payload "), 7000) // 105 kB: rendezvous
 	tr.forged = bytes.Repeat([]byte{0xee}, 4096)
 	return tr

@@ -424,6 +424,13 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		}
 	}
 	e.mu.Lock()
+	if e.closed.Load() {
+		// Close took its list of peers already: this one would outlive
+		// the endpoint.
+		e.mu.Unlock()
+		p.destroyLanes()
+		return nil, ErrClosed
+	}
 	e.peers[p] = struct{}{}
 	e.mu.Unlock()
 	close(p.ready)
@@ -519,6 +526,10 @@ func (p *Peer) shutdown(why error, bye bool) {
 		p.mu.Unlock()
 		return
 	}
+	// Counted before the state says dead: whoever sees a dead peer (Close
+	// of the endpoint) can wait for its teardown.
+	p.e.downs.Add(1)
+	defer p.e.downs.Done()
 	p.state.Store(stateDead)
 	p.err = why
 	calls := p.calls
@@ -545,6 +556,9 @@ func (p *Peer) shutdown(why error, bye bool) {
 	e.mu.Lock()
 	delete(e.peers, p)
 	e.mu.Unlock()
+	if f := teardownHook.Load(); f != nil {
+		(*f)(p)
+	}
 	for _, l := range p.lanes {
 		l.mu.Lock()
 		for _, o := range l.outs {
@@ -572,9 +586,16 @@ func (p *Peer) shutdown(why error, bye bool) {
 }
 
 // dropInbound returns the buffer of a message that will not be delivered.
+// Its Msg was counted live when it was made: no user ever sees it, so it
+// stops counting (a count left over kept the endpoint's pools mapped
+// after Close, 65 MiB and more, whenever a peer died with a transfer
+// under way).
 func (p *Peer) dropInbound(in *inbound) {
 	p.e.closeGrant(in.g)
 	in.g = nil
+	if in.msg != nil {
+		p.e.liveMsgs.Add(-1)
+	}
 	switch {
 	case in.msg == nil:
 	case in.msg.large:
@@ -1083,6 +1104,11 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 	p.ack(l, h.Ack)
 	p.deliverAll(ready)
 }
+
+// teardownHook is a test hook (export_test.go): it runs in a peer's
+// shutdown after the peer left the endpoint's peers, before its lanes are
+// torn down.
+var teardownHook atomic.Pointer[func(*Peer)]
 
 // receivedHook is a test hook (export_test.go): it runs as each message
 // starts being handled, before anything of it is recorded.
