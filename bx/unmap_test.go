@@ -2,6 +2,7 @@ package bx_test
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,17 +63,20 @@ func TestCloseUnmapsPools(t *testing.T) {
 		}
 	}
 	exchange(false) // warm up the runtime's own mappings
-	var grown, opened int64
+	// Pools left mapped show in every round; the Go runtime reserving a
+	// new 64 MiB heap arena shows in one (seen: 72 of 196 MiB over three
+	// rounds). So the round that kept the least decides.
+	var grown, opened []int64
 	for range 3 {
 		before := vmSize(t)
 		srv, cli, _, _ := pair(t, nil)
-		opened += vmSize(t) - before
+		opened = append(opened, vmSize(t)-before)
 		closeAll(t, cli, srv)
-		grown += vmSize(t) - before
+		grown = append(grown, vmSize(t)-before)
 	}
-	t.Logf("3 endpoint pairs: mapped %d MiB while open, %d MiB left after Close", opened>>20, grown>>20)
-	if grown > opened/4 {
-		t.Errorf("closed endpoints left %d MiB of the %d MiB they mapped", grown>>20, opened>>20)
+	t.Logf("3 endpoint pairs: mapped %v bytes while open, %v left after Close", opened, grown)
+	if i := slices.Index(grown, slices.Min(grown)); grown[i] > opened[i]/4 {
+		t.Errorf("closed endpoints left %d MiB of the %d MiB they mapped (the round that kept the least of 3)", grown[i]>>20, opened[i]>>20)
 	}
 	exchange(true)
 }
