@@ -244,7 +244,8 @@ type Endpoint struct {
 	// waitMu is held by whoever waits for the CQ's next event (cq.Wait):
 	// the progress goroutine, or the polling Call once it waits for
 	// events itself (selfWait).
-	waitMu sync.Mutex
+	waitMu   sync.Mutex
+	waitGone bool // under waitMu: Close is destroying the CQ
 	// selfBound interrupts a Call's event wait after selfWaitStep, so
 	// that it looks at its context and its channel (a shutdown closes
 	// it without an event); one timer, reset per wait.
@@ -459,6 +460,14 @@ func (e *Endpoint) Close() error {
 	e.pollMu.Lock()
 	e.cqGone = true
 	e.pollMu.Unlock()
+	// A waiter in its own event wait (selfWait, holding waitMu) is in
+	// cq.Wait, which reads the CQ's ring: stopCh ends that wait, and its
+	// next poll sees cqGone. Once waitMu is free nobody is inside the CQ
+	// (the race detector saw Close destroy the CQ under a Stream.Recv's
+	// wait, TestHTTP, run AA).
+	e.waitMu.Lock()
+	e.waitGone = true
+	e.waitMu.Unlock()
 	e.selfBound.Stop()
 	liveEndpoints.Add(-1)
 	if e.cfg.Spin > 0 {
@@ -880,6 +889,9 @@ func (e *Endpoint) selfWait(ctx context.Context, done func() bool) bool {
 	e.cq.Interrupt() // the progress goroutine leaves its wait (or skips the next)
 	e.waitMu.Lock()
 	defer e.waitMu.Unlock()
+	if e.waitGone {
+		return false
+	}
 	start := time.Now()
 	for {
 		if done() {
