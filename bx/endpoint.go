@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -241,6 +242,14 @@ type Endpoint struct {
 	cqGone      bool          // under pollMu: Close is destroying the CQ
 	callerPolls atomic.Bool   // a Call is polling: the progress goroutine waits
 	resume      chan struct{} // the polling Call is done: the progress goroutine goes on
+	// serves is set once a handler is registered: the endpoint answers
+	// requests, which only the progress goroutine polls for between
+	// Calls. Without one, a Call that got its response leaves the CQ
+	// without waking the progress goroutine (lazyResume).
+	serves atomic.Bool
+	// leftAt is when the last polling waiter left the CQ (nanotime
+	// since start), for the progress goroutine's timed wait.
+	leftAt atomic.Int64
 	// waitMu is held by whoever waits for the CQ's next event (cq.Wait):
 	// the progress goroutine, or the polling Call once it waits for
 	// events itself (selfWait).
@@ -284,6 +293,10 @@ type Stats struct {
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64
+	// Resumes counts waiters (Calls, Recvs) that left the CQ and woke the
+	// progress goroutine to poll it again; HandBacks, Calls that left it
+	// to the next one without waking it (an endpoint without handlers).
+	Resumes, HandBacks atomic.Uint64
 	// CMRejected counts rdma_cm connect requests refused (Config.LaneSetup
 	// CM): no key of a peer being set up, a stale epoch, a replay.
 	CMRejected atomic.Uint64
@@ -663,13 +676,25 @@ func (e *Endpoint) progress() {
 	// endpoint polling instead of paying an event per message; halved
 	// after a longer sleep.
 	window := e.cfg.Spin
+	var park *time.Timer
 	for {
-		if e.callerPolls.Load() {
+		if e.callerPolls.Load() || e.handedBack() {
+			// While Calls poll, wait for the last one to hand the CQ
+			// back; a Call of an endpoint without handlers does not
+			// (lazyResume): then look again after the hand-back delay.
+			if park == nil {
+				park = time.NewTimer(e.handBack())
+			} else {
+				park.Reset(e.handBack())
+			}
 			select {
 			case <-e.resume:
+			case <-park.C:
 			case <-e.stopCh.Done():
+				park.Stop()
 				return
 			}
+			park.Stop()
 			idle, empty = time.Time{}, 0
 			continue
 		}
@@ -766,6 +791,27 @@ func (e *Endpoint) mayPoll() bool {
 	return forcePoll.Load() || liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1 && spareCores(time.Now())
 }
 
+// lazyResume: a Call that got its response leaves the CQ to the next Call
+// instead of waking the progress goroutine (endpoints without handlers).
+var lazyResume = os.Getenv("GOVERBS_BX_LAZY") != "0"
+
+// procStart is the origin of leftAt.
+var procStart = time.Now()
+
+// handBack is how long the progress goroutine waits, while Calls poll or
+// after the last one left without waking it, before it looks again.
+func (e *Endpoint) handBack() time.Duration {
+	return 4 * e.cfg.Spin
+}
+
+// handedBack reports whether the last polling Call left the CQ without
+// waking the progress goroutine less than handBack ago: the next Call
+// is likely to take it over.
+func (e *Endpoint) handedBack() bool {
+	t := e.leftAt.Load()
+	return t != 0 && time.Since(procStart)-time.Duration(t) < e.handBack()
+}
+
 // forcePoll makes every endpoint poll whatever else runs (tests).
 var forcePoll atomic.Bool
 
@@ -802,19 +848,35 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 	if !e.callerPolls.CompareAndSwap(false, true) {
 		return false
 	}
+	got := false
 	defer func() {
 		e.callerPolls.Store(false)
+		if got && lazyResume && !e.serves.Load() {
+			// The next Call most likely takes the CQ over before
+			// the progress goroutine would: waking it costs a thread
+			// wake-up (futex) and a third runnable thread on a
+			// two-pollers machine, per call. It looks again on its
+			// own after the hand-back delay.
+			e.leftAt.Store(int64(time.Since(procStart)))
+			e.stats.HandBacks.Add(1)
+			return
+		}
+		e.leftAt.Store(0)
 		select {
 		case e.resume <- struct{}{}:
+			e.stats.Resumes.Add(1)
 		default:
 		}
 	}()
 	if e.cfg.Spin <= 0 || !e.mayPoll() {
+		// Waiting for events: the progress goroutine takes the
+		// channel back at once (got stays false).
 		return e.selfWait(ctx, done)
 	}
 	var idle time.Time
 	for i := 1; ; i++ {
 		if done() {
+			got = true
 			return true
 		}
 		n, ok := e.pollStep(true)
@@ -826,6 +888,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				// Our own poll delivered it (or the progress
 				// goroutine's last one, just before we took over).
 				e.stats.SelfPolled.Add(1)
+				got = true
 				return true
 			}
 			idle, i = time.Time{}, 0

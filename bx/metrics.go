@@ -88,6 +88,9 @@ type Counters struct {
 	Sent, Received, Duplicates, Rendezvous, CreditUpdates, Recoveries, Unrouted, ClosedDrops uint64
 	// SelfPolled: Calls whose response their own goroutine polled.
 	SelfPolled uint64
+	// Resumes: waiters that woke the progress goroutine as they left the
+	// CQ; HandBacks: Calls that left it to the next Call instead.
+	Resumes, HandBacks uint64
 	// Arms and Wakeups: the endpoint's CQ armed for an event, and woken
 	// by one (the event-driven path; a polling endpoint has few).
 	Arms, Wakeups uint64
@@ -301,7 +304,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Ticks: e.ticks.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

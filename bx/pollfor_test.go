@@ -182,3 +182,48 @@ func TestSpinWindowAdapts(t *testing.T) {
 		t.Errorf("the server armed its CQ %d times in %d calls (bound %d): its spin window did not grow", arms, calls, bound)
 	}
 }
+
+// TestCallHandsBack: on an endpoint without handlers, a Call that polled
+// for its response leaves the CQ to the next Call without waking the
+// progress goroutine (each wake-up is a thread wake-up and, on a machine
+// with as many pollers as cores, a third runnable thread); an endpoint
+// with handlers wakes it (requests arrive between Calls). After the last
+// Call the progress goroutine still comes back on its own: messages that
+// no Recv waits for are received.
+func TestCallHandsBack(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	srv, cli, p, sp := pair(t, nil)
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	const calls = 200
+	before := cli.Snapshot().Counters
+	for i := range calls {
+		r, err := p.Call(ctx, 1, []byte("hand back"))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
+		}
+		r.Release()
+		wd.Progress()
+	}
+	after := cli.Snapshot().Counters
+	hb, res := after.HandBacks-before.HandBacks, after.Resumes-before.Resumes
+	t.Logf("%d calls: %d hand-backs, %d resumes of the progress goroutine", calls, hb, res)
+	if hb < calls*9/10 {
+		t.Errorf("%d of %d calls handed the CQ back without a wake-up, want at least 90%%", hb, calls)
+	}
+	if s := srv.Snapshot().Counters; s.HandBacks != 0 {
+		t.Errorf("the server (it has a handler) handed back %d times, want 0", s.HandBacks)
+	}
+	// No Recv waits on the client: only its progress goroutine can take
+	// these in.
+	got := cli.Snapshot().Counters.Received
+	for i := range 3 {
+		if err := sp.Stream(7).Send(ctx, []byte("after the calls")); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	eventually(t, "the client's progress goroutine receiving after the last Call", func() bool {
+		return cli.Snapshot().Counters.Received >= got+3
+	})
+}

@@ -348,6 +348,7 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h}
+	e.serves.Store(true)
 }
 
 // HandleInline registers a handler that runs on the goroutine that polls
@@ -363,6 +364,7 @@ func (e *Endpoint) HandleInline(stream uint32, h Handler) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h, inline: true}
+	e.serves.Store(true)
 }
 
 // RemoteError is a handler's error, as the caller sees it.

@@ -261,10 +261,15 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 			return fail(err)
 		}
 		defer ep.Close()
-		if fixed := perfRespPayload(o); fixed != nil {
+		// Only the server answers: a client endpoint with a handler
+		// would wake its progress goroutine after every Call (requests
+		// may arrive between Calls), which a client of bx does not pay.
+		switch fixed := perfRespPayload(o); {
+		case client:
+		case fixed != nil:
 			// Read-only: every call may return it at once.
 			ep.HandleInline(1, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return fixed, nil })
-		} else {
+		default:
 			ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
 		}
 	}
@@ -496,6 +501,8 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"received":       float64(b.Counters.Received-a.Counters.Received) / n,
 		"credit_updates": float64(b.Counters.CreditUpdates-a.Counters.CreditUpdates) / n,
 		"self_polled":    float64(b.Counters.SelfPolled-a.Counters.SelfPolled) / n,
+		"resumes":        float64(b.Counters.Resumes-a.Counters.Resumes) / n,
+		"hand_backs":     float64(b.Counters.HandBacks-a.Counters.HandBacks) / n,
 		"arms":           float64(b.Counters.Arms-a.Counters.Arms) / n,
 		"wakeups":        float64(b.Counters.Wakeups-a.Counters.Wakeups) / n,
 		"ticks":          float64(b.Counters.Ticks-a.Counters.Ticks) / n,
