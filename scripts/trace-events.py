@@ -119,6 +119,7 @@ def analyze_poll(path, comm):
     ev = load(path)
     c15 = comm[:15]
     db = [i for i, e in enumerate(ev) if e[5] == 'postsend' and e[1].startswith(c15)][20:-20]
+    deep = any(e[5] == 'k_veth_xmit' for e in ev)
     ph = collections.defaultdict(list)
     halves = same = 0
     for a, b in zip(db, db[1:]):
@@ -131,14 +132,43 @@ def analyze_poll(path, comm):
         r = next((i for i in range(a, b) if ev[i][5] == 'postret' and ev[i][2] == ev[a][2]), None)
         if r is not None:
             ph['doorbell entry -> return (sender)'].append(ev[r][0] - t0)
-        c = next((i for i in range(a, b) if ev[i][5] == 'cqpost'), None)
+        # The sender's packet: rxe runs the requester in the doorbell's
+        # process context, and veth hands the packet to NET_RX on the same
+        # CPU, so the packet comes in (rxe_rcv) and the peer's receive
+        # completion is written (rxe_cq_post) on the sender's CPU in the
+        # sender's context. Events of other CPUs are the peer's doorbell
+        # still running (its ACK, its own completions): the first rxe_rcv
+        # or rxe_cq_post anywhere is not the sender's packet (the twelfth
+        # and thirteenth sessions' split took it for it). With --deep, the
+        # packet is the first rxe_rcv after the sender's veth_xmit.
+        cpu, snd = ev[a][3], ev[a][7]
+        on = lambda i, name: ev[i][5] == name and ev[i][3] == cpu and ev[i][7] == snd
+        x = a
+        if deep:
+            x = next((i for i in range(a, b) if on(i, 'k_veth_xmit')), None)
+            if x is None:
+                continue
+            ph['  doorbell -> veth_xmit (the packet leaves)'].append(ev[x][0] - t0)
+        rv = next((i for i in range(x, b) if on(i, 'rcv')), None)
+        c = next((i for i in range(rv, b) if on(i, 'cqpost')), None) if rv is not None else None
         if c is None:
             continue
         ph['doorbell -> peer\'s completion written'].append(ev[c][0] - t0)
-        rv = next((i for i in range(a, c) if ev[i][5] == 'rcv'), None)
         if rv is not None:
             ph['  doorbell -> packet in (rxe_rcv)'].append(ev[rv][0] - t0)
             ph['  packet in -> completion written'].append(ev[c][0] - ev[rv][0])
+        # --deep: rxe's task probes between the doorbell and the packet in,
+        # as offsets from the doorbell (the first of each, and how many).
+        seen = collections.Counter()
+        for e in ev[a:rv]:
+            if e[3] != cpu:
+                continue
+            if e[5].startswith('k_'):
+                if not seen[e[5]]:
+                    ph['  doorbell -> first %s' % e[5][2:]].append(e[0] - t0)
+                seen[e[5]] += 1
+        for k, v in seen.items():
+            ph['  %s calls before the packet is in' % k[2:]].append(v)
         ph['completion -> peer\'s doorbell'].append(ev[b][0] - ev[c][0])
         last, lastname = ev[c][0], 'completion'
         for u in UPROBES:
