@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -353,8 +354,19 @@ func (p *Peer) checkCM(remote setup) error {
 // laneQPConfig is the configuration of a lane's QP.
 func laneQPConfig(e *Endpoint) qp.Config {
 	return qp.Config{SendCQ: e.cq, RecvCQ: e.cq, SRQ: e.srq,
-		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: HeaderSize}
+		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: inlineMax}
 }
+
+// inlineMax is the largest message (header and payload) a lane posts
+// inline: the device copies it from the work request at post time, with
+// no lookup of the buffer's memory region (rxe's copy from the region is
+// what a small send spends most of its kernel time on after the packet's
+// own work). Every lane QP is created to take it.
+const inlineMax = 256
+
+// inlineSends: GOVERBS_BX_INLINE=0 posts every message from its buffer
+// (A/B).
+var inlineSends = os.Getenv("GOVERBS_BX_INLINE") != "0"
 
 // qpn is the lane's QP number, 0 while it has no QP (rdma_cm lanes between
 // recovery's teardown and their new connection).

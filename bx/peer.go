@@ -813,6 +813,9 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 		return l.qp.PostSend(l.swr[:2])
 	}
 	l.ssge[0] = buf.SGE(buf.Len())
+	if buf.Len() <= inlineMax && inlineSends {
+		flags |= qp.Inline
+	}
 	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[0:1]}
 	return l.qp.PostSend(l.swr[:n+1])
 }
