@@ -851,12 +851,14 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 	got := false
 	defer func() {
 		e.callerPolls.Store(false)
-		if got && lazyResume && !e.serves.Load() {
+		if got && lazyResume && !e.serves.Load() && e.waiting.Load() <= 1 {
 			// The next Call most likely takes the CQ over before
 			// the progress goroutine would: waking it costs a thread
 			// wake-up (futex) and a third runnable thread on a
 			// two-pollers machine, per call. It looks again on its
-			// own after the hand-back delay.
+			// own after the hand-back delay. Not while another Call
+			// or Recv waits (waiting counts us too): it waits on its
+			// channel for whoever polls.
 			e.leftAt.Store(int64(time.Since(procStart)))
 			e.stats.HandBacks.Add(1)
 			return

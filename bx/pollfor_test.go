@@ -232,3 +232,42 @@ func TestCallHandsBack(t *testing.T) {
 		return cli.Snapshot().Counters.Received >= got+3
 	})
 }
+
+// TestConcurrentCallsNotStranded: a Call that hands the CQ back must not
+// leave another waiting Call without a poller. With two Calls at once,
+// one polls and the other waits on its channel; if the poller left
+// without waking the progress goroutine, the other's response would sit
+// in the CQ until the progress goroutine's own look 4 Spins later (8 s
+// here): a stall, which the bound below catches.
+func TestConcurrentCallsNotStranded(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	srv, _, p, _ := pair(t, func(c *bx.Config) { c.Spin = 2 * time.Second })
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	bound := hang.Scale(4 * time.Second) // half the stall: a stranded Call, not a slow one
+	for round := range 20 {
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for g := range 2 {
+			wg.Go(func() {
+				r, err := p.Call(ctx, 1, []byte{byte(round), byte(g)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				r.Release()
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, hang.Cause(ctx, err))
+		}
+		if d := time.Since(start); d > bound {
+			t.Fatalf("round %d: two concurrent calls took %v (a Call waited for the progress goroutine's own look, 8 s after the poller left)", round, d)
+		}
+		wd.Progress()
+	}
+}
