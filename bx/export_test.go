@@ -10,15 +10,28 @@ import (
 
 // BreakLanesForTest forces every QP to the peer to ERR, as a failed link or
 // an outside `ibv_modify_qp` would.
+//
+// It breaks all lanes or none: with every lane's lock held (recovery
+// replaces a lane's QP under it) and the peer active. It broke the lanes
+// one at a time, so a recovery that started between the caller's check
+// and the break could find lane 0 broken and lane 1 without a QP: a QP
+// failing while recovery rebuilds, which declares the peer gone
+// (TestCMRecoveryMidRendezvous failed so about 1 run in 4 in a loop).
 func (p *Peer) BreakLanesForTest() error {
 	for _, l := range p.lanes {
 		l.mu.Lock()
-		q := l.qp
-		l.mu.Unlock()
-		if q == nil {
+		defer l.mu.Unlock()
+	}
+	if p.state.Load() != stateActive {
+		return fmt.Errorf("the peer is not active (recovering)")
+	}
+	for _, l := range p.lanes {
+		if l.qp == nil {
 			return fmt.Errorf("lane %d has no QP (rdma_cm lanes, recovering)", l.idx)
 		}
-		if err := q.ToError(); err != nil {
+	}
+	for _, l := range p.lanes {
+		if err := l.qp.ToError(); err != nil {
 			return err
 		}
 	}
