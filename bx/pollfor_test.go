@@ -191,16 +191,12 @@ func TestSpinWindowAdapts(t *testing.T) {
 // Call the progress goroutine still comes back on its own: messages that
 // no Recv waits for are received.
 func TestCallHandsBack(t *testing.T) {
-	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
 	// A Call polls for 10 Spins without a completion at most, then waits
 	// for its response on its channel and wakes the progress goroutine
 	// as it leaves: with the default Spin a loaded -race run gave up on
 	// half the Calls (101 of 200 handed back). 200 ms makes every gap
 	// between completions shorter than that unless something hangs.
-	srv, cli, p, sp := pair(t, func(c *bx.Config) { c.Spin = 200 * time.Millisecond })
-	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, p, sp, ctx, wd := pollingEchoPair(t, 200*time.Millisecond)
 	const calls = 200
 	before := cli.Snapshot().Counters
 	for i := range calls {
@@ -240,11 +236,7 @@ func TestCallHandsBack(t *testing.T) {
 // in the CQ until the progress goroutine's own look 4 Spins later (8 s
 // here): a stall, which the bound below catches.
 func TestConcurrentCallsNotStranded(t *testing.T) {
-	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
-	srv, _, p, _ := pair(t, func(c *bx.Config) { c.Spin = 2 * time.Second })
-	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	_, _, p, _, ctx, wd := pollingEchoPair(t, 2*time.Second)
 	bound := hang.Scale(4 * time.Second) // half the stall: a stranded Call, not a slow one
 	for round := range 20 {
 		start := time.Now()
@@ -270,4 +262,18 @@ func TestConcurrentCallsNotStranded(t *testing.T) {
 		}
 		wd.Progress()
 	}
+}
+
+// pollingEchoPair is a pair whose endpoints poll (whatever else runs) with
+// the given Spin, the server echoing stream 1 inline (the client has no
+// handler), and a hang watchdog of 30 s.
+func pollingEchoPair(t *testing.T, spin time.Duration) (srv, cli *bx.Endpoint, p, sp *bx.Peer, ctx context.Context, wd *hang.Watchdog) {
+	t.Helper()
+	prev := bx.ForcePollForTest(true)
+	t.Cleanup(func() { bx.ForcePollForTest(prev) })
+	srv, cli, p, sp = pair(t, func(c *bx.Config) { c.Spin = spin })
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd = hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	t.Cleanup(wd.Stop)
+	return srv, cli, p, sp, ctx, wd
 }
