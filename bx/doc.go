@@ -23,7 +23,8 @@
 //     the goroutine polling the CQ) serves a stream id for every peer;
 //     Peer.Call sends a request and waits for the response. While the
 //     endpoint polls, a waiting Call polls the CQ itself; on an endpoint
-//     without handlers it then leaves the CQ to the next Call instead of
+//     without handlers, when no other Call or Recv waits, it then leaves
+//     the CQ to the next Call instead of
 //     waking the progress goroutine, which looks again on its own after
 //     4 Config.Spin (GOVERBS_BX_LAZY=0 wakes it every time). Messages
 //     of up to 256 bytes, header included, are posted inline
