@@ -24,9 +24,9 @@
 //     Peer.Call sends a request and waits for the response. While the
 //     endpoint polls, a waiting Call polls the CQ itself; on an endpoint
 //     without handlers, when no other Call or Recv waits, it then leaves
-//     the CQ to the next Call instead of
-//     waking the progress goroutine, which looks again on its own after
-//     4 Config.Spin (GOVERBS_BX_LAZY=0 wakes it every time). Messages
+//     the CQ to the next Call instead of waking the progress goroutine,
+//     which looks again on its own after 4 Config.Spin
+//     (GOVERBS_BX_LAZY=0 wakes it every time). Messages
 //     of up to 256 bytes, header included, are posted inline
 //     (GOVERBS_BX_INLINE=0 posts them from their buffers).
 //   - Msg: a received message whose Data is the buffer it landed in (no
