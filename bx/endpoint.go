@@ -806,10 +806,19 @@ func (e *Endpoint) handBack() time.Duration {
 
 // handedBack reports whether the last polling Call left the CQ without
 // waking the progress goroutine less than handBack ago: the next Call
-// is likely to take it over.
+// is likely to take it over. Once that has passed it clears leftAt, so
+// that the progress loop, which asks on every turn, reads no clock
+// until the next hand-back.
 func (e *Endpoint) handedBack() bool {
 	t := e.leftAt.Load()
-	return t != 0 && time.Since(procStart)-time.Duration(t) < e.handBack()
+	if t == 0 {
+		return false
+	}
+	if time.Since(procStart)-time.Duration(t) < e.handBack() {
+		return true
+	}
+	e.leftAt.CompareAndSwap(t, 0)
+	return false
 }
 
 // forcePoll makes every endpoint poll whatever else runs (tests).
