@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,6 +283,98 @@ func TestRecoveryForcedError(t *testing.T) {
 		t.Error("no recovery counted")
 	}
 	t.Logf("duplicates dropped at the receiver: %d", sp.Endpoint().Stats().Duplicates.Load())
+}
+
+// TestRecoveryCrossingAsk breaks both ends' QPs at once and sends from
+// both: each notices, and the acceptor asks the dialer to recover while the
+// dialer's own round is under way (the round is held 300 ms at its start,
+// so the ask surely crosses it). That round answers the ask: one round on
+// each side, not a second that abandons the first. With rdma_cm lanes the
+// acceptor then sat waiting for the abandoned round's connects, and the
+// recovery could run out of PeerTimeout (TestCMRecoveryMidRendezvous,
+// run AB).
+func TestRecoveryCrossingAsk(t *testing.T) {
+	t.Run("verbs", func(t *testing.T) { recoveryCrossingAsk(t, nil) })
+	t.Run("cm", func(t *testing.T) { needCM(t); recoveryCrossingAsk(t, cmOn) })
+}
+
+func recoveryCrossingAsk(t *testing.T, mod func(*bx.Config)) {
+	srv, cli, p, sp := pair(t, mod)
+	srv.Handle(7, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	call := func(what string) error {
+		m, err := p.Call(ctx, 7, []byte(what))
+		if err != nil {
+			return fmt.Errorf("call %s: %w", what, hang.Cause(ctx, err))
+		}
+		defer m.Release()
+		if string(m.Data()) != what {
+			return fmt.Errorf("call %s: answer %q", what, m.Data())
+		}
+		return nil
+	}
+	if err := call("before"); err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Int32
+	bx.OnDialerRoundForTest(func(*bx.Peer) {
+		held.Add(1)
+		time.Sleep(300 * time.Millisecond)
+	})
+	defer bx.OnDialerRoundForTest(nil)
+	if err := p.BreakLanesForTest(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.BreakLanesForTest(); err != nil {
+		t.Fatal(err)
+	}
+	// Both send on their broken QPs: both start a recovery.
+	errc := make(chan error, 2)
+	go func() { errc <- call("across") }()
+	go func() {
+		if err := sp.Stream(4).Send(ctx, []byte("from the acceptor")); err != nil {
+			errc <- fmt.Errorf("acceptor send: %w", err)
+			return
+		}
+		m, err := p.Stream(4).Recv(ctx)
+		if err != nil {
+			errc <- fmt.Errorf("dialer recv: %w", hang.Cause(ctx, err))
+			return
+		}
+		defer m.Release()
+		if string(m.Data()) != "from the acceptor" {
+			errc <- fmt.Errorf("dialer recv: %q", m.Data())
+			return
+		}
+		errc <- nil
+	}()
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for !p.ActiveForTest() || !sp.ActiveForTest() {
+		if ctx.Err() != nil {
+			t.Fatal(hang.Err(ctx))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := call("after"); err != nil {
+		t.Fatal(err)
+	}
+	if n := held.Load(); n == 0 {
+		t.Fatal("no dialer round ran: the breaks started no recovery")
+	}
+	for _, c := range []struct {
+		who string
+		e   *bx.Endpoint
+	}{{"dialer", cli}, {"acceptor", srv}} {
+		st := c.e.Stats()
+		if r, n := st.Recoveries.Load(), st.RecoveryRounds.Load(); r != 1 || n != 1 {
+			t.Errorf("%s: %d recoveries in %d rounds, want 1 in 1", c.who, r, n)
+		}
+	}
 }
 
 // TestRecoveryMidRendezvous breaks both ends' QPs again and again while

@@ -293,6 +293,10 @@ type Stats struct {
 	// SelfPolled counts Calls whose response their own goroutine found
 	// polling the CQ (pollFor: no hand-off from the progress goroutine).
 	SelfPolled atomic.Uint64
+	// RecoveryRounds counts the recovery rounds this endpoint ran, as the
+	// dialer or the acceptor of a peer: one per recovery unless the new
+	// QPs failed too or the peer asked for another.
+	RecoveryRounds atomic.Uint64
 	// Resumes counts waiters (Calls, Recvs) that left the CQ and woke the
 	// progress goroutine to poll it again; HandBacks, Calls that left it
 	// to the next one without waking it (an endpoint without handlers).

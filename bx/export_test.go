@@ -97,6 +97,17 @@ func OnTeardownForTest(f func(*Peer)) {
 	teardownHook.Store(&f)
 }
 
+// OnDialerRoundForTest makes every dialer's recovery round call f with
+// the peer as it starts, its epoch set, before it rebuilds anything (a
+// nil f removes the hook).
+func OnDialerRoundForTest(f func(*Peer)) {
+	if f == nil {
+		dialerRoundHook.Store(nil)
+		return
+	}
+	dialerRoundHook.Store(&f)
+}
+
 // OnReceivedForTest makes the endpoint call f as it starts handling each
 // message that arrived, before it records anything of it (a nil f removes
 // the hook): a delay there widens the time between a message's arrival

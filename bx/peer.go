@@ -54,7 +54,11 @@ type Peer struct {
 	recAck    chan setup
 	recDone   chan struct{}
 	askCh     chan struct{} // dialer: the acceptor asked for another recovery round
-	lcm       *peerCM       // Config.LaneSetup CM (cmlane.go)
+	// roundEpoch (dialer): the credit epoch the recovery under way
+	// rebuilds to. An acceptor's request naming an earlier epoch's
+	// failure crossed it on the wire: that round answers it.
+	roundEpoch atomic.Uint32
+	lcm        *peerCM // Config.LaneSetup CM (cmlane.go)
 }
 
 const (

@@ -3,6 +3,7 @@ package bx
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,6 +27,9 @@ func (p *Peer) startRecovery(cause error) {
 	p.state.Store(stateRecovering)
 	p.recovered = make(chan struct{})
 	p.recCause = cause
+	if p.dialer {
+		p.roundEpoch.Store(p.ret.Epoch() + 1)
+	}
 	p.mu.Unlock()
 	p.e.stats.Recoveries.Add(1)
 	go p.recover()
@@ -79,6 +83,10 @@ func (p *Peer) recover() {
 	}
 }
 
+// dialerRoundHook is a test hook (export_test.go): it runs at the start
+// of each dialer round, once the round's epoch is set.
+var dialerRoundHook atomic.Pointer[func(*Peer)]
+
 // retryError is a recovery round that failed on its new QPs: another round
 // may succeed.
 type retryError struct{ err error }
@@ -89,14 +97,20 @@ func (e *retryError) Unwrap() error { return e.err }
 // dialerRound rebuilds every lane and connects it to the acceptor's new
 // ones, then resends.
 func (p *Peer) dialerRound(deadline time.Time) error {
+	epoch := p.ret.Epoch() + 1
+	p.roundEpoch.Store(epoch)
+	p.e.stats.RecoveryRounds.Add(1)
 	select {
 	case <-p.askCh: // this round answers it
 	default:
 	}
+	if f := dialerRoundHook.Load(); f != nil {
+		(*f)(p)
+	}
 	if err := p.rebuild(); err != nil {
 		return err
 	}
-	local, err := p.resyncSetup(p.ret.Epoch() + 1)
+	local, err := p.resyncSetup(epoch)
 	if err != nil {
 		return err
 	}
@@ -178,6 +192,14 @@ func (p *Peer) acceptRecovery(remote setup) {
 			return
 		}
 		if p.state.Load() == stateRecovering {
+			if remote.Epoch < p.roundEpoch.Load() {
+				// It saw the failure of an epoch before the one our
+				// round under way rebuilds to (both sides noticed the
+				// same failure): that round answers it. Taken as an
+				// ask for another round, it would abandon this one,
+				// whose connects the acceptor is already waiting for.
+				return
+			}
 			select {
 			case p.askCh <- struct{}{}:
 			default:
@@ -224,6 +246,7 @@ func (p *Peer) acceptRecovery(remote setup) {
 // acceptRound is one round on the acceptor. It returns the dialer's next
 // recovery request if one came instead of the confirmation.
 func (p *Peer) acceptRound(remote setup) (*setup, error) {
+	p.e.stats.RecoveryRounds.Add(1)
 	if err := p.rebuild(); err != nil {
 		return nil, err
 	}
