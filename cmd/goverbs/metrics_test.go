@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -269,4 +271,72 @@ func TestPSServeMetrics(t *testing.T) {
 		}
 	}
 	t.Logf("top listed %d metrics; pulls %+v", len(r.Metrics), got[reqs])
+}
+
+// TestPSServeStateDump: SIGUSR1 makes `goverbs ps serve` write bx's
+// flow-control state (its endpoint and the connected peer) and its
+// goroutines' stacks to stderr and go on serving (scripts/ps-cluster sends
+// it to a process past its hang bound).
+func TestPSServeStateDump(t *testing.T) {
+	cliDev, srvDev := rxetest.Pair(t)
+	devs, err := ps.ActiveDevices()
+	if err != nil || len(devs) < 2 {
+		t.Fatalf("active devices %v %v", devs, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(2*time.Minute)) // a hang bound
+	defer cancel()
+	srv := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String()+":0", "--device", srvDev)
+	srv.Env = append(os.Environ(), goverbsEnv...)
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errPipe, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	var hello struct{ Addr string }
+	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &hello) != nil {
+		t.Fatalf("hello %q %v", line, err)
+	}
+	c, err := ps.Dial(ps.ClientConfig{Transport: "rdma", Servers: []string{hello.Addr}, Device: cliDev, Token: psToken()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 8, Rows: 100, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 1}
+	if err := c.Define(ctx, emb); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	var dump strings.Builder
+	sc := bufio.NewScanner(errPipe)
+	for sc.Scan() {
+		dump.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), "end of state dump") {
+			break
+		}
+	}
+	d := dump.String()
+	for _, want := range []string{"SIGUSR1: state dump", "bx endpoint", "  peer ", "lane 0 live true", "goroutine ", "main.psServe"} {
+		if !strings.Contains(d, want) {
+			t.Errorf("the dump lacks %q:\n%s", want, d)
+		}
+	}
+	// It goes on serving.
+	row := make([]float32, 8)
+	if err := c.Pull(ctx, "emb", []uint64{1}, row); err != nil {
+		t.Fatalf("pull after the dump: %v", err)
+	}
+	go io.Copy(io.Discard, errPipe)
+	srv.Process.Signal(os.Interrupt)
+	if err := srv.Wait(); err != nil {
+		t.Errorf("serve after SIGINT: %v", err)
+	}
 }

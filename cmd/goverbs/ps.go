@@ -66,6 +66,9 @@ func runPS(args []string, stdout, stderr io.Writer) error {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "bench" || args[0] == "worker") {
+		defer dumpOnSignal("ps "+args[0], stderr)()
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		w := stderr
 		if len(args) > 0 {
@@ -91,11 +94,40 @@ func runPS(args []string, stdout, stderr io.Writer) error {
 	return usageError("unknown ps command %q", args[0])
 }
 
+// dumpOnSignal makes SIGUSR1 write bx's flow-control state (bx.DumpState)
+// and every goroutine's stack to w, for diagnosing a stall without ending
+// the process (scripts/ps-cluster sends it to a bench or server that
+// overran its bound). The returned func stops it.
+func dumpOnSignal(what string, w io.Writer) func() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+			case <-done:
+				return
+			}
+			fmt.Fprintf(w, "goverbs %s (pid %d): SIGUSR1: state dump\n", what, os.Getpid())
+			bx.DumpState(w)
+			pprof.Lookup("goroutine").WriteTo(w, 2)
+			fmt.Fprintf(w, "goverbs %s (pid %d): end of state dump\n", what, os.Getpid())
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+	}
+}
+
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
           [--metrics ADDR] [--spin D] [--shared-targets]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
+          (serve, bench, worker: SIGUSR1 writes bx's flow-control state and every goroutine's
+          stack to stderr, for diagnosing a stall; the process goes on)
   bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
           [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR] [--spin D] [--shared-targets]
           run workers against servers (its own children unless --addrs) and report latency,
