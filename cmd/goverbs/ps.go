@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -109,10 +110,21 @@ func dumpOnSignal(what string, w io.Writer) func() {
 			case <-done:
 				return
 			}
-			fmt.Fprintf(w, "goverbs %s (pid %d): SIGUSR1: state dump\n", what, os.Getpid())
-			bx.DumpState(w)
-			pprof.Lookup("goroutine").WriteTo(w, 2)
-			fmt.Fprintf(w, "goverbs %s (pid %d): end of state dump\n", what, os.Getpid())
+			// One write, every line tagged: a bench and its workers
+			// share stderr and dump at the same moment.
+			var b bytes.Buffer
+			bx.DumpState(&b)
+			pprof.Lookup("goroutine").WriteTo(&b, 2)
+			tag := fmt.Sprintf("[%s %d] ", what, os.Getpid())
+			var out bytes.Buffer
+			fmt.Fprintf(&out, "%sgoverbs %s (pid %d): SIGUSR1: state dump\n", tag, what, os.Getpid())
+			for _, l := range strings.SplitAfter(b.String(), "\n") {
+				if l != "" {
+					out.WriteString(tag + l)
+				}
+			}
+			fmt.Fprintf(&out, "\n%sgoverbs %s (pid %d): end of state dump\n", tag, what, os.Getpid())
+			w.Write(out.Bytes())
 		}
 	}()
 	return func() {
