@@ -28,7 +28,9 @@
 //     which looks again on its own after 4 Config.Spin
 //     (GOVERBS_BX_LAZY=0 wakes it every time). Messages
 //     of up to 256 bytes, header included, are posted inline
-//     (GOVERBS_BX_INLINE=0 posts them from their buffers).
+//     (GOVERBS_BX_INLINE=0 posts them from their buffers). A polling
+//     goroutine yields its P every 4 polls of an empty CQ
+//     (GOVERBS_BX_YIELD=N sets N; 0 never yields, measured worse).
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
 //     it stands for, is not returned to the peer.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -718,7 +719,7 @@ func (e *Endpoint) progress() {
 		empty++
 		if e.cfg.Spin > 0 && (empty%16 != 1 || e.mayPoll()) {
 			if empty%16 != 1 {
-				if empty%4 == 0 {
+				if yieldEvery > 0 && empty%yieldEvery == 0 {
 					runtime.Gosched()
 				}
 				continue
@@ -798,6 +799,18 @@ func (e *Endpoint) mayPoll() bool {
 // lazyResume: a Call that got its response leaves the CQ to the next Call
 // instead of waking the progress goroutine (endpoints without handlers).
 var lazyResume = os.Getenv("GOVERBS_BX_LAZY") != "0"
+
+// yieldEvery is how many polls of an empty CQ a polling goroutine makes
+// between yields of its P (runtime.Gosched); 0: it never yields (the
+// runtime still preempts it every 10 ms). GOVERBS_BX_YIELD sets it.
+var yieldEvery = envInt("GOVERBS_BX_YIELD", 4)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
+		return v
+	}
+	return def
+}
 
 // procStart is the origin of leftAt.
 var procStart = time.Now()
@@ -920,7 +933,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				return false
 			}
 		}
-		if i%4 == 0 {
+		if yieldEvery > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
 		}
 	}
