@@ -60,9 +60,11 @@ func TestConnCloseReleasesQueued(t *testing.T) {
 	if err := sc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := sp.HeldForTest(); n != 0 {
-		t.Errorf("%d receive buffers still held after Conn.Close (old code: 5, the queued ones)", n)
-	}
+	// Eventually, not at once: a control message (a credit update) being
+	// received counts as held between its arrival and its re-post
+	// (most likely what run AC saw: 1 held, once). The queued ones the old
+	// code kept stay held.
+	eventually(t, "no receive buffer held after Conn.Close (old code kept 5, the queued ones)", func() bool { return sp.HeldForTest() == 0 })
 	// (The close message the server sends holds one until acknowledged.)
 	eventually(t, "server eager buffers back", func() bool { e, _, _ := inUse(srv); return e <= eager })
 	if _, err := sc.Read(b); !errors.Is(err, net.ErrClosed) {
