@@ -138,39 +138,14 @@ func TestPSMetricsBadFlags(t *testing.T) {
 // messages received, and, through `goverbs top --once --json --metrics`,
 // with a rate and latency quantiles of the interval.
 func TestPSServeMetrics(t *testing.T) {
-	cliDev, srvDev := rxetest.Pair(t)
-	devs, err := ps.ActiveDevices()
-	if err != nil || len(devs) < 2 {
-		t.Fatalf("active devices %v %v", devs, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(3*time.Minute)) // a hang bound
 	defer cancel()
-	srv := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String()+":0",
-		"--device", srvDev, "--metrics", "127.0.0.1:0")
-	srv.Env = append(os.Environ(), goverbsEnv...)
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var srvErr strings.Builder
-	srv.Stderr = &srvErr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
+	sv := startPSServe(t, ctx, &srvErr, "--metrics", "127.0.0.1:0")
+	if sv.hello.Metrics == "" {
+		t.Fatalf("hello without a metrics address: %+v (%s)", sv.hello, srvErr.String())
 	}
-	defer func() { srv.Process.Signal(os.Interrupt); srv.Wait() }()
-	var hello struct{ Addr, Metrics string }
-	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &hello) != nil || hello.Metrics == "" {
-		t.Fatalf("hello %q %v: %s", line, err, srvErr.String())
-	}
-	c, err := ps.Dial(ps.ClientConfig{Transport: "rdma", Servers: []string{hello.Addr}, Device: cliDev, Token: psToken()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 8, Rows: 1000, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 1}
-	if err := c.Define(ctx, emb); err != nil {
-		t.Fatal(err)
-	}
+	c, srvDev, hello := sv.c, sv.srvDev, sv.hello
 	const n = 200
 	row := make([]float32, 8)
 	pulls := func() {
@@ -278,45 +253,17 @@ func TestPSServeMetrics(t *testing.T) {
 // goroutines' stacks to stderr and go on serving (scripts/ps-cluster sends
 // it to a process past its hang bound).
 func TestPSServeStateDump(t *testing.T) {
-	cliDev, srvDev := rxetest.Pair(t)
-	devs, err := ps.ActiveDevices()
-	if err != nil || len(devs) < 2 {
-		t.Fatalf("active devices %v %v", devs, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(2*time.Minute)) // a hang bound
 	defer cancel()
-	srv := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String()+":0", "--device", srvDev)
-	srv.Env = append(os.Environ(), goverbsEnv...)
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	errPipe, err := srv.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
-	var hello struct{ Addr string }
-	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &hello) != nil {
-		t.Fatalf("hello %q %v", line, err)
-	}
-	c, err := ps.Dial(ps.ClientConfig{Transport: "rdma", Servers: []string{hello.Addr}, Device: cliDev, Token: psToken()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 8, Rows: 100, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 1}
-	if err := c.Define(ctx, emb); err != nil {
-		t.Fatal(err)
-	}
+	errR, errW := io.Pipe()
+	sv := startPSServe(t, ctx, errW)
+	t.Cleanup(func() { errR.Close() }) // first: the server's exit never blocks on its stderr
+	srv, c := sv.cmd, sv.c
 	if err := srv.Process.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	var dump strings.Builder
-	sc := bufio.NewScanner(errPipe)
+	sc := bufio.NewScanner(errR)
 	for sc.Scan() {
 		dump.WriteString(sc.Text() + "\n")
 		if strings.Contains(sc.Text(), "end of state dump") {
@@ -334,9 +281,56 @@ func TestPSServeStateDump(t *testing.T) {
 	if err := c.Pull(ctx, "emb", []uint64{1}, row); err != nil {
 		t.Fatalf("pull after the dump: %v", err)
 	}
-	go io.Copy(io.Discard, errPipe)
+	go io.Copy(io.Discard, errR)
 	srv.Process.Signal(os.Interrupt)
 	if err := srv.Wait(); err != nil {
 		t.Errorf("serve after SIGINT: %v", err)
 	}
+}
+
+// testServe is a `goverbs ps serve --transport rdma` of a test and a ps
+// client connected to it, with the "emb" tensor (8 wide, 1000 rows)
+// defined.
+type testServe struct {
+	cmd    *exec.Cmd
+	hello  struct{ Addr, Metrics string }
+	c      *ps.Client
+	srvDev string
+}
+
+// startPSServe starts the server on the second device of the rxe pair
+// (extra flags in args, its stderr to w), reads its hello and dials it
+// from the first. The test's end closes the client, interrupts the server
+// and waits for it.
+func startPSServe(t *testing.T, ctx context.Context, w io.Writer, args ...string) *testServe {
+	t.Helper()
+	cliDev, srvDev := rxetest.Pair(t)
+	devs, err := ps.ActiveDevices()
+	if err != nil || len(devs) < 2 {
+		t.Fatalf("active devices %v %v", devs, err)
+	}
+	sv := &testServe{srvDev: srvDev}
+	sv.cmd = exec.CommandContext(ctx, goverbsBin, append([]string{"ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String() + ":0", "--device", srvDev}, args...)...)
+	sv.cmd.Env = append(os.Environ(), goverbsEnv...)
+	sv.cmd.Stderr = w
+	out, err := sv.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sv.cmd.Process.Signal(os.Interrupt); sv.cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &sv.hello) != nil {
+		t.Fatalf("hello %q %v", line, err)
+	}
+	if sv.c, err = ps.Dial(ps.ClientConfig{Transport: "rdma", Servers: []string{sv.hello.Addr}, Device: cliDev, Token: psToken()}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sv.c.Close() })
+	emb := ps.Spec{Name: "emb", Kind: ps.Sparse, Dim: 8, Rows: 1000, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}, Seed: 1}
+	if err := sv.c.Define(ctx, emb); err != nil {
+		t.Fatal(err)
+	}
+	return sv
 }
