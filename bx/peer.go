@@ -54,9 +54,10 @@ type Peer struct {
 	recAck    chan setup
 	recDone   chan struct{}
 	askCh     chan struct{} // dialer: the acceptor asked for another recovery round
-	// roundEpoch (dialer): the credit epoch the recovery under way
-	// rebuilds to. An acceptor's request naming an earlier epoch's
-	// failure crossed it on the wire: that round answers it.
+	// roundEpoch (dialer): the credit epoch the recovery round under
+	// way rebuilds to. An acceptor's request naming an earlier epoch's
+	// failure crossed it on the wire: that round answers it. (A request
+	// that came before the round set it, the round drains from askCh.)
 	roundEpoch atomic.Uint32
 	lcm        *peerCM // Config.LaneSetup CM (cmlane.go)
 }

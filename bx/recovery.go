@@ -27,9 +27,6 @@ func (p *Peer) startRecovery(cause error) {
 	p.state.Store(stateRecovering)
 	p.recovered = make(chan struct{})
 	p.recCause = cause
-	if p.dialer {
-		p.roundEpoch.Store(p.ret.Epoch() + 1)
-	}
 	p.mu.Unlock()
 	p.e.stats.Recoveries.Add(1)
 	go p.recover()
