@@ -82,6 +82,10 @@
 // the control connection and resends what the peer had not acknowledged;
 // the receiver drops what it already had, so nothing is delivered twice,
 // and calls in flight wait, bounded by their contexts (recovery.go).
+// A QP that stops sending without failing (rxe on Linux 6.1 can, after a
+// link down) is found by probing lanes whose messages wait for their
+// acknowledgement and recovered the same way (Config.StallTimeout,
+// stall.go; Stats.Probes and Stats.Stalls count).
 //
 // # Observing it
 //

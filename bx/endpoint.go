@@ -84,6 +84,14 @@ type Config struct {
 	// PeerTimeout is how long a peer may stay unreachable before its calls
 	// fail with ErrPeerGone (default 10 s).
 	PeerTimeout time.Duration
+	// StallTimeout is how long a lane's QP may leave a probe (posted after
+	// anything the lane sent) uncompleted, with no other send of the lane
+	// completing, before bx takes the QP for stalled and recovers the
+	// peer's lanes as after a QP error (stall.go; default 4 s, negative:
+	// never). A QP can stall with no error: rxe on Linux 6.1 can stop
+	// sending on a QP whose packets the local network stack refused (a
+	// link down) and never retry.
+	StallTimeout time.Duration
 	// Spin is how long the progress goroutine keeps polling the CQ after
 	// its last completion before it arms it and sleeps in the netpoller;
 	// while Calls wait for responses, 10 times as long (adaptive polling,
@@ -156,6 +164,12 @@ func (c *Config) defaults() error {
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = 10 * time.Second
+	}
+	switch {
+	case c.StallTimeout == 0:
+		c.StallTimeout = defaultStallTimeout
+	case c.StallTimeout < 0:
+		c.StallTimeout = 0
 	}
 	def(&c.Workers, 64)
 	switch {
@@ -305,6 +319,10 @@ type Stats struct {
 	// CMRejected counts rdma_cm connect requests refused (Config.LaneSetup
 	// CM): no key of a peer being set up, a stale epoch, a replay.
 	CMRejected atomic.Uint64
+	// Probes counts the probes posted on lanes whose oldest message waited
+	// for its acknowledgement; Stalls, the lanes found stalled (a probe
+	// not complete after Config.StallTimeout), each followed by a recovery.
+	Probes, Stalls atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -422,6 +440,10 @@ func New(cfg Config) (*Endpoint, error) {
 	e.wg.Add(2)
 	go e.progress()
 	go e.ticker()
+	if cfg.StallTimeout > 0 {
+		e.wg.Add(1)
+		go e.watchStalls()
+	}
 	return e, nil
 }
 
@@ -652,6 +674,7 @@ func (e *Endpoint) ticker() {
 const (
 	tagWrite = 1 << 63
 	tagSend  = 1 << 62
+	tagProbe = 1 << 61 // and the probe's number (stall.go)
 )
 
 // DefaultSpin is Config.Spin's default: long enough to keep polling
@@ -1106,9 +1129,23 @@ func (e *Endpoint) complete(w *cq.WC) {
 			l.peer.laneFailed(l, w.Err())
 		}
 	case w.ID&tagSend != 0:
-		if w.Status != 0 && l != nil {
-			l.peer.laneFailed(l, w.Err())
+		if l == nil {
+			break
 		}
+		if w.Status != 0 {
+			l.peer.laneFailed(l, w.Err())
+			break
+		}
+		l.sendsDone.Add(1) // the QP moves (stall.go)
+	case w.ID&tagProbe != 0:
+		if l == nil {
+			break
+		}
+		if w.Status != 0 {
+			l.peer.laneFailed(l, w.Err())
+			break
+		}
+		l.probed.Store(w.ID &^ tagProbe)
 	default:
 		b, ok := e.eager.FromHandle(w.ID)
 		if !ok {

@@ -267,3 +267,59 @@ func MachinePollersForTest() (int, bool) {
 	n := machinePollers(time.Now())
 	return n, spareCores(time.Now())
 }
+
+// StallLanesForTest moves the peer's lane QPs to SQD (send queue drain):
+// the kernel stops taking new send work requests from them and reports no
+// error, a QP that stalls as rxe's does when its packets were refused
+// (stall.go).
+func (p *Peer) StallLanesForTest() error {
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
+	if p.state.Load() != stateActive {
+		return fmt.Errorf("the peer is not active (recovering)")
+	}
+	for _, l := range p.lanes {
+		if l.qp == nil {
+			return fmt.Errorf("lane %d has no QP", l.idx)
+		}
+		if err := l.qp.Modify(&qp.Attr{State: qp.SQD}, qp.MaskState); err != nil {
+			return fmt.Errorf("lane %d to SQD: %w", l.idx, err)
+		}
+	}
+	return nil
+}
+
+// ProbeLanesForTest posts a stall probe (stall.go) on every lane of the
+// peer and returns their numbers, for ProbedForTest.
+func (p *Peer) ProbeLanesForTest() ([]uint64, error) {
+	var ns []uint64
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		if l.qp == nil || !l.live {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("lane %d has no live QP", l.idx)
+		}
+		l.watch.n++
+		n := l.watch.n
+		err := l.postProbe(n)
+		l.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
+}
+
+// ProbedForTest reports whether the probes ProbeLanesForTest posted all
+// completed.
+func (p *Peer) ProbedForTest(ns []uint64) bool {
+	for i, l := range p.lanes {
+		if l.probed.Load() < ns[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -96,6 +96,8 @@ type Counters struct {
 	Arms, Wakeups uint64
 	// Ticks: the credit ticker woke on its timer.
 	Ticks uint64
+	// Probes and Stalls: see Stats.
+	Probes, Stalls uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -304,7 +306,8 @@ func (e *Endpoint) Snapshot() Snapshot {
 	st := &e.stats
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
-		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load()}
+		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

@@ -87,8 +87,12 @@ type lane struct {
 	fence   *mr.MW
 	fenceQP *qp.QP
 
-	live bool   // under mu: the QP is connected and resends are done; else sends only queue
-	cm   *cm.ID // under mu, Config.LaneSetup CM: the lane's rdma_cm ID, which owns qp (nil qp before it connects)
+	live      bool          // under mu: the QP is connected and resends are done; else sends only queue
+	posts     uint64        // under mu: sends and updates posted (the stall watchdog's cue)
+	watch     stallWatch    // under mu: the stall watchdog's view of the lane (stall.go)
+	probed    atomic.Uint64 // the number of the last probe that completed
+	sendsDone atomic.Uint64 // signaled sends completed (the stall watchdog's sign of progress)
+	cm        *cm.ID        // under mu, Config.LaneSetup CM: the lane's rdma_cm ID, which owns qp (nil qp before it connects)
 
 	rmu       sync.Mutex          // receive side, touched by the progress goroutine and Release
 	rqpn      uint32              // the QP whose receives count; older ones' are dropped
@@ -804,6 +808,7 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 	h.encode(buf.Bytes()[:HeaderSize])
 	flags := qp.SendFlags(0)
 	l.sends++
+	l.posts++
 	if l.sends%16 == 0 {
 		flags = qp.Signaled
 	}
@@ -933,6 +938,7 @@ func (p *Peer) sendUpdate(l *lane) {
 	l.ssge[0] = qp.SGE{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}
 	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: qp.Inline, SGEs: l.ssge[0:1]}
 	err := l.qp.PostSend(l.swr[:1])
+	l.posts++
 	l.mu.Unlock()
 	p.e.stats.CreditUpdates.Add(1)
 	if err != nil {

@@ -206,6 +206,7 @@ var (
 	bxRndv      = newMetric("goverbs_bx_rendezvous_total", "Messages received by rendezvous (RDMA READ of the sender's buffer).", counter, dev...)
 	bxCredUpd   = newMetric("goverbs_bx_credit_updates_total", "Explicit credit and acknowledgement updates sent.", counter, dev...)
 	bxRecov     = newMetric("goverbs_bx_recoveries_total", "Connection recoveries started (a peer's QPs failed and were rebuilt).", counter, dev...)
+	bxStalls    = newMetric("goverbs_bx_stalls_total", "Lane QPs found stalled with no error (a probe not complete within Config.StallTimeout); each starts a recovery.", counter, dev...)
 	bxUnrouted  = newMetric("goverbs_bx_unrouted_completions_total", "Completions of QPs no peer owns (already destroyed).", counter, dev...)
 	bxPeers     = newMetric("goverbs_bx_peers", "Connected peers.", gauge, dev...)
 	bxWinMsgs   = newMetric("goverbs_bx_window_in_flight_messages", "Messages posted and not yet acknowledged, endpoint-wide.", gauge, dev...)
@@ -242,7 +243,7 @@ var (
 	cliErrs     = newMetric("goverbs_ps_client_errors_total", "Parameter-server client calls that failed.", counter, trOp...)
 	cliLat      = newHist("goverbs_ps_client_latency_seconds", "Parameter-server client call latency.", trOp...)
 
-	all = []*metric{bxSent, bxRecv, bxDups, bxRndv, bxCredUpd, bxRecov, bxUnrouted, bxPeers, bxWinMsgs, bxWinBytes, bxWinLimM, bxWinLimB,
+	all = []*metric{bxSent, bxRecv, bxDups, bxRndv, bxCredUpd, bxRecov, bxStalls, bxUnrouted, bxPeers, bxWinMsgs, bxWinBytes, bxWinLimM, bxWinLimB,
 		peerInfo, peerRecov, peerCredAv, peerCredSt, peerCredWt, peerCredWg, peerWinSt, peerWinWt, peerWinWg, peerSent, peerFlMsgs, peerFlBytes, peerRecovs,
 		rpcLat, rpcRemote, rpcFail, poolInUseB, poolInUse, poolReg, poolLimit, poolRegions, poolAllocs, poolFails,
 		srvReqs, srvErrs, srvLat, cliCalls, cliErrs, cliLat}
@@ -298,6 +299,7 @@ func (a *acc) bx(s bx.Snapshot) {
 		v float64
 	}{{bxSent, float64(ct.Sent)}, {bxRecv, float64(ct.Received)}, {bxDups, float64(ct.Duplicates)},
 		{bxRndv, float64(ct.Rendezvous)}, {bxCredUpd, float64(ct.CreditUpdates)}, {bxRecov, float64(ct.Recoveries)},
+		{bxStalls, float64(ct.Stalls)},
 		{bxUnrouted, float64(ct.Unrouted)}, {bxPeers, float64(len(s.Peers))},
 		{bxWinMsgs, float64(s.Window.InFlightMsgs)}, {bxWinBytes, float64(s.Window.InFlightBytes)},
 		{bxWinLimM, float64(s.Window.Limits.Msgs)}, {bxWinLimB, float64(s.Window.Limits.Bytes)}} {
