@@ -16,7 +16,8 @@
 // SIGUSR1 makes every apply handler hold its request (and so its receive
 // buffer: the receiver stops returning credits) for --stall. SIGUSR2
 // writes MODIFY_QP to ERR for handles 0..255 on every uverbs descriptor of
-// the process: its QPs forced to ERROR from outside.
+// the process: its QPs forced to ERROR from outside. SIGHUP does the
+// same with SQD: its QPs stop sending and report no error (a stall).
 //
 // drive issues calls with unique ids (a random 32-bit run prefix and a
 // sequence number) and retries an id, with the same id, after any error
@@ -400,11 +401,16 @@ func chaosServe(args []string, stdout, stderr io.Writer) error {
 	}()
 	fmt.Fprintf(stdout, "ready %s pid %d incarnation %016x\n", addr, os.Getpid(), e.ID())
 	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
 	for s := range sig {
 		if s == syscall.SIGUSR2 {
-			n, err := chaosBreakQPs()
+			n, err := chaosModifyQPs(qp.Err)
 			fmt.Fprintf(stdout, "forced %d QPs to ERR (%v)\n", n, err)
+			continue
+		}
+		if s == syscall.SIGHUP {
+			n, err := chaosModifyQPs(qp.SQD)
+			fmt.Fprintf(stdout, "moved %d QPs to SQD (%v)\n", n, err)
 			continue
 		}
 		if s == syscall.SIGUSR1 {
@@ -422,14 +428,14 @@ func chaosServe(args []string, stdout, stderr io.Writer) error {
 	return e.Close()
 }
 
-// chaosBreakQPs moves every QP of this process to ERR the way an outside
-// ibv_modify_qp would: a MODIFY_QP command written straight to each
+// chaosModifyQPs moves every QP of this process to state st the way an
+// outside ibv_modify_qp would: a MODIFY_QP command written straight to each
 // uverbs descriptor the process holds, for every object handle, behind
-// bx's back (handles of other object types fail with EINVAL). It is the
-// fault injection for "QPs forced to ERROR from outside": on rxe a link
-// outage does not do it, as rxe treats the RC retry count 7 that qp.Connect
-// uses by default as infinite.
-func chaosBreakQPs() (int, error) {
+// bx's back (handles of other object types, and QPs that cannot make the
+// transition, fail with EINVAL). ERR is the fault injection for "QPs
+// forced to ERROR from outside"; SQD (send queue drain) stops a QP's
+// sending with no error, a stall (bx/stall.go).
+func chaosModifyQPs(st qp.State) (int, error) {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return 0, err
@@ -445,7 +451,7 @@ func chaosBreakQPs() (int, error) {
 			continue
 		}
 		for h := uint32(0); h < 256; h++ {
-			c := ioctl.ModifyQP{Qp_handle: h, Attr_mask: uint32(qp.MaskState), Qp_state: uint8(qp.Err)}
+			c := ioctl.ModifyQP{Qp_handle: h, Attr_mask: uint32(qp.MaskState), Qp_state: uint8(st)}
 			buf, err := ioctl.EncodeWrite(&ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP,
 				In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP}, nil)
 			if err != nil {
@@ -891,6 +897,12 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 				sum.Violations = append(sum.Violations, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
 			}
 		}
+	}
+	// A violation so far: bx's view of the peer (lanes, credits, windows,
+	// sequence numbers) while it still exists, for the log.
+	if len(sum.Violations) > 0 {
+		fmt.Fprintf(stderr, "bx state at the violation (%s):\n", strings.Join(sum.Violations, "; "))
+		bx.DumpState(stderr)
 	}
 	// Our own leaks, with no peer left: QPs gone, buffers back to what the
 	// idle endpoint holds (its posted receives), goroutines and fds back.
