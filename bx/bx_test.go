@@ -294,11 +294,25 @@ func TestRecoveryForcedError(t *testing.T) {
 // recovery could run out of PeerTimeout (TestCMRecoveryMidRendezvous,
 // run AB).
 func TestRecoveryCrossingAsk(t *testing.T) {
-	t.Run("verbs", func(t *testing.T) { recoveryCrossingAsk(t, nil) })
-	t.Run("cm", func(t *testing.T) { needCM(t); recoveryCrossingAsk(t, cmOn) })
+	t.Run("verbs", func(t *testing.T) { recoveryCrossingAsk(t, nil, false) })
+	t.Run("cm", func(t *testing.T) { needCM(t); recoveryCrossingAsk(t, cmOn, false) })
 }
 
-func recoveryCrossingAsk(t *testing.T, mod func(*bx.Config)) {
+// TestRecoveryLateAsk is TestRecoveryCrossingAsk with the acceptor's ask
+// written only once the dialer's round has moved the acceptor to the next
+// epoch (the ask's goroutine ran late: a loaded machine). The ask names
+// the epoch whose QPs failed, not the acceptor's epoch by then, so the
+// dialer's round answers it: one round. It named the new epoch before,
+// the dialer took it for a failure of its round and abandoned it, and with
+// rdma_cm lanes the acceptor sat deaf for PeerTimeout/2 waiting for that
+// round's connects (TestCMRecoveryMidRendezvous, run AF: out of
+// PeerTimeout).
+func TestRecoveryLateAsk(t *testing.T) {
+	t.Run("verbs", func(t *testing.T) { recoveryCrossingAsk(t, nil, true) })
+	t.Run("cm", func(t *testing.T) { needCM(t); recoveryCrossingAsk(t, cmOn, true) })
+}
+
+func recoveryCrossingAsk(t *testing.T, mod func(*bx.Config), late bool) {
 	srv, cli, p, sp := pair(t, mod)
 	srv.Handle(7, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
 	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
@@ -323,6 +337,23 @@ func recoveryCrossingAsk(t *testing.T, mod func(*bx.Config)) {
 		time.Sleep(300 * time.Millisecond)
 	})
 	defer bx.OnDialerRoundForTest(nil)
+	var lateAsks atomic.Int32
+	if late {
+		e0 := sp.EpochForTest()
+		bx.OnAskForTest(func(q *bx.Peer) {
+			if q != sp {
+				return
+			}
+			// Bounded: a round that never comes fails the test below.
+			for end := time.Now().Add(20 * time.Second); q.EpochForTest() == e0 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+			if q.EpochForTest() != e0 {
+				lateAsks.Add(1)
+			}
+		})
+		defer bx.OnAskForTest(nil)
+	}
 	if err := p.BreakLanesForTest(); err != nil {
 		t.Fatal(err)
 	}
@@ -365,6 +396,9 @@ func recoveryCrossingAsk(t *testing.T, mod func(*bx.Config)) {
 	}
 	if n := held.Load(); n == 0 {
 		t.Fatal("no dialer round ran: the breaks started no recovery")
+	}
+	if late && lateAsks.Load() == 0 {
+		t.Fatal("no ask was written after the dialer's round moved the acceptor's epoch: the case under test did not happen")
 	}
 	for _, c := range []struct {
 		who string

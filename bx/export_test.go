@@ -108,6 +108,20 @@ func OnDialerRoundForTest(f func(*Peer)) {
 	dialerRoundHook.Store(&f)
 }
 
+// OnAskForTest makes every acceptor's recovery call f with the peer just
+// before it asks the dialer for a round (a nil f removes the hook).
+func OnAskForTest(f func(*Peer)) {
+	if f == nil {
+		askHook.Store(nil)
+		return
+	}
+	askHook.Store(&f)
+}
+
+// EpochForTest is the peer's credit epoch: the recovery round its lanes
+// belong to (0 before any recovery).
+func (p *Peer) EpochForTest() uint32 { return p.ret.Epoch() }
+
 // OnReceivedForTest makes the endpoint call f as it starts handling each
 // message that arrived, before it records anything of it (a nil f removes
 // the hook): a delay there widens the time between a message's arrival

@@ -27,24 +27,38 @@ func (p *Peer) startRecovery(cause error) {
 	p.state.Store(stateRecovering)
 	p.recovered = make(chan struct{})
 	p.recCause = cause
+	// The failed QPs are the current epoch's: taken now, since by the time
+	// the goroutine asks, the control goroutine may have begun the
+	// dialer's round and moved the epoch on (recover).
+	failed := p.ret.Epoch()
 	p.mu.Unlock()
 	p.e.stats.Recoveries.Add(1)
-	go p.recover()
+	go p.recover(failed)
 }
 
 // recover runs on both sides: the dialer drives, the acceptor answers
 // (acceptRecovery); an acceptor that noticed the failure first asks the
 // dialer with an empty recovery request. A round whose new QPs fail before
 // it is done (the link flapped again, a QP was forced to ERR) is followed
-// by another, in a new epoch, until Config.PeerTimeout.
-func (p *Peer) recover() {
+// by another, in a new epoch, until Config.PeerTimeout. failed is the
+// epoch whose QPs failed.
+func (p *Peer) recover(failed uint32) {
 	deadline := time.Now().Add(p.e.cfg.PeerTimeout)
 	if !p.dialer {
 		// Ask the dialer to rebuild; it answers with its new lanes.
 		// The request names the credit epoch whose QPs failed: the
 		// dialer ignores it if it recovered past that epoch already (its
-		// own recovery crossed our request on the wire).
-		p.writeCtl(ctlRecover, (&setup{ID: p.e.id, Epoch: p.ret.Epoch(), Lanes: []laneInfo{{}}}).encode())
+		// own recovery crossed our request on the wire). Not the epoch
+		// now: the dialer's round may have crossed our failure and moved
+		// it on already, and an ask naming the dialer's round would make
+		// it abandon that round, whose connects we then wait for, deaf
+		// on the control goroutine, for PeerTimeout/2 (a recovery of
+		// TestCMRecoveryMidRendezvous took 5.5 s so, and in CI ran out of
+		// PeerTimeout).
+		if f := askHook.Load(); f != nil {
+			(*f)(p)
+		}
+		p.writeCtl(ctlRecover, (&setup{ID: p.e.id, Epoch: failed, Lanes: []laneInfo{{}}}).encode())
 		timeout := time.After(time.Until(deadline))
 		for {
 			select {
@@ -83,6 +97,10 @@ func (p *Peer) recover() {
 // dialerRoundHook is a test hook (export_test.go): it runs at the start
 // of each dialer round, once the round's epoch is set.
 var dialerRoundHook atomic.Pointer[func(*Peer)]
+
+// askHook is a test hook (export_test.go): it runs in an acceptor's
+// recovery just before it asks the dialer for a round.
+var askHook atomic.Pointer[func(*Peer)]
 
 // retryError is a recovery round that failed on its new QPs: another round
 // may succeed.
@@ -232,7 +250,7 @@ func (p *Peer) acceptRecovery(remote setup) {
 		if errors.As(err, &again) {
 			// Our new QPs failed: ask the dialer for another round and
 			// wait for it, bounded by PeerTimeout.
-			go p.recover()
+			go p.recover(remote.Epoch)
 			return
 		}
 		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
