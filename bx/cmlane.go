@@ -398,6 +398,7 @@ func (l *lane) setQP(q *qp.QP) {
 	e := l.peer.e
 	e.mu.Lock()
 	e.byQPN[q.QPN()] = l
+	e.publishQPNs()
 	e.mu.Unlock()
 }
 

@@ -228,6 +228,11 @@ type Endpoint struct {
 	peers    map[*Peer]struct{}
 	byQPN    map[uint32]*lane
 	handlers map[uint32]handler
+	// Copies of byQPN and handlers, published under mu at each change
+	// (publishQPNs, publishHandlers) and read without a lock by whoever
+	// polls: a completion's lane and a request's handler cost no lock.
+	qpns     atomic.Pointer[map[uint32]*lane]
+	hands    atomic.Pointer[map[uint32]handler]
 	accepted chan *Peer
 	lns      []net.Listener
 	dialed   map[string]*Peer
@@ -1104,10 +1109,36 @@ func (e *Endpoint) worker(w work) {
 }
 
 func (e *Endpoint) laneOf(qpn uint32) *lane {
-	e.mu.RLock()
-	l := e.byQPN[qpn]
-	e.mu.RUnlock()
-	return l
+	if m := e.qpns.Load(); m != nil {
+		return (*m)[qpn]
+	}
+	return nil
+}
+
+// publishQPNs publishes a copy of byQPN for laneOf. e.mu is held.
+func (e *Endpoint) publishQPNs() {
+	m := make(map[uint32]*lane, len(e.byQPN))
+	for k, v := range e.byQPN {
+		m[k] = v
+	}
+	e.qpns.Store(&m)
+}
+
+// publishHandlers publishes a copy of handlers for handlerOf. e.mu is held.
+func (e *Endpoint) publishHandlers() {
+	m := make(map[uint32]handler, len(e.handlers))
+	for k, v := range e.handlers {
+		m[k] = v
+	}
+	e.hands.Store(&m)
+}
+
+// handlerOf returns the handler of a stream (zero if none).
+func (e *Endpoint) handlerOf(stream uint32) handler {
+	if m := e.hands.Load(); m != nil {
+		return (*m)[stream]
+	}
+	return handler{}
 }
 
 func (e *Endpoint) complete(w *cq.WC) {

@@ -395,6 +395,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 			e.byQPN[l.qp.QPN()] = l
 		}
 	}
+	e.publishQPNs()
 	e.mu.Unlock()
 	// Through rdma_cm the dialer connects the lanes: it needs our setup
 	// (the listener and the key) first.
@@ -455,6 +456,7 @@ func (p *Peer) destroyLanes() {
 			p.e.closeFence(l)
 			p.e.mu.Lock()
 			delete(p.e.byQPN, l.qpn())
+			p.e.publishQPNs()
 			p.e.mu.Unlock()
 			l.closeQP()
 			l.mu.Unlock()
@@ -587,6 +589,9 @@ func (p *Peer) shutdown(why error, bye bool) {
 		pending := l.pending
 		l.pending = nil
 		l.targets = nil
+		// A completion still in the CQ is dropped as stale (received),
+		// not added to a pending list no one drains any more.
+		l.rqpn = 0
 		l.rmu.Unlock()
 		for _, in := range pending {
 			p.dropInbound(in)
@@ -802,8 +807,7 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 	if o.g != nil {
 		h.Flags |= flagWindow
 	}
-	h.Credit, _ = p.ret.Piggyback()
-	h.Epoch = p.ret.Epoch()
+	h.Credit, h.Epoch = p.ret.PiggybackEpoch()
 	l.ackSent.Store(h.Ack)
 	h.encode(buf.Bytes()[:HeaderSize])
 	flags := qp.SendFlags(0)
@@ -931,8 +935,7 @@ func (p *Peer) sendUpdate(l *lane) {
 	// update is never resent (the next one carries newer values).
 	h := header{Type: typCredit}
 	h.Ack = l.deliveredSeq()
-	h.Credit, _ = p.ret.Piggyback()
-	h.Epoch = p.ret.Epoch()
+	h.Credit, h.Epoch = p.ret.PiggybackEpoch()
 	l.ackSent.Store(h.Ack)
 	h.encode(l.scratch[:])
 	l.ssge[0] = qp.SGE{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}
@@ -1016,6 +1019,26 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 	}
 	if h.Seq != held+1 {
 		fail(fmt.Errorf("lane %d sequence %d, expected %d", l.idx, h.Seq, held+1), true)
+		return
+	}
+	if h.Type == typData && len(l.pending) == 0 {
+		// In order with nothing pending (the common case): delivered at
+		// once, without a pending entry. A request goes to its handler
+		// before the acknowledgement frees what it acknowledges, so that
+		// an inline handler's response leaves first; a response after it,
+		// so that its caller's next Call finds the window free.
+		m := p.e.newMsg()
+		*m = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+		p.e.liveMsgs.Add(1)
+		l.delivered++
+		l.rmu.Unlock()
+		if h.Flags&flagRequest != 0 {
+			p.deliver(m)
+			p.ack(l, h.Ack)
+			return
+		}
+		p.ack(l, h.Ack)
+		p.deliver(m)
 		return
 	}
 	in := l.newInbound(h)

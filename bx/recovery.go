@@ -324,6 +324,7 @@ func (p *Peer) rebuild() error {
 		l.mu.Lock()
 		e.mu.Lock()
 		delete(e.byQPN, l.qpn())
+		e.publishQPNs()
 		e.mu.Unlock()
 		p.unbindLane(l)
 		p.e.closeFence(l)

@@ -348,6 +348,7 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h}
+	e.publishHandlers()
 	e.serves.Store(true)
 }
 
@@ -364,6 +365,7 @@ func (e *Endpoint) HandleInline(stream uint32, h Handler) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h, inline: true}
+	e.publishHandlers()
 	e.serves.Store(true)
 }
 
@@ -390,9 +392,7 @@ func (p *Peer) deliver(m *Msg) {
 	case m.flags&flagOpen != 0:
 		p.opened(m)
 	case m.flags&flagRequest != 0:
-		p.e.mu.RLock()
-		h := p.e.handlers[m.Stream]
-		p.e.mu.RUnlock()
+		h := p.e.handlerOf(m.Stream)
 		if h.inline {
 			p.serveInline(h.h, m)
 			return

@@ -144,7 +144,24 @@ func (r *Returner) release(n uint64, ctl bool) error {
 // only for a message that will be sent: the value counts as told.
 func (r *Returner) Piggyback() (cumulative uint64, fresh bool) {
 	r.mu.Lock()
-	g := r.granted()
+	g, fresh := r.piggyback()
+	r.mu.Unlock()
+	return g, fresh
+}
+
+// PiggybackEpoch is Piggyback and Epoch under one lock: the grant to put
+// in the next message's header and the epoch to stamp next to it.
+func (r *Returner) PiggybackEpoch() (cumulative uint64, epoch uint32) {
+	r.mu.Lock()
+	g, _ := r.piggyback()
+	epoch = r.epoch
+	r.mu.Unlock()
+	return g, epoch
+}
+
+// piggyback is Piggyback with r.mu held.
+func (r *Returner) piggyback() (g uint64, fresh bool) {
+	g = r.granted()
 	fresh = g > r.told
 	if fresh {
 		r.st.Piggybacks++
@@ -153,7 +170,6 @@ func (r *Returner) Piggyback() (cumulative uint64, fresh bool) {
 	r.told = g
 	r.ctlUntold = 0
 	r.since = time.Time{}
-	r.mu.Unlock()
 	return g, fresh
 }
 

@@ -177,3 +177,38 @@ func TestReturnerQuiet(t *testing.T) {
 		}
 	}
 }
+
+// PiggybackEpoch must tell what Piggyback then Epoch would: the same
+// cumulative grant, counted as told (Pending drops to 0, a second call
+// is not fresh), and the epoch after a Reset.
+func TestReturnerPiggybackEpoch(t *testing.T) {
+	r, err := NewReturner(ReturnerConfig{Grant: 8, IdleTimeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Consumed(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Released(2); err != nil {
+		t.Fatal(err)
+	}
+	g, ep := r.PiggybackEpoch()
+	if g != 10 || ep != r.Epoch() {
+		t.Fatalf("PiggybackEpoch = %d, %d; want 10, %d", g, ep, r.Epoch())
+	}
+	if p := r.Pending(); p != 0 {
+		t.Fatalf("Pending after PiggybackEpoch = %d, want 0", p)
+	}
+	if g2, fresh := r.Piggyback(); fresh || g2 != 10 {
+		t.Fatalf("Piggyback after PiggybackEpoch = %d, %v; want 10, false", g2, fresh)
+	}
+	if st := r.Stats(); st.Piggybacks != 1 || st.Returned != 2 {
+		t.Fatalf("stats %+v: want 1 piggyback returning 2", st)
+	}
+	if err := r.Reset(ep+3, 16); err != nil {
+		t.Fatal(err)
+	}
+	if g, ep2 := r.PiggybackEpoch(); g != 16 || ep2 != ep+3 {
+		t.Fatalf("after Reset: PiggybackEpoch = %d, %d; want 16, %d", g, ep2, ep+3)
+	}
+}
