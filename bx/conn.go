@@ -120,6 +120,7 @@ func (p *Peer) openConn(ctx context.Context, id uint32) (refused bool, err error
 		return false, p.Err()
 	}
 	p.calls[call] = ch
+	p.mapCalls.Add(1)
 	p.mu.Unlock()
 	if err := p.sendMsg(ctx, id, flagOpen|flagRequest, call, &b); err != nil {
 		p.forget(call, ch)

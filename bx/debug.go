@@ -36,7 +36,7 @@ func (e *Endpoint) dumpState(w io.Writer) {
 		fmt.Fprintf(w, "  peer %x state %d err %v\n    credits (we send): %v\n    returner (peer sends): %v\n",
 			p.id, p.state.Load(), p.Err(), p.credits, p.ret)
 		p.mu.Lock()
-		calls := len(p.calls)
+		calls := len(p.calls) + p.slotsWaiting()
 		p.mu.Unlock()
 		fmt.Fprintf(w, "    calls waiting for a response: %d\n", calls)
 		for _, l := range p.lanes {

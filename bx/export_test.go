@@ -76,7 +76,9 @@ func (e *Endpoint) ForgeCTSForTest(f func(addr *uint64, rkey, n *uint32)) {
 func (p *Peer) ActiveForTest() bool { return p.state.Load() == stateActive }
 
 // OnServeReleaseForTest makes every RPC serve call f right after it released
-// the request's buffer to the receive queue, before it sends the response.
+// the request's buffer to the receive queue: for a blocking handler
+// (Handle) before it sends the response, for an inline one after it posted
+// the response.
 // A nil f removes the hook.
 func OnServeReleaseForTest(f func()) {
 	if f == nil {

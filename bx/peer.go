@@ -41,13 +41,18 @@ type Peer struct {
 
 	mu      sync.Mutex
 	streams map[uint32]*Stream
-	calls   map[uint64]chan *Msg
-	chans   []chan *Msg // empty call channels for reuse
-	state   atomic.Int32
-	down    chan struct{} // closed when the peer is shut down
-	err     error
-	callID  atomic.Uint64
-	ready   chan struct{}
+	calls   map[uint64]chan *Msg // calls without a slot (calls.go) and openConn
+	chans   []chan *Msg          // empty call channels for reuse
+	// mapCalls counts calls' entries, so that a response delivered to a
+	// slot's Call looks at the map (and takes mu) only when it is not
+	// empty.
+	mapCalls atomic.Int64
+	slots    [numSlots]callSlot
+	state    atomic.Int32
+	down     chan struct{} // closed when the peer is shut down
+	err      error
+	callID   atomic.Uint64
+	ready    chan struct{}
 
 	recovered chan struct{} // closed when a recovery finished
 	recCause  error
@@ -341,6 +346,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	e.mu.Unlock()
 	p := &Peer{e: e, ctl: c, dialer: dialer, streams: map[uint32]*Stream{}, calls: map[uint64]chan *Msg{},
 		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), recDone: make(chan struct{}, 1), askCh: make(chan struct{}, 1)}
+	p.initSlots()
 	if err := e.newLanes(p); err != nil {
 		p.destroyLanes()
 		return nil, err
@@ -545,6 +551,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 	p.err = why
 	calls := p.calls
 	p.calls = map[uint64]chan *Msg{}
+	p.mapCalls.Store(0)
 	// A copy: streams come and go (Stream, Close) while we fail them.
 	streams := make([]*Stream, 0, len(p.streams))
 	for _, s := range p.streams {
@@ -559,6 +566,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 	for _, ch := range calls {
 		close(ch)
 	}
+	p.wakeSlots()
 	for _, s := range streams {
 		s.fail(why)
 	}

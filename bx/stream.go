@@ -377,16 +377,24 @@ func (e *RemoteError) Error() string { return "bx: remote handler: " + e.Msg }
 func (p *Peer) deliver(m *Msg) {
 	switch {
 	case m.flags&flagResponse != 0:
-		p.mu.Lock()
-		ch := p.calls[m.call]
-		delete(p.calls, m.call)
-		p.mu.Unlock()
+		if m.flags&flagError != 0 {
+			m.remote = string(m.data)
+		}
+		if p.deliverSlot(m) {
+			return
+		}
+		var ch chan *Msg
+		if p.mapCalls.Load() > 0 {
+			p.mu.Lock()
+			if ch = p.calls[m.call]; ch != nil {
+				delete(p.calls, m.call)
+				p.mapCalls.Add(-1)
+			}
+			p.mu.Unlock()
+		}
 		if ch == nil {
 			m.Release() // the caller gave up
 			return
-		}
-		if m.flags&flagError != 0 {
-			m.remote = string(m.data)
 		}
 		ch <- m
 	case m.flags&flagOpen != 0:
@@ -409,22 +417,40 @@ func (p *Peer) serve(h Handler, req *Msg) {
 	if !ok {
 		return
 	}
+	p.releaseServed(req)
 	p.sendMsg(context.Background(), stream, flags, call, &b)
 }
 
 // serveInline runs h on the polling goroutine and posts its response
-// without waiting; one that would wait goes to a worker.
+// without waiting; one that would wait goes to a worker. The request goes
+// back to the receive queue after the response is posted: the response
+// leaves first (it was copied out of the request before either).
 func (p *Peer) serveInline(h Handler, req *Msg) {
 	stream, call := req.Stream, req.call
 	b, flags, ok := p.respond(h, req)
 	if !ok {
 		return
 	}
-	p.sendOrQueue(stream, flags, call, b)
+	if p.trySendMsg(stream, flags, call, &b) {
+		p.releaseServed(req)
+		return
+	}
+	p.releaseServed(req)
+	p.e.queue(work{p: p, resp: b, reply: true, stream: stream, flags: flags, call: call})
 }
 
-// respond runs the handler and builds the response in a buffer of ours,
-// then releases the request.
+// releaseServed releases a request whose response is built.
+func (p *Peer) releaseServed(req *Msg) {
+	req.Release()
+	if f := serveReleased.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// respond runs the handler and builds the response in a buffer of ours.
+// The request stays the caller's to release (releaseServed) once the
+// response is copied out of it; when no response can be built, respond
+// releases it and reports false.
 func (p *Peer) respond(h Handler, req *Msg) (Buffer, uint16, bool) {
 	var resp []byte
 	var err error
@@ -451,10 +477,6 @@ func (p *Peer) respond(h Handler, req *Msg) (Buffer, uint16, bool) {
 	// before the request's buffer goes back to the receive queue, where
 	// the device may refill it at once.
 	copy(b.Payload(), resp)
-	req.Release()
-	if f := serveReleased.Load(); f != nil {
-		(*f)()
-	}
 	return b, flags, true
 }
 
@@ -495,6 +517,21 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 
 func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	id := p.callID.Add(1)
+	if s, ok := p.claimSlot(id); ok {
+		if p.state.Load() == stateDead {
+			s.forgetSlot(id)
+			b.Free()
+			return nil, p.Err()
+		}
+		// The progress goroutine polls while we wait (or we do).
+		p.e.waiting.Add(1)
+		defer p.e.waiting.Add(-1)
+		if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
+			s.forgetSlot(id)
+			return nil, err
+		}
+		return p.waitSlot(ctx, s, id)
+	}
 	p.mu.Lock()
 	if p.state.Load() == stateDead {
 		p.mu.Unlock()
@@ -509,6 +546,7 @@ func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		ch = make(chan *Msg, 1)
 	}
 	p.calls[id] = ch
+	p.mapCalls.Add(1)
 	p.mu.Unlock()
 	// The progress goroutine polls while we wait (or we do: pollFor).
 	p.e.waiting.Add(1)
@@ -553,7 +591,10 @@ func (p *Peer) answer(ch chan *Msg, m *Msg, ok bool) (*Msg, error) {
 func (p *Peer) forget(id uint64, ch chan *Msg) {
 	p.mu.Lock()
 	_, ours := p.calls[id]
-	delete(p.calls, id)
+	if ours {
+		delete(p.calls, id)
+		p.mapCalls.Add(-1)
+	}
 	p.mu.Unlock()
 	if !ours {
 		m, ok := <-ch
