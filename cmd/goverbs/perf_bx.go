@@ -300,7 +300,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 				cancel()
 				return fail(err)
 			}
-			caller = &perfBXCaller{p: p}
+			caller = newPerfBXCaller(p)
 		}
 		cancel()
 	} else {
@@ -555,14 +555,31 @@ func perfBXBW(c perfCaller, req []byte, iters, window int) (perfBWResult, error)
 	return perfBWResult{Bytes: len(req), Iterations: iters, BWPeak: bw, BWAvg: bw, MsgRate: float64(iters) / el.Seconds() / 1e6}, nil
 }
 
-type perfBXCaller struct{ p *bx.Peer }
+// perfBXCaller calls on one goroutine: its release function, made once,
+// releases the last response (a method value m.Release would be one
+// allocation per call in the loop that bx_lat times).
+type perfBXCaller struct {
+	p   *bx.Peer
+	m   *bx.Msg
+	rel func()
+}
+
+func newPerfBXCaller(p *bx.Peer) *perfBXCaller {
+	c := &perfBXCaller{p: p}
+	c.rel = func() { c.m.Release() }
+	return c
+}
+
+// concurrent is a caller of its own for one of bx_bw's goroutines.
+func (c *perfBXCaller) concurrent() perfCaller { return newPerfBXCaller(c.p) }
 
 func (c *perfBXCaller) call(req []byte) ([]byte, func(), error) {
 	m, err := c.p.Call(context.Background(), 1, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	return m.Data(), m.Release, nil
+	c.m = m
+	return m.Data(), c.rel, nil
 }
 
 type perfTCPCaller struct{ t *perfTCP }
