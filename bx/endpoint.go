@@ -218,11 +218,19 @@ type Endpoint struct {
 	cq      *cq.CQ
 	win     *flow.Window
 
-	srqMu   sync.Mutex   // the SRQ's receive side has one owner at a time
-	srqGone bool         // under srqMu: Close is destroying the SRQ
-	rwr     [1]qp.RecvWR // under srqMu: repost's work request, off the heap
-	rsge    [1]qp.SGE
+	srqMu   sync.Mutex             // the SRQ's receive side has one owner at a time
+	srqGone bool                   // under srqMu: Close is destroying the SRQ
+	rwr     [retireBatch]qp.RecvWR // under srqMu: repost's work requests, off the heap
+	rsge    [retireBatch]qp.SGE
 	msgs    []Msg // the pollMu holder's slab (newMsg)
+
+	// Released receive buffers not re-posted yet (retire): while someone
+	// polls, a Release only queues its buffer here, and the poller posts
+	// them, several to a call, between its polls (drainRetired).
+	retMu    sync.Mutex
+	retired  []retiredBuf // under retMu
+	retN     atomic.Int32 // len(retired)
+	spinning atomic.Bool  // the progress goroutine is polling
 
 	mu       sync.RWMutex
 	peers    map[*Peer]struct{}
@@ -328,6 +336,10 @@ type Stats struct {
 	// for its acknowledgement; Stalls, the lanes found stalled (a probe
 	// not complete after Config.StallTimeout), each followed by a recovery.
 	Probes, Stalls atomic.Uint64
+	// Deferred counts receive buffers released while the endpoint
+	// polled, and so re-posted (and their credits counted) by the poller
+	// between its polls rather than by Release.
+	Deferred atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -583,8 +595,79 @@ func (e *Endpoint) repost(b mr.Buf) error {
 		return ErrClosed
 	}
 	e.rsge[0] = b.SGE(b.Cap())
-	e.rwr[0] = qp.RecvWR{ID: b.Handle(), SGEs: e.rsge[:]}
-	return e.srq.PostRecv(e.rwr[:])
+	e.rwr[0] = qp.RecvWR{ID: b.Handle(), SGEs: e.rsge[:1]}
+	return e.srq.PostRecv(e.rwr[:1])
+}
+
+// retireBatch is the most buffers drainRetired posts in one call.
+const retireBatch = 16
+
+// retiredBuf is a released receive buffer and the peer whose credit it
+// becomes once it is posted again.
+type retiredBuf struct {
+	b mr.Buf
+	p *Peer
+}
+
+// releaseRecv returns a data message's receive buffer and, once it is
+// posted, its credit to the peer. While the endpoint polls (its progress
+// goroutine, a waiting Call, or a Call that just handed the CQ back and
+// will poll again) the buffer only queues, and the poller posts it between
+// its polls: the Release, most often on a caller's path between its
+// response and its next request, costs a lock and an append, not a post
+// and the returner's lock. A buffer queued while the poller went to sleep
+// waits for the ticker's next tick (poke), the bound on a credit's delay.
+func (e *Endpoint) releaseRecv(b mr.Buf, p *Peer) {
+	if e.cfg.Spin > 0 && (e.spinning.Load() || e.callerPolls.Load() || e.leftAt.Load() != 0) {
+		e.retMu.Lock()
+		e.retired = append(e.retired, retiredBuf{b: b, p: p})
+		e.retN.Store(int32(len(e.retired)))
+		e.retMu.Unlock()
+		e.stats.Deferred.Add(1)
+		e.poke()
+		return
+	}
+	e.repost(b)
+	p.ret.Released(1)
+	e.poke()
+}
+
+// drainRetired posts the queued receive buffers, retireBatch to a call,
+// and counts their credits (the pollMu holder between polls, the ticker,
+// the progress goroutine before it sleeps).
+func (e *Endpoint) drainRetired() {
+	if e.retN.Load() == 0 {
+		return
+	}
+	e.retMu.Lock()
+	defer e.retMu.Unlock()
+	rs := e.retired
+	for len(rs) > 0 {
+		k := min(len(rs), retireBatch)
+		e.srqMu.Lock()
+		if !e.srqGone {
+			for i, r := range rs[:k] {
+				e.rsge[i] = r.b.SGE(r.b.Cap())
+				e.rwr[i] = qp.RecvWR{ID: r.b.Handle(), SGEs: e.rsge[i : i+1]}
+			}
+			e.srq.PostRecv(e.rwr[:k])
+		}
+		e.srqMu.Unlock()
+		// A run of one peer's buffers is one call of its returner.
+		for i := 0; i < k; {
+			j := i + 1
+			for j < k && rs[j].p == rs[i].p {
+				j++
+			}
+			rs[i].p.ret.Released(uint64(j - i))
+			i = j
+		}
+		rs = rs[k:]
+	}
+	clear(e.retired)
+	e.retired = e.retired[:0]
+	e.retN.Store(0)
+	e.poke()
 }
 
 // newMsg returns a zero Msg carved from a slab: one allocation per 64
@@ -650,6 +733,7 @@ func (e *Endpoint) ticker() {
 			case <-t.C:
 			}
 			e.ticks.Add(1)
+			e.drainRetired()
 			// Take the kick before looking: an event after this look
 			// pokes again.
 			select {
@@ -710,8 +794,16 @@ func (e *Endpoint) progress() {
 	// after a longer sleep.
 	window := e.cfg.Spin
 	var park *time.Timer
+	spinning := false
+	setSpinning := func(on bool) {
+		if spinning != on {
+			spinning = on
+			e.spinning.Store(on)
+		}
+	}
 	for {
 		if e.callerPolls.Load() || e.handedBack() {
+			setSpinning(false)
 			// While Calls poll, wait for the last one to hand the CQ
 			// back; a Call of an endpoint without handlers does not
 			// (lazyResume): then look again after the hand-back delay.
@@ -740,12 +832,14 @@ func (e *Endpoint) progress() {
 		if n > 0 {
 			idle, empty = time.Time{}, 0
 			if e.cfg.Spin > 0 && e.mayPoll() {
+				setSpinning(true)
 				runtime.Gosched() // run the goroutines we just woke on this P
 			}
 			continue
 		}
 		empty++
 		if e.cfg.Spin > 0 && (empty%16 != 1 || e.mayPoll()) {
+			setSpinning(true)
 			if empty%16 != 1 {
 				if yieldEvery > 0 && empty%yieldEvery == 0 {
 					runtime.Gosched()
@@ -769,6 +863,9 @@ func (e *Endpoint) progress() {
 		if e.stopCh.Err() != nil {
 			return
 		}
+		// Not polling any more: what Releases queued goes back now.
+		setSpinning(false)
+		e.drainRetired()
 		slept := time.Now()
 		e.waitMu.Lock()
 		if e.callerPolls.Load() {
@@ -815,6 +912,7 @@ func (e *Endpoint) pollLocked() (int, error) {
 	for i := range e.wc[:n] {
 		e.complete(&e.wc[i])
 	}
+	e.drainRetired()
 	return n, nil
 }
 

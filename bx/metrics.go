@@ -98,6 +98,8 @@ type Counters struct {
 	Ticks uint64
 	// Probes and Stalls: see Stats.
 	Probes, Stalls uint64
+	// Deferred: receive buffers re-posted by the poller (see Stats).
+	Deferred uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -307,7 +309,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
-		Probes: st.Probes.Load(), Stalls: st.Stalls.Load()}
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

@@ -48,9 +48,7 @@ func (m *Msg) Release() {
 			e.large.Free(m.buf)
 			return
 		}
-		e.repost(m.buf)
-		m.p.ret.Released(1)
-		e.poke()
+		e.releaseRecv(m.buf, m.p)
 	})
 }
 

@@ -503,6 +503,7 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"self_polled":    float64(b.Counters.SelfPolled-a.Counters.SelfPolled) / n,
 		"resumes":        float64(b.Counters.Resumes-a.Counters.Resumes) / n,
 		"hand_backs":     float64(b.Counters.HandBacks-a.Counters.HandBacks) / n,
+		"deferred":       float64(b.Counters.Deferred-a.Counters.Deferred) / n,
 		"arms":           float64(b.Counters.Arms-a.Counters.Arms) / n,
 		"wakeups":        float64(b.Counters.Wakeups-a.Counters.Wakeups) / n,
 		"ticks":          float64(b.Counters.Ticks-a.Counters.Ticks) / n,
