@@ -2,7 +2,9 @@ package bx_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"fmt"
 	"testing"
 	"time"
 
@@ -79,5 +81,45 @@ func TestDeferredRepost(t *testing.T) {
 	recv(n + data).Release()
 	if err := <-sendErr; err != nil {
 		t.Fatal(hang.Cause(ctx, err))
+	}
+}
+
+// TestDeferredAck checks the acknowledgements a response carries, which
+// the client applies only before its next poll (or when a lane's window
+// is full): with a window of 2 messages and one lane, 300 calls need each
+// request freed, and once they are done and nothing else moves, the
+// client's window must empty (what the last response acknowledged is
+// freed by the poller, not left for a next call that never comes).
+func TestDeferredAck(t *testing.T) {
+	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
+	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Lanes, c.LaneMsgs = 1, 2 })
+	srv.HandleInline(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+	ctx, wd := hang.For(t, "calls", time.Minute) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	for i := range 300 {
+		req := []byte(fmt.Sprintf("call %d", i))
+		m, err := p.Call(ctx, 1, req)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
+		}
+		if !bytes.Equal(m.Data(), req) {
+			t.Fatalf("call %d: response %q", i, m.Data())
+		}
+		m.Release()
+		wd.Progress()
+	}
+	for {
+		ps := cli.Snapshot().Peers
+		if len(ps) != 1 {
+			t.Fatalf("client has %d peers", len(ps))
+		}
+		if ps[0].Window.InFlightMsgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the client's window still holds %d messages: %v", ps[0].Window.InFlightMsgs, hang.Cause(ctx, ctx.Err()))
+		case <-time.After(time.Millisecond):
+		}
 	}
 }

@@ -222,7 +222,8 @@ type Endpoint struct {
 	srqGone bool                   // under srqMu: Close is destroying the SRQ
 	rwr     [retireBatch]qp.RecvWR // under srqMu: repost's work requests, off the heap
 	rsge    [retireBatch]qp.SGE
-	msgs    []Msg // the pollMu holder's slab (newMsg)
+	msgs    []Msg   // the pollMu holder's slab (newMsg)
+	acks    []*lane // the pollMu holder's: lanes with a deferred acknowledgement (deferAck)
 
 	// Released receive buffers not re-posted yet (retire): while someone
 	// polls, a Release only queues its buffer here, and the poller posts
@@ -863,8 +864,12 @@ func (e *Endpoint) progress() {
 		if e.stopCh.Err() != nil {
 			return
 		}
-		// Not polling any more: what Releases queued goes back now.
+		// Not polling any more: what Releases queued goes back now, and
+		// what acknowledgements deferred is freed.
 		setSpinning(false)
+		e.pollMu.Lock()
+		e.applyAcks()
+		e.pollMu.Unlock()
 		e.drainRetired()
 		slept := time.Now()
 		e.waitMu.Lock()
@@ -905,6 +910,7 @@ func nextWindow(w, spin, d time.Duration) time.Duration {
 // pollLocked polls the CQ once and completes what it found. pollMu is
 // held.
 func (e *Endpoint) pollLocked() (int, error) {
+	e.applyAcks()
 	n, err := e.cq.Poll(e.wc)
 	if err != nil {
 		return 0, err
@@ -914,6 +920,17 @@ func (e *Endpoint) pollLocked() (int, error) {
 	}
 	e.drainRetired()
 	return n, nil
+}
+
+// applyAcks applies the acknowledgements deferred since the last poll
+// (deferAck). pollMu is held.
+func (e *Endpoint) applyAcks() {
+	for i, l := range e.acks {
+		l.ackQueued = false
+		l.peer.applyAck(l)
+		e.acks[i] = nil
+	}
+	e.acks = e.acks[:0]
 }
 
 // mayPoll reports whether this endpoint may poll (liveEndpoints, and

@@ -107,6 +107,11 @@ type lane struct {
 	free      []*inbound          // under rmu: flushed entries for reuse
 	ready     []*Msg              // the pollMu holder's: what flush took, to deliver
 	acked     atomic.Uint64
+	// ackTo is an acknowledgement received with a response and not
+	// applied yet (deferAck): the pollMu holder applies it before its
+	// next poll, a sender when the window is full.
+	ackTo     atomic.Uint64
+	ackQueued bool // the pollMu holder's: l is in the endpoint's acks list
 	ackSent   atomic.Uint64
 	ackWait   uint64           // the ticker's: 1 + ackSent when it last saw an acknowledgement owed (ackIdle)
 	scratch   [HeaderSize]byte // credit updates, sent inline
@@ -682,7 +687,9 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 	if err := p.waitUsable(ctx); err != nil {
 		return err
 	}
-	if !o.ctl {
+	if !o.ctl && !l.win.TryAcquire(o.bytes) {
+		// Full: what the peer acknowledged may not be freed yet.
+		p.applyAck(l)
 		if err := l.win.Acquire(ctx, o.bytes); err != nil {
 			return p.sendErr(err)
 		}
@@ -708,7 +715,10 @@ func (p *Peer) trySendOut(l *lane, s uint32, h header, o out) (bool, error) {
 		return false, nil
 	}
 	if !o.ctl && !l.win.TryAcquire(o.bytes) {
-		return false, nil
+		p.applyAck(l)
+		if !l.win.TryAcquire(o.bytes) {
+			return false, nil
+		}
 	}
 	epoch, ok := p.credits.TryAcquireEpoch(1)
 	if !ok {
@@ -868,6 +878,28 @@ func (p *Peer) ack(l *lane, seq uint64) {
 	l.outs = append(l.outs[:0], l.outs[n:]...)
 	l.acked.Store(seq)
 	l.mu.Unlock()
+}
+
+// deferAck records acknowledgement seq on l, to be applied by the pollMu
+// holder before its next poll (applyAcks): freeing the acknowledged
+// messages is then off the path from a response to its Call's return.
+// Only the pollMu holder calls it.
+func (p *Peer) deferAck(l *lane, seq uint64) {
+	if seq <= l.ackTo.Load() || seq <= l.acked.Load() {
+		return
+	}
+	l.ackTo.Store(seq)
+	if !l.ackQueued {
+		l.ackQueued = true
+		p.e.acks = append(p.e.acks, l)
+	}
+}
+
+// applyAck applies l's deferred acknowledgement, if any.
+func (p *Peer) applyAck(l *lane) {
+	if seq := l.ackTo.Load(); seq > l.acked.Load() {
+		p.ack(l, seq)
+	}
 }
 
 // maybeUpdate sends an explicit credit/acknowledgement update when flow
@@ -1045,8 +1077,10 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 			p.ack(l, h.Ack)
 			return
 		}
-		p.ack(l, h.Ack)
+		// A response: its caller returns before what the acknowledgement
+		// frees is freed (deferAck).
 		p.deliver(m)
+		p.deferAck(l, h.Ack)
 		return
 	}
 	in := l.newInbound(h)
