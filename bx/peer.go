@@ -687,6 +687,9 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 	if err := p.waitUsable(ctx); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return p.sendErr(err) // as the window's Acquire would
+	}
 	if !o.ctl && !l.win.TryAcquire(o.bytes) {
 		// Full: what the peer acknowledged may not be freed yet.
 		p.applyAck(l)
