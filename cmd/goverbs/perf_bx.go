@@ -127,6 +127,22 @@ Options:
       --cpuprofile=<f>   CPU profile of the measured loop
 `
 
+// perfGRPCTests runs the grpc_* tests' gRPC side. perf_grpc.go, built
+// only with -tags goverbs_grpc, sets perfGRPC; the shipped binary has no
+// gRPC in it (about a hundred packages it would link otherwise).
+type perfGRPCTests interface {
+	// caller connects a client (over ep's bx Conns, or TCP when ep is
+	// nil) and returns it with its close function.
+	caller(ep *bx.Endpoint, addr string, size int) (perfCaller, func() error, error)
+	// serve starts the echo server at laddr and returns its stop function.
+	serve(ep *bx.Endpoint, laddr string, size int) (func(), error)
+}
+
+var perfGRPC perfGRPCTests
+
+// errPerfNoGRPC is what a grpc_* test says in a goverbs built without gRPC.
+var errPerfNoGRPC = &exitError{code: 1, msg: "this goverbs is built without gRPC: build it with -tags goverbs_grpc for the grpc_* tests (scripts/bench-bx --grpc does)"}
+
 func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	o := &perfBXOptions{test: test, bw: strings.HasSuffix(test, "_bw"), tcp: strings.Contains(test, "tcp_"), grpc: strings.HasPrefix(test, "grpc_")}
 	fs := flag.NewFlagSet("goverbs perf "+test, flag.ContinueOnError)
@@ -161,6 +177,9 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		o.server = rest[0]
 	default:
 		return usageError("want at most one HOST argument, have %q", rest)
+	}
+	if o.grpc && perfGRPC == nil {
+		return errPerfNoGRPC
 	}
 	if o.iters == 0 {
 		o.iters = 1000
@@ -278,12 +297,12 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		// The server listens before it answers the hello.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if o.grpc {
-			gc, err := newPerfGRPCCaller(ep, dataAddr, perfGRPCMaxMsg(o.size))
+			gc, closeGC, err := perfGRPC.caller(ep, dataAddr, o.size)
 			if err != nil {
 				cancel()
 				return fail(err)
 			}
-			defer gc.Close()
+			defer closeGC()
 			caller = gc
 		} else if o.tcp {
 			var d net.Dialer
@@ -306,11 +325,11 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	} else {
 		laddr := ":" + strconv.Itoa(o.port+1)
 		if o.grpc {
-			gs := perfGRPCServer(perfGRPCMaxMsg(o.size))
-			defer gs.Stop()
-			if err := perfGRPCServe(gs, ep, laddr); err != nil {
+			stop, err := perfGRPC.serve(ep, laddr, o.size)
+			if err != nil {
 				return fail(err)
 			}
+			defer stop()
 		} else if o.tcp {
 			if tl, err = net.Listen("tcp", laddr); err != nil {
 				return fail(err)

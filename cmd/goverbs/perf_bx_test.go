@@ -44,6 +44,9 @@ func TestPerfBX(t *testing.T) {
 			perfPort += 2
 			common := append([]string{"perf"}, strings.Fields(tc.args)...)
 			common = append(common, "-n", strconv.Itoa(tc.iters), "-p", strconv.Itoa(port), "--json")
+			if strings.HasPrefix(tc.args, "grpc_") && !goverbsHasGRPC(t) {
+				t.Skip("goverbs built without -tags goverbs_grpc (it says so, checked); scripts/vm's copy has it")
+			}
 			done := make(chan struct{})
 			var rs result
 			go func() {
@@ -111,4 +114,24 @@ func TestPerfBX(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goverbsHasGRPC reports whether the goverbs under test has the grpc_*
+// tests (-tags goverbs_grpc: scripts/vm's copy in the guest does, a plain
+// go build does not). A goverbs without them must refuse them with exit
+// status 1 and a message naming the tag, before it looks at its flags
+// (-s -1 is refused by one with them).
+func goverbsHasGRPC(t *testing.T) bool {
+	t.Helper()
+	r := goverbs(t, time.Minute, "perf", "grpc_lat", "-s", "-1")
+	if strings.Contains(r.stderr, "built without gRPC") {
+		if r.code != 1 || !strings.Contains(r.stderr, "-tags goverbs_grpc") {
+			t.Fatalf("goverbs perf grpc_lat without gRPC: exit %d, stderr %q; want exit 1 and the tag named", r.code, r.stderr)
+		}
+		return false
+	}
+	if r.code == 0 || !strings.Contains(r.stderr, "-s -1") {
+		t.Fatalf("goverbs perf grpc_lat -s -1: exit %d, stderr %q; want a usage error naming -s -1", r.code, r.stderr)
+	}
+	return true
 }

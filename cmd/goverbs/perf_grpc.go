@@ -1,3 +1,5 @@
+//go:build goverbs_grpc
+
 package main
 
 import (
@@ -17,6 +19,33 @@ import (
 // (package bxgrpc: its HTTP/2 over bx Conns) or over kernel TCP. Payloads
 // are raw bytes (a pass-through codec), so what is measured is gRPC and
 // the transport, not protobuf.
+//
+// This file is built only with -tags goverbs_grpc (scripts/bench-bx --grpc
+// and scripts/test build it so): gRPC is about a hundred packages and
+// several MB that the shipped goverbs does not need. Without the tag,
+// grpc_* tests fail with errPerfNoGRPC (perf_bx.go).
+
+func init() { perfGRPC = perfGRPCImpl{} }
+
+// perfGRPCImpl is perf_bx.go's perfGRPCTests with gRPC linked in.
+type perfGRPCImpl struct{}
+
+func (perfGRPCImpl) caller(ep *bx.Endpoint, addr string, size int) (perfCaller, func() error, error) {
+	c, err := newPerfGRPCCaller(ep, addr, perfGRPCMaxMsg(size))
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, c.Close, nil
+}
+
+func (perfGRPCImpl) serve(ep *bx.Endpoint, laddr string, size int) (func(), error) {
+	s := perfGRPCServer(perfGRPCMaxMsg(size))
+	if err := perfGRPCServe(s, ep, laddr); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s.Stop, nil
+}
 
 // perfGRPCMethod is the echo method's full name.
 const perfGRPCMethod = "/goverbs.perf.Echo/Call"

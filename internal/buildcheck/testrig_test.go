@@ -78,3 +78,35 @@ func TestShippedBinaryLacksTestRig(t *testing.T) {
 		t.Fatalf("go tool nm listed no main.* symbols in %s", bin)
 	}
 }
+
+// TestShippedDepsLackGRPC: goverbs as users build it links no gRPC; the
+// grpc_* benchmarks (cmd/goverbs/perf_grpc.go) come in with -tags
+// goverbs_grpc only (scripts/vm and scripts/bench-bx --grpc build so).
+// GOFLAGS is cleared: what is checked is the plain build.
+func TestShippedDepsLackGRPC(t *testing.T) {
+	count := func(tags ...string) (all, grpc int) {
+		args := append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, tags...)
+		out, err := goCmd(t, []string{"CGO_ENABLED=0", "GOFLAGS="}, append(args, "./cmd/goverbs")...).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %v ./cmd/goverbs: %v", tags, err)
+		}
+		for _, d := range strings.Fields(string(out)) {
+			if strings.Contains(d, ".") {
+				all++
+			}
+			if strings.HasPrefix(d, "google.golang.org/grpc") {
+				grpc++
+			}
+		}
+		return all, grpc
+	}
+	all, grpc := count()
+	if grpc != 0 {
+		t.Errorf("go build ./cmd/goverbs links %d gRPC packages", grpc)
+	}
+	allTag, grpcTag := count("-tags", "goverbs_grpc")
+	if grpcTag == 0 {
+		t.Errorf("with -tags goverbs_grpc, cmd/goverbs links no gRPC: the tag no longer selects perf_grpc.go")
+	}
+	t.Logf("cmd/goverbs links %d non-standard packages, %d with -tags goverbs_grpc (%d of them gRPC)", all, allTag, grpcTag)
+}
