@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/internal/hang"
 )
@@ -91,10 +92,10 @@ func TestStreamClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if err := s.Send(ctx, []byte("late")); !errors.Is(err, bx.ErrClosed) {
+	if err := s.Send(ctx, []byte("late")); !errors.Is(err, bx.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Send after Close: %v, want ErrClosed", err)
 	}
-	if _, err := s.Recv(ctx); !errors.Is(err, bx.ErrClosed) {
+	if _, err := s.Recv(ctx); !errors.Is(err, bx.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Recv after Close: %v, want ErrClosed", err)
 	}
 	rs := sp.Stream(1)

@@ -13,13 +13,14 @@ import (
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/flow"
+	"github.com/goverbs/goverbs/internal/closederr"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 )
 
 // Errors a caller can tell apart with errors.Is.
 var (
-	ErrClosed     = errors.New("bx: closed")
+	ErrClosed     = closederr.New("bx: closed") // goverbs.ErrClosed for errors.Is
 	ErrPeerGone   = errors.New("bx: peer gone")
 	ErrRecovering = errors.New("bx: connection recovery in progress")
 	ErrTooLarge   = errors.New("bx: message larger than MaxMessage")

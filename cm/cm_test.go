@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/hang"
@@ -586,7 +587,7 @@ func TestDestroyDuringResolve(t *testing.T) {
 	}
 	select {
 	case err := <-errc:
-		if !errors.Is(err, cm.ErrClosed) && !errors.Is(err, cm.ErrAddress) {
+		if !errors.Is(err, cm.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) && !errors.Is(err, cm.ErrAddress) {
 			t.Fatalf("resolve after Close: %v, want ErrClosed", err)
 		}
 	case <-ctx.Done():
@@ -595,7 +596,7 @@ func TestDestroyDuringResolve(t *testing.T) {
 	if err := cli.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if err := cli.ResolveRoute(ctx); !errors.Is(err, cm.ErrClosed) {
+	if err := cli.ResolveRoute(ctx); !errors.Is(err, cm.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("use after Close: %v, want ErrClosed", err)
 	}
 }
@@ -653,7 +654,7 @@ func TestBadInput(t *testing.T) {
 	if err := ch.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-waitErr; !errors.Is(err, cm.ErrClosed) {
+	if err := <-waitErr; !errors.Is(err, cm.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Wait across Close: %v, want ErrClosed", err)
 	}
 	if err := ch.Close(); err != nil {
@@ -662,7 +663,7 @@ func TestBadInput(t *testing.T) {
 	if ch.Fd() != -1 {
 		t.Error("Fd of a closed channel is not -1")
 	}
-	if _, err := ch.CreateID(cm.TCP); !errors.Is(err, cm.ErrClosed) {
+	if _, err := ch.CreateID(cm.TCP); !errors.Is(err, cm.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("CreateID after Close: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/goverbs/goverbs/internal/closederr"
 	"github.com/goverbs/goverbs/uverbs"
 	"golang.org/x/sys/unix"
 )
@@ -86,7 +87,7 @@ func (e Event) String() string {
 
 // Sentinels an *EventError matches with errors.Is.
 var (
-	ErrClosed       = errors.New("cm: use of closed ID or channel")
+	ErrClosed       = closederr.New("cm: use of closed ID or channel") // goverbs.ErrClosed for errors.Is
 	ErrAddress      = errors.New("cm: address resolution failed")
 	ErrRoute        = errors.New("cm: route resolution failed")
 	ErrUnreachable  = errors.New("cm: peer unreachable")

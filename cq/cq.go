@@ -63,7 +63,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	if ctx == nil {
 		return nil, errors.New("cq: create: nil context")
 	}
-	if ctx.Closed() {
+	if ctx.IsClosed() {
 		return nil, ErrClosed
 	}
 	max := int(ctx.Attr().MaxCQE)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/internal/hang"
 )
 
@@ -208,10 +209,10 @@ func TestCreditsClose(t *testing.T) {
 	waitStalls(t, func() uint64 { return c.Stats().Stalls }, 1)
 	c.Close()
 	c.Close()
-	if err := <-errc; !errors.Is(err, ErrClosed) {
+	if err := <-errc; !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("Acquire after Close = %v", err)
 	}
-	if err := c.Grant(5, 0); !errors.Is(err, ErrClosed) {
+	if err := c.Grant(5, 0); !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("Grant after Close = %v", err)
 	}
 	if c.TryAcquire(0) || c.TryAcquireControl() {
@@ -316,7 +317,7 @@ func TestCreditsAcquireEpoch(t *testing.T) {
 		t.Errorf("state granted %d consumed %d, want 10 and 1", granted, consumed)
 	}
 	c.Close()
-	if _, err := c.AcquireEpoch(ctx, 1); !errors.Is(err, ErrClosed) {
+	if _, err := c.AcquireEpoch(ctx, 1); !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }

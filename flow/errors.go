@@ -1,12 +1,17 @@
 package flow
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/goverbs/goverbs/internal/closederr"
+)
 
 // Sentinel errors. Functions wrap them with the values that failed, so test
 // with errors.Is.
 var (
 	// ErrClosed: the Credits or Window was closed; blocked waits return it.
-	ErrClosed = errors.New("flow: closed")
+	// It is goverbs.ErrClosed for errors.Is.
+	ErrClosed = closederr.New("flow: closed")
 	// ErrTooLarge: the request can never be satisfied (more credits than the
 	// receiver can ever grant).
 	ErrTooLarge = errors.New("flow: request exceeds what can ever be granted")

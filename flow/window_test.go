@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs"
 )
 
 // wop is one step of a Window table test on the tree
@@ -189,10 +191,10 @@ func TestWindowCancelAndClose(t *testing.T) {
 	other := acquireAsync(t, context.Background(), q2, 1)
 	q1.Close()
 	q1.Close()
-	if err := <-closed; !errors.Is(err, ErrClosed) {
+	if err := <-closed; !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("waiter on closed window = %v", err)
 	}
-	if err := q1.Acquire(context.Background(), 1); !errors.Is(err, ErrClosed) {
+	if err := q1.Acquire(context.Background(), 1); !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("Acquire on closed window = %v", err)
 	}
 	expectBlocked(t, other, "sibling of a closed window")

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -399,20 +400,20 @@ func TestAllocatorClose(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	if _, err := a.Alloc(10); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := a.Alloc(10); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("alloc after close: %v", err)
 	}
-	if _, err := k.Alloc(10); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := k.Alloc(10); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("cache alloc after close: %v", err)
 	}
-	if err := a.Free(b); !errors.Is(err, uverbs.ErrClosed) {
+	if err := a.Free(b); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("free after close: %v", err)
 	}
 	if _, ok := a.Lookup(b.Addr()); ok {
 		t.Error("lookup after close")
 	}
 	k.Close()
-	if _, err := k.Alloc(10); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := k.Alloc(10); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("alloc on a closed cache: %v", err)
 	}
 

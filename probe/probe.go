@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/goverbs/goverbs/internal/closederr"
 )
 
 // Options select what Attach counts.
@@ -409,8 +411,9 @@ func (p *Probes) Close() error {
 	return errors.Join(errs...)
 }
 
-// ErrClosed is returned by Snapshot after Close.
-var ErrClosed = errors.New("probe: closed")
+// ErrClosed is returned by Snapshot after Close. It is goverbs.ErrClosed
+// for errors.Is.
+var ErrClosed = closederr.New("probe: closed")
 
 // Command is one uverbs command of one process and fd: cumulative count,
 // errors and latency since Attach.

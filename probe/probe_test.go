@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/uverbs"
@@ -107,7 +108,7 @@ func TestAttachDegrades(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Close()
-	if _, err := p.Snapshot(); !errors.Is(err, ErrClosed) {
+	if _, err := p.Snapshot(); !errors.Is(err, ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Fatalf("Snapshot after Close: %v, want ErrClosed", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
@@ -220,47 +221,47 @@ func TestUseAfterCloseAndDoubleClose(t *testing.T) {
 			t.Fatalf("Close %T: %v", cl, err)
 		}
 	}
-	if g, err := m.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) {
+	if g, err := m.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("MR.SGE after Close: %+v, %v", g, err)
 	}
 	if !m.IsClosed() || !q.IsClosed() || !ccq.IsClosed() {
 		t.Errorf("IsClosed after Close: MR %v, QP %v, CQ %v", m.IsClosed(), q.IsClosed(), ccq.IsClosed())
 	}
-	if err := q.Connect(qp.Remote{QPN: 1}, qp.ConnectOptions{}); !errors.Is(err, qp.ErrClosed) {
+	if err := q.Connect(qp.Remote{QPN: 1}, qp.ConnectOptions{}); !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Connect after Close: %v", err)
 	}
-	if err := ccq.Notify(false); !errors.Is(err, cq.ErrClosed) {
+	if err := ccq.Notify(false); !errors.Is(err, cq.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Notify after Close: %v", err)
 	}
-	if _, err := qp.Create(pd2, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := qp.Create(pd2, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Create with a closed CQ: %v", err)
 	}
 	if err := pd2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.PostSend([]qp.SendWR{{Opcode: qp.OpSend}}); !errors.Is(err, qp.ErrClosed) {
+	if err := q.PostSend([]qp.SendWR{{Opcode: qp.OpSend}}); !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("PostSend after Close: %v", err)
 	}
-	if err := q.PostRecv([]qp.RecvWR{{}}); !errors.Is(err, qp.ErrClosed) {
+	if err := q.PostRecv([]qp.RecvWR{{}}); !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("PostRecv after Close: %v", err)
 	}
-	if _, err := q.Query(); !errors.Is(err, qp.ErrClosed) {
+	if _, err := q.Query(); !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Query after Close: %v", err)
 	}
-	if err := q.ToError(); !errors.Is(err, qp.ErrClosed) {
+	if err := q.ToError(); !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Modify after Close: %v", err)
 	}
-	if _, err := ccq.Poll(make([]cq.WC, 1)); !errors.Is(err, cq.ErrClosed) {
+	if _, err := ccq.Poll(make([]cq.WC, 1)); !errors.Is(err, cq.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Poll after Close: %v", err)
 	}
-	if _, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := mr.Register(pd, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Register on a closed PD: %v", err)
 	}
-	if _, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := qp.Create(pd, qp.Config{SendCQ: ccq, RecvCQ: ccq, MaxSendWR: 4, MaxRecvWR: 4}); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Create on a closed PD: %v", err)
 	}
 	// Closing the context closes what is left open on it: an MR too.
-	if _, err := mr.Register(pd2, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := mr.Register(pd2, mem.Bytes(), mr.LocalWrite); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("Register on the closed PD2: %v", err)
 	}
 	pd3, err := c.AllocPD()
@@ -277,7 +278,7 @@ func TestUseAfterCloseAndDoubleClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close of the context: %v", err)
 	}
-	if _, err := m2.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) || !m2.IsClosed() {
+	if _, err := m2.SGE(0, 64); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) || !m2.IsClosed() {
 		t.Errorf("MR.SGE after closing its context: %v (IsClosed %v)", err, m2.IsClosed())
 	}
 	if err := m2.Close(); err != nil {
@@ -290,13 +291,13 @@ func TestUseAfterCloseAndDoubleClose(t *testing.T) {
 	if b := mem.Bytes(); b != nil {
 		t.Errorf("Memory.Bytes after Close: %d bytes", len(b))
 	}
-	if _, err := c.AllocPD(); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := c.AllocPD(); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("AllocPD after Close: %v", err)
 	}
-	if _, err := cq.Create(c, 4); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := cq.Create(c, 4); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("cq.Create after Close: %v", err)
 	}
-	if _, err := c.QueryPort(1); !errors.Is(err, uverbs.ErrClosed) {
+	if _, err := c.QueryPort(1); !errors.Is(err, uverbs.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("QueryPort after Close: %v", err)
 	}
 }

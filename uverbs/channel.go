@@ -105,7 +105,7 @@ func (r *eventReader) read() (int, error) {
 
 // CreateCompChannel creates a completion channel.
 func (c *Context) CreateCompChannel() (*CompChannel, error) {
-	if c.Closed() {
+	if c.IsClosed() {
 		return nil, ErrClosed
 	}
 	var req ioctl.CreateCompChannel

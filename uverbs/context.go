@@ -218,12 +218,18 @@ func (c *Context) Untrack(o io.Closer) {
 	}
 }
 
-// Closed reports whether Close was called.
-func (c *Context) Closed() bool {
+// IsClosed reports whether Close was called (the name every goverbs
+// object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...).
+func (c *Context) IsClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
 }
+
+// Closed is IsClosed.
+//
+// Deprecated: use IsClosed, as on every other goverbs object.
+func (c *Context) Closed() bool { return c.IsClosed() }
 
 // Close destroys every object still open on the context, newest first,
 // unmaps the provider's pages and closes the descriptor. It is idempotent.

@@ -54,7 +54,7 @@ type PD struct {
 
 // AllocPD allocates a protection domain.
 func (c *Context) AllocPD() (*PD, error) {
-	if c.Closed() {
+	if c.IsClosed() {
 		return nil, ErrClosed
 	}
 	var req ioctl.AllocPD

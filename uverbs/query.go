@@ -72,7 +72,7 @@ func (c *Context) queryDevice() (DeviceAttr, error) {
 
 // QueryDevice asks the kernel for the device attributes again.
 func (c *Context) QueryDevice() (DeviceAttr, error) {
-	if c.Closed() {
+	if c.IsClosed() {
 		return DeviceAttr{}, ErrClosed
 	}
 	a, err := c.queryDevice()
@@ -168,7 +168,7 @@ func (c *Context) checkPort(port int) error {
 
 // QueryPort asks the kernel for a port's attributes. Ports count from 1.
 func (c *Context) QueryPort(port int) (PortAttr, error) {
-	if c.Closed() {
+	if c.IsClosed() {
 		return PortAttr{}, ErrClosed
 	}
 	if err := c.checkPort(port); err != nil {
@@ -206,7 +206,7 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 // GIDs returns the port's populated GID table entries. It asks the kernel
 // (QUERY_GID_TABLE, one ioctl) and reads sysfs on kernels without that method.
 func (c *Context) GIDs(port int) ([]GID, error) {
-	if c.Closed() {
+	if c.IsClosed() {
 		return nil, ErrClosed
 	}
 	if err := c.checkPort(port); err != nil {
