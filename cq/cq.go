@@ -8,10 +8,10 @@ package cq
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -26,8 +26,7 @@ type CQ struct {
 	drv    provider.CQ
 	handle uint32
 	cqe    int
-	mu     sync.Mutex
-	closed atomic.Bool
+	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 
 	// Event-driven completions (Options.Channel or Options.Events).
 	user    uint64
@@ -92,19 +91,19 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	if ch != nil {
 		chFd = ch.Fd()
 	}
-	user := ctx.NewUserHandle(nil)
+	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
 	defer func() {
 		if err != nil {
-			ctx.ReleaseUserHandle(user)
+			uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		}
 	}()
-	drv, err := ctx.Driver().NewCQ(cqe)
+	drv, err := uvobj.Of(ctx).Driver.NewCQ(cqe)
 	if err != nil {
 		return nil, fmt.Errorf("cq: create: %w", err)
 	}
 	in, out := drv.Udata()
 	var handle, granted uint32
-	f := ctx.File()
+	f := uvobj.Of(ctx).File
 	err = ioctl.ErrNotSupported
 	if !f.UsesWrite() {
 		var c ioctl.Call
@@ -149,8 +148,8 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		}
 	}
 	q.fd = f.Fd()
-	ctx.BindUserHandle(user, q)
-	if err := drv.Attach(ctx.Device(), handle, int(granted)); err != nil {
+	uvobj.Of(ctx).Objects.BindUserHandle(user, q)
+	if err := drv.Attach(uvobj.Of(ctx).Device, handle, int(granted)); err != nil {
 		q.destroy()
 		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
 	}
@@ -168,7 +167,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 			return nil, fmt.Errorf("cq: create: %w", err)
 		}
 	}
-	if err := ctx.Track(q); err != nil {
+	if err := uvobj.Of(ctx).Objects.Track(q); err != nil {
 		q.destroy()
 		drv.Close()
 		return nil, err
@@ -180,7 +179,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 var ErrClosed = uverbs.ErrClosed
 
 // IsClosed reports whether Close was called.
-func (q *CQ) IsClosed() bool { return q.closed.Load() }
+func (q *CQ) IsClosed() bool { return q.once.IsClosed() }
 
 func (q *CQ) String() string { return fmt.Sprintf("CQ %d on %s", q.handle, q.ctx.Name()) }
 
@@ -189,9 +188,9 @@ func (q *CQ) Len() int { return q.cqe }
 
 // Handle is the kernel handle, for packages that create queue pairs.
 func (q *CQ) Handle() (uint32, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
+	q.once.Lock()
+	defer q.once.Unlock()
+	if q.once.IsClosed() {
 		return 0, ErrClosed
 	}
 	return q.handle, nil
@@ -204,7 +203,7 @@ func (q *CQ) Context() *uverbs.Context { return q.ctx }
 // makes no system call and allocates nothing. It returns ErrClosed after
 // Close. Check each WC's Status (or wc[i].Err()).
 func (q *CQ) Poll(wc []WC) (int, error) {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return 0, ErrClosed
 	}
 	return q.drv.Poll(wc), nil
@@ -214,7 +213,7 @@ func (q *CQ) Poll(wc []WC) (int, error) {
 // CQ is empty). Like Poll it makes no system call; a completion may arrive
 // just after it looked.
 func (q *CQ) Empty() bool {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return true
 	}
 	return q.drv.Empty()
@@ -224,38 +223,31 @@ func (q *CQ) destroy() error {
 	req := ioctl.DestroyCQ{Handle: q.handle}
 	var resp ioctl.DestroyCQResp
 	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return q.ctx.Destroy(&uverbs.Destroy{
+	return (&uvobj.Destroy{
 		Op: "CQ_DESTROY", Object: ioctl.UVERBS_OBJECT_CQ, Method: ioctl.UVERBS_METHOD_CQ_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_HANDLE, Handle: q.handle,
 		RespAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyCQResp,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_CQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyCQ,
 			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyCQResp},
-	})
+	}).Run(uvobj.Of(q.ctx).File)
 }
 
 // Close destroys the CQ. It fails, and the CQ stays usable, while a queue
 // pair still uses it. Idempotent. Do not Close while another goroutine
 // polls: the ring is unmapped.
 func (q *CQ) Close() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
-		return nil
-	}
-	if err := q.destroy(); err != nil {
-		return fmt.Errorf("cq: destroy: %w", err)
-	}
-	q.closed.Store(true)
-	q.ctx.Untrack(q)
-	q.ctx.ReleaseUserHandle(q.user)
-	err := q.drv.Close()
-	if q.ch != nil {
-		q.ch.Unregister(q.user)
-		if q.ownCh {
-			err = errors.Join(err, q.ch.Close())
-		}
-	}
-	return err
+	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
+		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
+		func() error {
+			err := q.drv.Close()
+			if q.ch != nil {
+				q.ch.Unregister(q.user)
+				if q.ownCh {
+					err = errors.Join(err, q.ch.Close())
+				}
+			}
+			return err
+		})
 }
 
 func max1(n int) int {

@@ -21,7 +21,7 @@ var ErrNoChannel = errors.New("cq: the CQ has no completion channel (create it w
 // solicited or error completion) raises one event on its channel. Arming
 // again before the event fired is harmless.
 func (q *CQ) Notify(solicitedOnly bool) error {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	if q.ch == nil {
@@ -89,7 +89,7 @@ func (q *CQ) Interrupt() bool {
 func (q *CQ) WaitSolicited(ctx context.Context) error { return q.wait(ctx, true) }
 
 func (q *CQ) wait(ctx context.Context, solicited bool) error {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	if q.ch == nil {
@@ -110,7 +110,7 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if q.ownCh {
 		// No reader goroutine between the channel and us (Options.Events).
 		if _, err := q.ch.Next(ctx); err != nil {
-			if q.closed.Load() {
+			if q.once.IsClosed() {
 				return ErrClosed
 			}
 			return err
@@ -125,7 +125,7 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-q.ch.Done():
-		if q.closed.Load() {
+		if q.once.IsClosed() {
 			return ErrClosed
 		}
 		if err := q.ch.Err(); err != nil {

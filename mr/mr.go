@@ -11,9 +11,9 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 	"golang.org/x/sys/unix"
@@ -155,8 +155,7 @@ type MR struct {
 	handle uint32
 	lkey   uint32
 	rkey   uint32
-	mu     sync.Mutex // serialises Close
-	closed atomic.Bool
+	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 }
 
 // Register registers buf in pd. buf must stay mapped, and must not be
@@ -183,7 +182,7 @@ func Register(pd *uverbs.PD, buf []byte, access Access) (*MR, error) {
 	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
 	req := ioctl.RegMR{Start: addr, Length: uint64(len(buf)), Hca_va: addr, Pd_handle: ph, Access_flags: uint32(access)}
 	var resp ioctl.RegMRResp
-	err = ctx.File().Write(&ioctl.Cmd{
+	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_REG_MR,
 		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofRegMR,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofRegMRResp,
@@ -192,7 +191,7 @@ func Register(pd *uverbs.PD, buf []byte, access Access) (*MR, error) {
 		return nil, fmt.Errorf("mr: register %d bytes at %#x (%v) on %s: %w", len(buf), addr, access, ctx.Name(), err)
 	}
 	m := &MR{pd: pd, buf: buf, access: access, handle: resp.Handle, lkey: resp.Lkey, rkey: resp.Rkey}
-	if err := ctx.Track(m); err != nil {
+	if err := uvobj.Of(ctx).Objects.Track(m); err != nil {
 		m.destroy()
 		return nil, err
 	}
@@ -230,7 +229,7 @@ func (m *MR) Contains(addr uint64, n int) bool {
 // is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
 // longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
-	if m.closed.Load() {
+	if m.once.IsClosed() {
 		return uverbs.SGE{}, errMRClosed
 	}
 	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
@@ -241,30 +240,21 @@ func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
 
 func (m *MR) destroy() error {
 	req := ioctl.DeregMR{Handle: m.handle}
-	return m.pd.Context().Destroy(&uverbs.Destroy{
+	return (&uvobj.Destroy{
 		Op: "MR_DESTROY", Object: ioctl.UVERBS_OBJECT_MR, Method: ioctl.UVERBS_METHOD_MR_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_MR_HANDLE, Handle: m.handle,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEREG_MR, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeregMR},
-	})
+	}).Run(uvobj.Of(m.pd.Context()).File)
 }
 
 var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
 
 // IsClosed reports whether the MR was closed (by Close, or by closing its
 // Context).
-func (m *MR) IsClosed() bool { return m.closed.Load() }
+func (m *MR) IsClosed() bool { return m.once.IsClosed() }
 
 // Close deregisters the region. Idempotent.
 func (m *MR) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed.Load() {
-		return nil
-	}
-	if err := m.destroy(); err != nil {
-		return fmt.Errorf("mr: deregister: %w", err)
-	}
-	m.closed.Store(true)
-	m.pd.Context().Untrack(m)
-	return nil
+	return m.once.Close(uvobj.Of(m.pd.Context()).Objects, m, 0, m.destroy,
+		func(err error) error { return fmt.Errorf("mr: deregister: %w", err) }, nil)
 }

@@ -3,10 +3,10 @@ package mr
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -51,9 +51,8 @@ type MW struct {
 	// rkey is the window's rkey as of the last Bind: binds execute in
 	// send-queue order and the kernel checks each against the key the
 	// previous one set.
-	rkey   atomic.Uint32
-	mu     sync.Mutex // serialises Close
-	closed atomic.Bool
+	rkey atomic.Uint32
+	once uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 }
 
 // AllocMW allocates a memory window of type typ in pd (ALLOC_MW; the kernel
@@ -76,7 +75,7 @@ func AllocMW(pd *uverbs.PD, typ MWType) (*MW, error) {
 	}
 	req := ioctl.AllocMW{Pd_handle: ph, Mw_type: uint8(typ)}
 	var resp ioctl.AllocMWResp
-	err = ctx.File().Write(&ioctl.Cmd{
+	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_ALLOC_MW,
 		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofAllocMW,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofAllocMWResp,
@@ -86,7 +85,7 @@ func AllocMW(pd *uverbs.PD, typ MWType) (*MW, error) {
 	}
 	w := &MW{pd: pd, typ: typ, handle: resp.Handle}
 	w.rkey.Store(resp.Rkey)
-	if err := ctx.Track(w); err != nil {
+	if err := uvobj.Of(ctx).Objects.Track(w); err != nil {
 		w.destroy()
 		return nil, err
 	}
@@ -104,7 +103,7 @@ func (w *MW) PD() *uverbs.PD { return w.pd }
 
 // IsClosed reports whether the window was closed (by Close, or by closing
 // its Context).
-func (w *MW) IsClosed() bool { return w.closed.Load() }
+func (w *MW) IsClosed() bool { return w.once.IsClosed() }
 
 var errMWClosed = fmt.Errorf("mr: bind MW: %w", uverbs.ErrClosed)
 
@@ -126,13 +125,13 @@ var errMWClosed = fmt.Errorf("mr: bind MW: %w", uverbs.ErrClosed)
 // rkey stops working; 8 bits give 255 binds before a key comes back.
 // Bind allocates nothing.
 func (w *MW) Bind(m *MR, off, n int, access Access, key uint8) (uverbs.MWBind, error) {
-	if w.closed.Load() {
+	if w.once.IsClosed() {
 		return uverbs.MWBind{}, errMWClosed
 	}
 	if m == nil {
 		return uverbs.MWBind{}, errors.New("mr: bind MW: nil memory region")
 	}
-	if m.closed.Load() {
+	if m.IsClosed() {
 		return uverbs.MWBind{}, errBindMRClosed
 	}
 	if m.pd != w.pd {
@@ -167,25 +166,16 @@ var errBindMRClosed = fmt.Errorf("mr: bind MW: memory region: %w", uverbs.ErrClo
 
 func (w *MW) destroy() error {
 	req := ioctl.DeallocMW{Handle: w.handle}
-	return w.pd.Context().Destroy(&uverbs.Destroy{
+	return (&uvobj.Destroy{
 		Op: "MW_DESTROY", Object: ioctl.UVERBS_OBJECT_MW, Method: ioctl.UVERBS_METHOD_MW_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_MW_HANDLE, Handle: w.handle,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEALLOC_MW, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeallocMW},
-	})
+	}).Run(uvobj.Of(w.pd.Context()).File)
 }
 
 // Close deallocates the window; a bound window stops opening its range.
 // Idempotent.
 func (w *MW) Close() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed.Load() {
-		return nil
-	}
-	if err := w.destroy(); err != nil {
-		return fmt.Errorf("mr: dealloc MW: %w", err)
-	}
-	w.closed.Store(true)
-	w.pd.Context().Untrack(w)
-	return nil
+	return w.once.Close(uvobj.Of(w.pd.Context()).Objects, w, 0, w.destroy,
+		func(err error) error { return fmt.Errorf("mr: dealloc MW: %w", err) }, nil)
 }

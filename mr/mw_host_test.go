@@ -33,7 +33,7 @@ func TestMWBindHost(t *testing.T) {
 	}
 
 	closedMR := &MR{pd: pd, buf: buf, access: LocalWrite | MWBind}
-	closedMR.closed.Store(true)
+	closedMR.once.MarkClosed()
 	for _, tc := range []struct {
 		name   string
 		m      *MR
@@ -65,7 +65,7 @@ func TestMWBindHost(t *testing.T) {
 	if _, err := w.Bind(closedMR, 0, 1, RemoteWrite, 1); !errors.Is(err, uverbs.ErrClosed) {
 		t.Errorf("Bind over a closed MR: %v is not ErrClosed", err)
 	}
-	w.closed.Store(true)
+	w.once.MarkClosed()
 	if _, err := w.Bind(m, 0, 1, RemoteWrite, 1); !errors.Is(err, uverbs.ErrClosed) {
 		t.Errorf("Bind of a closed window: %v is not ErrClosed", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/goverbs/goverbs"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
@@ -440,7 +441,7 @@ func TestQueueFull(t *testing.T) {
 // the path for kernels without the ioctl interface.
 func TestLegacyWrite(t *testing.T) {
 	a, b := connectedPair(t, pairOpts{legacy: true})
-	if !a.ctx.File().UsesWrite() {
+	if !uvobj.Of(a.ctx).File.UsesWrite() {
 		t.Fatal("legacy mode not in effect")
 	}
 	fill(a.mem.Bytes()[:100], 1)

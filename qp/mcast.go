@@ -5,6 +5,7 @@ import (
 	"net"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 )
 
@@ -31,13 +32,13 @@ func (q *QP) mcast(cmd uint32, op, verb string, gid net.IP, mlid uint16) error {
 	if q.cfg.Type != UD {
 		return fmt.Errorf("qp: QP %d: %s multicast group %v: a %v QP cannot join (UD only)", q.qpn, verb, gid, q.cfg.Type)
 	}
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return fmt.Errorf("qp: QP %d: %s multicast group %v: QP closed", q.qpn, verb, gid)
 	}
 	// ib_uverbs_attach_mcast and ib_uverbs_detach_mcast share a layout.
 	c := ioctl.AttachMcast{Handle: q.handle, Mlid: mlid}
 	copy(c.Gid[:], g)
-	if err := q.ctx.File().Write(&ioctl.Cmd{Command: cmd, In: unsafe.Pointer(&c), InLen: ioctl.SizeofAttachMcast}, op); err != nil {
+	if err := uvobj.Of(q.ctx).File.Write(&ioctl.Cmd{Command: cmd, In: unsafe.Pointer(&c), InLen: ioctl.SizeofAttachMcast}, op); err != nil {
 		return fmt.Errorf("qp: QP %d: %s multicast group %v: %w", q.qpn, verb, gid, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"net"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/uverbs"
@@ -76,9 +77,9 @@ type Attr struct {
 // moves the QP to attr.State. Port, MTU and GID index are checked against
 // the device before the kernel sees them.
 func (q *QP) Modify(attr *Attr, mask AttrMask) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
+	q.once.Lock()
+	defer q.once.Unlock()
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	if err := q.check(attr, mask); err != nil {
@@ -105,7 +106,7 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 			c.Dest.Is_global = 1
 		}
 	}
-	err := q.ctx.File().Write(&ioctl.Cmd{
+	err := uvobj.Of(q.ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP, In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP,
 	}, "MODIFY_QP")
 	if err != nil {
@@ -172,14 +173,14 @@ func (q *QP) check(attr *Attr, mask AttrMask) error {
 
 // Query asks the kernel for the QP's current attributes and state.
 func (q *QP) Query() (Attr, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
+	q.once.Lock()
+	defer q.once.Unlock()
+	if q.once.IsClosed() {
 		return Attr{}, ErrClosed
 	}
 	var r ioctl.QueryQPResp
 	req := ioctl.QueryQP{Qp_handle: q.handle, Attr_mask: 0xffffffff}
-	err := q.ctx.File().Write(&ioctl.Cmd{
+	err := uvobj.Of(q.ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_QUERY_QP, In: unsafe.Pointer(&req), InLen: ioctl.SizeofQueryQP,
 		Out: unsafe.Pointer(&r), OutLen: ioctl.SizeofQueryQPResp,
 	}, "QUERY_QP")

@@ -10,11 +10,11 @@ package qp
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -132,8 +132,7 @@ type QP struct {
 	port   uint8
 	user   uint64
 	udMTU  atomic.Uint32
-	mu     sync.Mutex // serialises Modify and Close
-	closed atomic.Bool
+	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 }
 
 // Create makes a QP in pd. Its capabilities are checked against the
@@ -179,7 +178,7 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 			return nil, errors.New("qp: create: the SRQ belongs to another device context")
 		}
 	}
-	drv, err := ctx.Driver().NewQP(provider.QPRequest{
+	drv, err := uvobj.Of(ctx).Driver.NewQP(provider.QPRequest{
 		HasSRQ: cfg.SRQ != nil, Type: uint32(cfg.Type), MaxSendWR: cfg.MaxSendWR, MaxRecvWR: cfg.MaxRecvWR,
 		MaxSendSGE: cfg.MaxSendSGE, MaxRecvSGE: cfg.MaxRecvSGE, MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll,
 	})
@@ -187,8 +186,8 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		return nil, fmt.Errorf("qp: create: %w", err)
 	}
 	in, out := drv.Udata()
-	f := ctx.File()
-	user := ctx.NewUserHandle(nil)
+	f := uvobj.Of(ctx).File
+	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
 	cap := ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
 		Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}
 	var rcap ioctl.QPCap
@@ -246,20 +245,20 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 			Recv_sge: resp.Max_recv_sge, Inline_data: resp.Max_inline_data}
 	}
 	if err != nil {
-		ctx.ReleaseUserHandle(user)
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)
 	}
 	q := &QP{pd: pd, ctx: ctx, cfg: cfg, drv: drv, handle: handle, qpn: qpn, user: user,
 		caps: provider.QPCaps{MaxSendWR: rcap.Send_wr, MaxRecvWR: rcap.Recv_wr, MaxSendSGE: rcap.Send_sge,
 			MaxRecvSGE: rcap.Recv_sge, MaxInline: rcap.Inline_data}}
-	ctx.BindUserHandle(user, q)
-	if err := drv.Attach(ctx.Device(), handle, qpn, q.caps); err != nil {
-		ctx.ReleaseUserHandle(user)
+	uvobj.Of(ctx).Objects.BindUserHandle(user, q)
+	if err := drv.Attach(uvobj.Of(ctx).Device, handle, qpn, q.caps); err != nil {
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		q.destroy()
 		return nil, fmt.Errorf("qp: create on %s: %w", ctx.Name(), err)
 	}
-	if err := ctx.Track(q); err != nil {
-		ctx.ReleaseUserHandle(user)
+	if err := uvobj.Of(ctx).Objects.Track(q); err != nil {
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		q.destroy()
 		drv.Close()
 		return nil, err
@@ -296,7 +295,7 @@ func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
 }
 
 // IsClosed reports whether Close was called.
-func (q *QP) IsClosed() bool { return q.closed.Load() }
+func (q *QP) IsClosed() bool { return q.once.IsClosed() }
 
 func (q *QP) String() string { return fmt.Sprintf("%v QP %d on %s", q.cfg.Type, q.qpn, q.ctx.Name()) }
 
@@ -327,7 +326,7 @@ func (q *QP) PostSend(wrs []SendWR) error {
 // sees a batch: the QP open and in RTS (or SQD), UD requests complete.
 // An empty batch on an open QP is nothing to do (nil).
 func (q *QP) checkSend(op string, wrs []SendWR) error {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	if len(wrs) == 0 {
@@ -361,9 +360,9 @@ func (q *QP) QueueSend(wrs []SendWR) error {
 // queues; it waits for a Close in progress and returns ErrClosed after
 // one.
 func (q *QP) Ring() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
+	q.once.Lock()
+	defer q.once.Unlock()
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	return q.drv.Ring()
@@ -372,7 +371,7 @@ func (q *QP) Ring() error {
 // PostRecv posts a batch of receive work requests (no system call on rxe).
 // The whole batch is posted or none of it. The QP must be past RESET.
 func (q *QP) PostRecv(wrs []RecvWR) error {
-	if q.closed.Load() {
+	if q.once.IsClosed() {
 		return ErrClosed
 	}
 	if len(wrs) == 0 {
@@ -402,28 +401,18 @@ func (q *QP) destroy() error {
 	req := ioctl.DestroyQP{Handle: q.handle}
 	var resp ioctl.DestroyQPResp
 	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return q.ctx.Destroy(&uverbs.Destroy{
+	return (&uvobj.Destroy{
 		Op: "QP_DESTROY", Object: ioctl.UVERBS_OBJECT_QP, Method: ioctl.UVERBS_METHOD_QP_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_QP_HANDLE, Handle: q.handle,
 		RespAttr: ioctl.UVERBS_ATTR_DESTROY_QP_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyQPResp,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_QP, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyQP,
 			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyQPResp},
-	})
+	}).Run(uvobj.Of(q.ctx).File)
 }
 
 // Close destroys the QP and unmaps its queues. Idempotent. Do not Close
 // while another goroutine posts.
 func (q *QP) Close() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed.Load() {
-		return nil
-	}
-	if err := q.destroy(); err != nil {
-		return fmt.Errorf("qp: destroy QP %d: %w", q.qpn, err)
-	}
-	q.closed.Store(true)
-	q.ctx.Untrack(q)
-	q.ctx.ReleaseUserHandle(q.user)
-	return q.drv.Close()
+	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
+		func(err error) error { return fmt.Errorf("qp: destroy QP %d: %w", q.qpn, err) }, q.drv.Close)
 }

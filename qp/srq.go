@@ -3,10 +3,9 @@ package qp
 import (
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -33,8 +32,7 @@ type SRQ struct {
 	maxWR  uint32
 	maxSGE uint32
 	user   uint64
-	mu     sync.Mutex
-	closed atomic.Bool
+	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 }
 
 // SRQ modify mask bits (IB_SRQ_*).
@@ -70,32 +68,32 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
 	}
-	drv, err := ctx.Driver().NewSRQ(cfg.MaxWR, cfg.MaxSGE)
+	drv, err := uvobj.Of(ctx).Driver.NewSRQ(cfg.MaxWR, cfg.MaxSGE)
 	if err != nil {
 		return nil, fmt.Errorf("qp: create SRQ: %w", err)
 	}
 	in, out := drv.Udata()
-	user := ctx.NewUserHandle(nil)
+	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
 	req := ioctl.CreateSRQ{User_handle: user, Pd_handle: ph, Max_wr: cfg.MaxWR, Max_sge: cfg.MaxSGE, Srq_limit: cfg.Limit}
 	var resp ioctl.CreateSRQResp
-	err = ctx.File().Write(&ioctl.Cmd{
+	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_CREATE_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateSRQ,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateSRQResp, DriverIn: in, DriverOut: out,
 	}, "CREATE_SRQ")
 	if err != nil {
-		ctx.ReleaseUserHandle(user)
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create SRQ of %d on %s: %w", cfg.MaxWR, ctx.Name(), err)
 	}
 	s := &SRQ{pd: pd, ctx: ctx, drv: drv, handle: resp.Srq_handle, num: resp.Srqn, maxWR: resp.Max_wr,
 		maxSGE: resp.Max_sge, user: user}
-	ctx.BindUserHandle(user, s)
-	if err := drv.Attach(ctx.Device(), s.handle, s.maxWR, s.maxSGE); err != nil {
-		ctx.ReleaseUserHandle(user)
+	uvobj.Of(ctx).Objects.BindUserHandle(user, s)
+	if err := drv.Attach(uvobj.Of(ctx).Device, s.handle, s.maxWR, s.maxSGE); err != nil {
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		s.destroy()
 		return nil, fmt.Errorf("qp: create SRQ on %s: %w", ctx.Name(), err)
 	}
-	if err := ctx.Track(s); err != nil {
-		ctx.ReleaseUserHandle(user)
+	if err := uvobj.Of(ctx).Objects.Track(s); err != nil {
+		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		s.destroy()
 		drv.Close()
 		return nil, err
@@ -113,13 +111,13 @@ func (s *SRQ) MaxSGE() uint32 { return s.maxSGE }
 func (s *SRQ) Num() uint32 { return s.num }
 
 // IsClosed reports whether Close was called.
-func (s *SRQ) IsClosed() bool { return s.closed.Load() }
+func (s *SRQ) IsClosed() bool { return s.once.IsClosed() }
 
 func (s *SRQ) String() string { return fmt.Sprintf("SRQ %d on %s", s.num, s.ctx.Name()) }
 
 // Handle is the kernel handle, for QP creation.
 func (s *SRQ) Handle() (uint32, error) {
-	if s.closed.Load() {
+	if s.once.IsClosed() {
 		return 0, ErrClosed
 	}
 	return s.handle, nil
@@ -127,7 +125,7 @@ func (s *SRQ) Handle() (uint32, error) {
 
 // PostRecv posts a batch of receives (no system call on rxe), all or none.
 func (s *SRQ) PostRecv(wrs []RecvWR) error {
-	if s.closed.Load() {
+	if s.once.IsClosed() {
 		return ErrClosed
 	}
 	if len(wrs) == 0 {
@@ -140,16 +138,16 @@ func (s *SRQ) PostRecv(wrs []RecvWR) error {
 // the device reports EventSRQLimitReached once, and the limit is disarmed
 // until set again. 0 disarms.
 func (s *SRQ) SetLimit(limit uint32) error {
-	if s.closed.Load() {
+	if s.once.IsClosed() {
 		return ErrClosed
 	}
 	if limit > s.maxWR {
 		return fmt.Errorf("qp: SRQ %d: limit %d above its %d receives", s.num, limit, s.maxWR)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.once.Lock()
+	defer s.once.Unlock()
 	req := ioctl.ModifySRQ{Srq_handle: s.handle, Attr_mask: srqLimit, Srq_limit: limit}
-	err := s.ctx.File().Write(&ioctl.Cmd{
+	err := uvobj.Of(s.ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_MODIFY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofModifySRQ,
 		DriverIn: s.drv.ModifyUdata(),
 	}, "MODIFY_SRQ")
@@ -167,12 +165,12 @@ type SRQAttr struct {
 // Query asks the kernel for the SRQ's attributes; Limit reads 0 once the
 // limit event fired.
 func (s *SRQ) Query() (SRQAttr, error) {
-	if s.closed.Load() {
+	if s.once.IsClosed() {
 		return SRQAttr{}, ErrClosed
 	}
 	req := ioctl.QuerySRQ{Handle: s.handle}
 	var r ioctl.QuerySRQResp
-	err := s.ctx.File().Write(&ioctl.Cmd{
+	err := uvobj.Of(s.ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_QUERY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofQuerySRQ,
 		Out: unsafe.Pointer(&r), OutLen: ioctl.SizeofQuerySRQResp,
 	}, "QUERY_SRQ")
@@ -186,27 +184,17 @@ func (s *SRQ) destroy() error {
 	req := ioctl.DestroySRQ{Handle: s.handle}
 	var resp ioctl.DestroySRQResp
 	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return s.ctx.Destroy(&uverbs.Destroy{
+	return (&uvobj.Destroy{
 		Op: "SRQ_DESTROY", Object: ioctl.UVERBS_OBJECT_SRQ, Method: ioctl.UVERBS_METHOD_SRQ_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_HANDLE, Handle: s.handle,
 		RespAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroySRQResp,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroySRQ,
 			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroySRQResp},
-	})
+	}).Run(uvobj.Of(s.ctx).File)
 }
 
 // Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
 func (s *SRQ) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed.Load() {
-		return nil
-	}
-	if err := s.destroy(); err != nil {
-		return fmt.Errorf("qp: destroy SRQ %d: %w", s.num, err)
-	}
-	s.closed.Store(true)
-	s.ctx.Untrack(s)
-	s.ctx.ReleaseUserHandle(s.user)
-	return s.drv.Close()
+	return s.once.Close(uvobj.Of(s.ctx).Objects, s, s.user, s.destroy,
+		func(err error) error { return fmt.Errorf("qp: destroy SRQ %d: %w", s.num, err) }, s.drv.Close)
 }

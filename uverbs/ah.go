@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
 )
@@ -30,8 +30,7 @@ type AH struct {
 	drv    provider.AH
 	handle uint32
 	attr   AHAttr
-	mu     sync.Mutex
-	closed bool
+	once   uvobj.Once
 }
 
 // CreateAH makes an address handle in the PD.
@@ -88,7 +87,7 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		ah.destroy()
 		return nil, err
 	}
-	if err := c.Track(ah); err != nil {
+	if err := c.track(ah); err != nil {
 		ah.destroy()
 		return nil, err
 	}
@@ -106,32 +105,19 @@ func (ah *AH) Attr() AHAttr { return ah.attr }
 func (ah *AH) PD() *PD { return ah.pd }
 
 // IsClosed reports whether Close was called.
-func (ah *AH) IsClosed() bool {
-	ah.mu.Lock()
-	defer ah.mu.Unlock()
-	return ah.closed
-}
+func (ah *AH) IsClosed() bool { return ah.once.IsClosed() }
 
 func (ah *AH) destroy() error {
 	req := ioctl.DestroyAH{Handle: ah.handle}
-	return ah.pd.ctx.Destroy(&Destroy{
+	return (&uvobj.Destroy{
 		Op: "AH_DESTROY", Object: ioctl.UVERBS_OBJECT_AH, Method: ioctl.UVERBS_METHOD_AH_DESTROY,
 		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_AH_HANDLE, Handle: ah.handle,
 		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_AH, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyAH},
-	})
+	}).Run(ah.pd.ctx.file)
 }
 
 // Close destroys the address handle. Idempotent.
 func (ah *AH) Close() error {
-	ah.mu.Lock()
-	defer ah.mu.Unlock()
-	if ah.closed {
-		return nil
-	}
-	if err := ah.destroy(); err != nil {
-		return fmt.Errorf("uverbs: destroy AH: %w", err)
-	}
-	ah.closed = true
-	ah.pd.ctx.Untrack(ah)
-	return nil
+	return ah.once.Close(&ah.pd.ctx.tab, ah, 0, ah.destroy,
+		func(err error) error { return fmt.Errorf("uverbs: destroy AH: %w", err) }, nil)
 }

@@ -193,7 +193,7 @@ func (c *Context) readEvents(a *asyncEvents) {
 			ev.Port = int(elem)
 		case "device":
 		default:
-			obj, ok := c.ObjectOf(elem)
+			obj, ok := c.tab.ObjectOf(elem)
 			if !ok || obj == nil {
 				a.dropped.Add(1)
 				continue

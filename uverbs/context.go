@@ -4,11 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
 	"github.com/goverbs/goverbs/uverbs/rxe"
@@ -56,15 +55,17 @@ type Context struct {
 	// write() path, or -1.
 	asyncFD int
 	async   asyncEvents
-	mu      sync.Mutex
-	closed  bool
-	// objs are the live child objects in creation order.
-	objs []io.Closer
-	// handles are the user handles given to the kernel with CQs, QPs and
-	// SRQs; events name their object by it.
-	lastHandle atomic.Uint64
-	handles    sync.Map // uint64 -> any
+	// tab holds the live child objects and the user handles given to
+	// the kernel with CQs, QPs and SRQs (events name their object by it).
+	tab uvobj.Table
+	// objBase holds what cq, qp and mr reach through uvobj.Of: the
+	// descriptor, the provider, tab. Nothing of it is exported.
+	objBase
 }
+
+// objBase is embedded under a name of this package's, so that no field
+// of Context is exported.
+type objBase = uvobj.Base
 
 // Options tune Open.
 type Options struct {
@@ -116,6 +117,7 @@ func OpenWith(name string, opts Options) (*Context, error) {
 		f.Close()
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)
 	}
+	*uvobj.Of(&c.objBase) = uvobj.Parts{File: c.file, Driver: c.pctx, Device: device{c}, Objects: &c.tab}
 	return c, nil
 }
 
@@ -168,63 +170,19 @@ func (c *Context) Name() string { return c.info.Name }
 // NumCompVectors is the number of completion vectors of the device.
 func (c *Context) NumCompVectors() int { return int(c.nvecs) }
 
-// File returns the command descriptor, for packages that issue commands.
-func (c *Context) File() *ioctl.File { return c.file }
-
-// Driver returns the provider's context, for packages that create queues.
-func (c *Context) Driver() provider.Context { return c.pctx }
-
-// Device returns the device handle lent to providers.
-func (c *Context) Device() provider.Device { return device{c} }
-
 // Attr returns the device attributes queried at Open.
 func (c *Context) Attr() DeviceAttr { return c.attr }
 
-// Track registers a child object so that Close destroys it. It fails with
-// ErrClosed after Close.
-func (c *Context) Track(o io.Closer) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return ErrClosed
-	}
-	c.objs = append(c.objs, o)
-	return nil
-}
+// track registers a child object so that Close destroys it. It fails
+// with ErrClosed after Close.
+func (c *Context) track(o io.Closer) error { return c.tab.Track(o) }
 
-// NewUserHandle returns a fresh user handle for obj: the value the kernel
-// echoes in completion and async events about it.
-func (c *Context) NewUserHandle(obj any) uint64 {
-	h := c.lastHandle.Add(1)
-	c.handles.Store(h, obj)
-	return h
-}
-
-// BindUserHandle sets the object of a user handle made before the object.
-func (c *Context) BindUserHandle(h uint64, obj any) { c.handles.Store(h, obj) }
-
-// ReleaseUserHandle forgets a user handle.
-func (c *Context) ReleaseUserHandle(h uint64) { c.handles.Delete(h) }
-
-// ObjectOf returns the object a user handle was made for.
-func (c *Context) ObjectOf(h uint64) (any, bool) { return c.handles.Load(h) }
-
-// Untrack forgets a child object that was destroyed on its own.
-func (c *Context) Untrack(o io.Closer) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if i := slices.Index(c.objs, o); i >= 0 {
-		c.objs = slices.Delete(c.objs, i, i+1)
-	}
-}
+// untrack forgets a child object that was destroyed on its own.
+func (c *Context) untrack(o io.Closer) { c.tab.Untrack(o) }
 
 // IsClosed reports whether Close was called (the name every goverbs
 // object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...).
-func (c *Context) IsClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *Context) IsClosed() bool { return c.tab.IsClosed() }
 
 // Closed is IsClosed.
 //
@@ -234,15 +192,10 @@ func (c *Context) Closed() bool { return c.IsClosed() }
 // Close destroys every object still open on the context, newest first,
 // unmaps the provider's pages and closes the descriptor. It is idempotent.
 func (c *Context) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	objs, ok := c.tab.Shut()
+	if !ok {
 		return nil
 	}
-	c.closed = true
-	objs := c.objs
-	c.objs = nil
-	c.mu.Unlock()
 	var errs []error
 	for i := len(objs) - 1; i >= 0; i-- {
 		if err := objs[i].Close(); err != nil && !errors.Is(err, ErrClosed) {

@@ -71,9 +71,10 @@
 // The driver-specific half of each verb (ring layout, work request and
 // completion formats, doorbells) is a Provider from package
 // uverbs/provider, chosen by the device's driver name. rxe (Soft-RoCE,
-// package uverbs/rxe) is built in; RegisterProvider adds another. Context
-// also exports what cq, qp and mr need to make their objects on it (File,
-// Driver, Device, Track, Untrack, the user handle table, Destroy);
-// applications do not call those. docs/providers.md describes the split;
+// package uverbs/rxe) is built in; RegisterProvider adds another. What cq,
+// qp and mr need to make their objects on a Context (its command
+// descriptor, provider, object table and user handles, the destroy with
+// its legacy fallback, the close-once sequence) is in the module's
+// internal/uvobj, not on Context. docs/providers.md describes the split;
 // README.md lists the packages.
 package uverbs

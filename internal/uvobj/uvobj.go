@@ -1,0 +1,186 @@
+// Package uvobj is what the packages that create kernel objects on a
+// device context (cq, qp, mr) share with uverbs and no user needs: the
+// context's command descriptor, provider and object table, the
+// destroy-with-fallback of a kernel object, and the close-once sequence of
+// one. uverbs.Context exports none of it.
+package uvobj
+
+import (
+	"errors"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs/provider"
+)
+
+// Parts is what cq, qp and mr need of a uverbs.Context.
+type Parts struct {
+	File    *ioctl.File      // the command descriptor
+	Driver  provider.Context // the provider's half of the context
+	Device  provider.Device  // the device handle lent to providers
+	Objects *Table           // the context's children and user handles
+}
+
+// Base, embedded in uverbs.Context, holds its Parts. It has no exported
+// method, so that nothing of it shows on Context; Of reaches it.
+type Base struct{ parts Parts }
+
+func (b *Base) uvobjParts() *Parts { return &b.parts }
+
+// Holder is a *uverbs.Context (the only type that embeds Base).
+type Holder interface{ uvobjParts() *Parts }
+
+// Of returns the Parts of a device context, for uverbs to fill at Open and
+// for cq, qp and mr to use.
+func Of(h Holder) *Parts { return h.uvobjParts() }
+
+// Table is a device context's object table: the live child objects, which
+// the context's Close destroys newest first, and the user handles the
+// kernel echoes in completion and async events, each naming its object.
+type Table struct {
+	mu      sync.Mutex
+	closed  bool
+	objs    []io.Closer // in creation order
+	last    atomic.Uint64
+	handles sync.Map // uint64 -> any
+}
+
+// Track registers a child object so that the context's Close destroys it.
+// It fails with ioctl.ErrClosed after Shut.
+func (t *Table) Track(o io.Closer) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ioctl.ErrClosed
+	}
+	t.objs = append(t.objs, o)
+	return nil
+}
+
+// Untrack forgets a child object that was destroyed on its own.
+func (t *Table) Untrack(o io.Closer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i := slices.Index(t.objs, o); i >= 0 {
+		t.objs = slices.Delete(t.objs, i, i+1)
+	}
+}
+
+// IsClosed reports whether Shut ran.
+func (t *Table) IsClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// Shut closes the table to new objects and returns the live ones in
+// creation order, or false if it was shut before.
+func (t *Table) Shut() ([]io.Closer, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, false
+	}
+	t.closed = true
+	objs := t.objs
+	t.objs = nil
+	return objs, true
+}
+
+// NewUserHandle returns a fresh user handle for obj (nil: bound later).
+func (t *Table) NewUserHandle(obj any) uint64 {
+	h := t.last.Add(1)
+	t.handles.Store(h, obj)
+	return h
+}
+
+// BindUserHandle sets the object of a user handle made before the object.
+func (t *Table) BindUserHandle(h uint64, obj any) { t.handles.Store(h, obj) }
+
+// ReleaseUserHandle forgets a user handle.
+func (t *Table) ReleaseUserHandle(h uint64) { t.handles.Delete(h) }
+
+// ObjectOf returns the object of a user handle.
+func (t *Table) ObjectOf(h uint64) (any, bool) { return t.handles.Load(h) }
+
+// Destroy describes how to destroy one kernel object: the native ioctl
+// method, and the legacy command used where the kernel lacks it.
+type Destroy struct {
+	Op         string // "PD_DESTROY", for errors
+	Object     uint16
+	Method     uint16
+	HandleAttr uint16
+	Handle     uint32
+	// RespAttr/Resp: an output some destroy methods require (CQ, QP).
+	RespAttr uint16
+	Resp     unsafe.Pointer
+	RespLen  int
+	Legacy   ioctl.Cmd
+}
+
+// Run destroys the object on f: the ioctl method first, then the legacy
+// command if the kernel does not have the method.
+func (d *Destroy) Run(f *ioctl.File) error {
+	err := ioctl.ErrNotSupported
+	if !f.UsesWrite() {
+		var call ioctl.Call
+		call.Reset(d.Object, d.Method, f.DriverID())
+		call.InIDR(d.HandleAttr, d.Handle)
+		if d.Resp != nil {
+			call.Out(d.RespAttr, d.Resp, d.RespLen, ioctl.AttrMandatory)
+		}
+		err = f.Do(&call, d.Op)
+	}
+	if errors.Is(err, ioctl.ErrNotSupported) {
+		err = f.Write(&d.Legacy, d.Op)
+	}
+	return err
+}
+
+// Once is the close-once state of a kernel object: Close destroys it at
+// most once, and IsClosed reads without the lock.
+type Once struct {
+	mu     sync.Mutex
+	closed atomic.Bool
+}
+
+// IsClosed reports whether Close succeeded.
+func (o *Once) IsClosed() bool { return o.closed.Load() }
+
+// MarkClosed marks the object closed without destroying anything: for an
+// object with no kernel side (host-side unit tests of the closed path).
+func (o *Once) MarkClosed() { o.closed.Store(true) }
+
+// Lock and Unlock hold off Close (an object's own operations that must not
+// run while it is destroyed take them).
+func (o *Once) Lock()   { o.mu.Lock() }
+func (o *Once) Unlock() { o.mu.Unlock() }
+
+// Close runs the sequence every object's Close has: under the lock, if not
+// closed yet, destroy; if that fails, the object stays open and usable and
+// the error is wrap's; otherwise mark it closed, untrack obj from t (and
+// release its user handle, if not 0), then run after (unmap, unregister;
+// its error is returned). Idempotent: a closed object returns nil.
+func (o *Once) Close(t *Table, obj io.Closer, user uint64, destroy func() error, wrap func(error) error, after func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed.Load() {
+		return nil
+	}
+	if err := destroy(); err != nil {
+		return wrap(err)
+	}
+	o.closed.Store(true)
+	t.Untrack(obj)
+	if user != 0 {
+		t.ReleaseUserHandle(user)
+	}
+	if after != nil {
+		return after()
+	}
+	return nil
+}
