@@ -21,7 +21,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // Config configures an Endpoint. Zero values take the defaults shown.
@@ -1263,11 +1263,11 @@ func (e *Endpoint) complete(w *cq.WC) {
 		// Only errors complete: a WRITE the peer's QP refused (its CTS
 		// named memory it does not own) is the peer's protocol violation;
 		// any other error is a lane failure like a SEND's.
-		if l == nil || w.Status == 0 {
+		if l == nil || w.Status == wr.WCSuccess {
 			break
 		}
 		switch w.Status {
-		case provider.WCRemAccessErr, provider.WCRemInvReqErr, provider.WCRemOpErr:
+		case wr.WCRemAccessErr, wr.WCRemInvReqErr, wr.WCRemOpErr:
 			l.peer.shutdown(fmt.Errorf("%w: rendezvous write refused (bad target from the peer?): %v", ErrProtocol, w.Err()), true)
 		default:
 			// Flushed, or retries ran out (a lossy link): recovery resends
@@ -1278,7 +1278,7 @@ func (e *Endpoint) complete(w *cq.WC) {
 		if l == nil {
 			break
 		}
-		if w.Status != 0 {
+		if w.Status != wr.WCSuccess {
 			l.peer.laneFailed(l, w.Err())
 			break
 		}
@@ -1287,7 +1287,7 @@ func (e *Endpoint) complete(w *cq.WC) {
 		if l == nil {
 			break
 		}
-		if w.Status != 0 {
+		if w.Status != wr.WCSuccess {
 			l.peer.laneFailed(l, w.Err())
 			break
 		}
@@ -1297,7 +1297,7 @@ func (e *Endpoint) complete(w *cq.WC) {
 		if !ok {
 			return // not ours: cannot happen
 		}
-		if w.Status != 0 {
+		if w.Status != wr.WCSuccess {
 			// A flushed receive of a dead QP: the buffer goes back.
 			e.repost(b)
 			if l != nil {
@@ -1311,7 +1311,7 @@ func (e *Endpoint) complete(w *cq.WC) {
 			return
 		}
 		var inv uint32
-		if w.Flags&provider.WCWithInv != 0 {
+		if w.Flags&wr.WCWithInv != 0 {
 			inv = w.InvRKey
 		}
 		l.peer.received(l, b, int(w.ByteLen), w.QPNum, inv)

@@ -10,7 +10,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // The memory window tests: side a is the writer, side b owns the target
@@ -66,7 +66,7 @@ func bind(t testing.TB, s *side, w *mr.MW, off, n int, access mr.Access, key uin
 	if err := s.qp.PostSend([]qp.SendWR{{ID: 0xb1, Opcode: qp.OpBindMW, Flags: qp.Signaled, Bind: b}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := s.waitOK(t, 1)[0]; c.ID != 0xb1 || c.Opcode != provider.WCBindMW {
+	if c := s.waitOK(t, 1)[0]; c.ID != 0xb1 || c.Opcode != wr.WCBindMW {
 		t.Fatalf("bind completion %+v, want id 0xb1, BIND_MW", c)
 	}
 	return b.RKey
@@ -78,7 +78,7 @@ func invalidate(t testing.TB, s *side, rkey uint32) {
 	if err := s.qp.PostSend([]qp.SendWR{{ID: 0x1a, Opcode: qp.OpLocalInv, Flags: qp.Signaled, InvRKey: rkey}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := s.waitOK(t, 1)[0]; c.ID != 0x1a || c.Opcode != provider.WCLocalInv {
+	if c := s.waitOK(t, 1)[0]; c.ID != 0x1a || c.Opcode != wr.WCLocalInv {
 		t.Fatalf("LOCAL_INV completion %+v, want id 0x1a, LOCAL_INV", c)
 	}
 }
@@ -119,8 +119,8 @@ func pollOne(t testing.TB, c *cq.CQ) cq.WC {
 // refused rkey: a remote access error at the writer, whose QP is in ERR.
 func wantRemoteAccessErr(t *testing.T, c cq.WC, q *qp.QP) {
 	t.Helper()
-	if c.Status != provider.WCRemAccessErr {
-		t.Fatalf("WRITE completed with %v (%+v), want %v", c.Status, c, provider.WCRemAccessErr)
+	if c.Status != wr.WCRemAccessErr {
+		t.Fatalf("WRITE completed with %v (%+v), want %v", c.Status, c, wr.WCRemAccessErr)
 	}
 	attr, err := q.Query()
 	if err != nil {
@@ -147,7 +147,7 @@ func TestMWWriteThenLocalInv(t *testing.T) {
 	}
 	dst := b.mem.Bytes()[mwOff : mwOff+mwLen]
 	// The whole window, start to end.
-	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, mwLen, 3); c.Status != provider.WCSuccess {
+	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, mwLen, 3); c.Status != wr.WCSuccess {
 		t.Fatalf("WRITE into the bound window: %v", c.Err())
 	}
 	if !bytes.Equal(dst, a.mem.Bytes()[srcOff:srcOff+mwLen]) {
@@ -204,7 +204,7 @@ func TestMWOutOfRange(t *testing.T) {
 			}
 			b.waitOK(t, 1)
 			// In range first: the window works, to its last byte.
-			if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+mwLen-16), req.RKey, 16, 1); c.Status != provider.WCSuccess {
+			if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+mwLen-16), req.RKey, 16, 1); c.Status != wr.WCSuccess {
 				t.Fatalf("WRITE of the window's last 16 bytes: %v", c.Err())
 			}
 			rkey := req.RKey
@@ -240,7 +240,7 @@ func TestMWRangeWithinMROnRxe(t *testing.T) {
 		{"far-away", mwLen + 1<<20, 128},
 	} {
 		c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+tc.off), rkey, tc.n, byte(tc.n))
-		if c.Status != provider.WCSuccess {
+		if c.Status != wr.WCSuccess {
 			t.Fatalf("%s: WRITE outside the window, inside its MR: %v: rxe enforces window bounds now", tc.name, c.Err())
 		}
 		if !bytes.Equal(b.mem.Bytes()[mwOff+tc.off:mwOff+tc.off+tc.n], a.mem.Bytes()[srcOff:srcOff+tc.n]) {
@@ -260,7 +260,7 @@ func TestMWReadOnlyWindow(t *testing.T) {
 		SGEs: []qp.SGE{a.sge(t, srcOff, 64)}, RemoteAddr: b.addr(mwOff), RKey: rkey}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := a.waitOK(t, 1)[0]; c.Opcode != provider.WCRDMARead {
+	if c := a.waitOK(t, 1)[0]; c.Opcode != wr.WCRDMARead {
 		t.Fatalf("READ completion %+v", c)
 	}
 	if !bytes.Equal(a.mem.Bytes()[srcOff:srcOff+64], b.mem.Bytes()[mwOff:mwOff+64]) {
@@ -306,7 +306,7 @@ func TestMWOtherQP(t *testing.T) {
 		c2, c2cq, _ := secondPair(t, a, b)
 		w := allocMW(t, b, mr.MWType2)
 		rkey := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x7)
-		if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, 128, 1); c.Status != provider.WCSuccess {
+		if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, 128, 1); c.Status != wr.WCSuccess {
 			t.Fatalf("WRITE from the bound QP's peer: %v", c.Err())
 		}
 		before := bytes.Clone(b.mem.Bytes()[mwOff : mwOff+128])
@@ -320,10 +320,10 @@ func TestMWOtherQP(t *testing.T) {
 		c2, c2cq, _ := secondPair(t, a, b)
 		w := allocMW(t, b, mr.MWType1)
 		rkey := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x8)
-		if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, 128, 1); c.Status != provider.WCSuccess {
+		if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), rkey, 128, 1); c.Status != wr.WCSuccess {
 			t.Fatalf("WRITE through a type 1 window from the binding QP's peer: %v", c.Err())
 		}
-		if c := writeVia(t, a, c2, c2cq, b.addr(mwOff+128), rkey, 128, 2); c.Status != provider.WCSuccess {
+		if c := writeVia(t, a, c2, c2cq, b.addr(mwOff+128), rkey, 128, 2); c.Status != wr.WCSuccess {
 			t.Fatalf("WRITE through a type 1 window from another QP: %v", c.Err())
 		}
 		if !bytes.Equal(b.mem.Bytes()[mwOff+128:mwOff+256], a.mem.Bytes()[srcOff:srcOff+128]) {
@@ -338,7 +338,7 @@ func TestMWRebindNewKey(t *testing.T) {
 	a, b := mwPair(t)
 	w := allocMW(t, b, mr.MWType2)
 	old := bind(t, b, w, mwOff, mwLen, mr.RemoteWrite, 0x21)
-	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), old, 64, 1); c.Status != provider.WCSuccess {
+	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), old, 64, 1); c.Status != wr.WCSuccess {
 		t.Fatalf("WRITE under the first key: %v", c.Err())
 	}
 	invalidate(t, b, old)
@@ -347,7 +347,7 @@ func TestMWRebindNewKey(t *testing.T) {
 	if next == old || next>>8 != old>>8 {
 		t.Fatalf("rebind gave rkey %#x after %#x: want the same window index and a new key", next, old)
 	}
-	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+4096), next, 64, 2); c.Status != provider.WCSuccess {
+	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff+4096), next, 64, 2); c.Status != wr.WCSuccess {
 		t.Fatalf("WRITE under the new key: %v", c.Err())
 	}
 	if !bytes.Equal(b.mem.Bytes()[mwOff+4096:mwOff+4096+64], a.mem.Bytes()[srcOff:srcOff+64]) {
@@ -369,8 +369,8 @@ func TestMWBindWhileBound(t *testing.T) {
 	if err := b.qp.PostSend([]qp.SendWR{{ID: 3, Opcode: qp.OpBindMW, Flags: qp.Signaled, Bind: req}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := b.wait(t, 1)[0]; c.Status != provider.WCMWBindErr {
-		t.Fatalf("second bind of a bound type 2 window completed %v, want %v", c.Status, provider.WCMWBindErr)
+	if c := b.wait(t, 1)[0]; c.Status != wr.WCMWBindErr {
+		t.Fatalf("second bind of a bound type 2 window completed %v, want %v", c.Status, wr.WCMWBindErr)
 	}
 }
 
@@ -393,14 +393,14 @@ func TestMWSendWithInv(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if c := a.waitOK(t, 1)[0]; c.ID != 2 || c.Opcode != provider.WCSend {
+	if c := a.waitOK(t, 1)[0]; c.ID != 2 || c.Opcode != wr.WCSend {
 		t.Fatalf("SEND_WITH_INV completion %+v, want id 2, SEND", c)
 	}
 	r := b.waitOK(t, 1)[0]
-	if r.ID != 0xcc || r.Opcode != provider.WCRecv || r.ByteLen != 8 || r.Flags&provider.WCWithInv == 0 || r.InvRKey != rkey {
+	if r.ID != 0xcc || r.Opcode != wr.WCRecv || r.ByteLen != 8 || r.Flags&wr.WCWithInv == 0 || r.InvRKey != rkey {
 		t.Fatalf("receive of SEND_WITH_INV %+v, want id 0xcc, RECV, 8 bytes, flag WithInv, InvRKey %#x", r, rkey)
 	}
-	if r.Flags&provider.WCWithImm != 0 || r.Imm != 0 {
+	if r.Flags&wr.WCWithImm != 0 || r.Imm != 0 {
 		t.Errorf("receive of SEND_WITH_INV claims immediate data: %+v", r)
 	}
 	if !bytes.Equal(b.mem.Bytes()[mwOff:mwOff+4096], a.mem.Bytes()[srcOff:srcOff+4096]) {
@@ -511,10 +511,10 @@ func TestMWBadInput(t *testing.T) {
 	if err := b.qp.PostSend([]qp.SendWR{{ID: 9, Opcode: qp.OpBindMW, Flags: qp.Signaled, Bind: good}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := b.waitOK(t, 1)[0]; c.Opcode != provider.WCBindMW {
+	if c := b.waitOK(t, 1)[0]; c.Opcode != wr.WCBindMW {
 		t.Fatalf("bind completion %+v", c)
 	}
-	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), good.RKey, 64, 1); c.Status != provider.WCSuccess {
+	if c := writeVia(t, a, a.qp, a.cq, b.addr(mwOff), good.RKey, 64, 1); c.Status != wr.WCSuccess {
 		t.Fatalf("WRITE after the refused requests: %v", c.Err())
 	}
 	invalidate(t, b, good.RKey)

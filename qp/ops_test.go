@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/qp"
+	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name here)
 )
 
 // sizes returns the message sizes every opcode is checked with: empty, one
@@ -62,10 +63,10 @@ func TestSend(t *testing.T) {
 					t.Errorf("receive completion %+v, want id 100, %d bytes", rw, n)
 				}
 				if withImm {
-					if rw.Flags&2 == 0 || rw.Imm != 0xdeadbeef^uint32(n) {
+					if rw.Flags&wcs.WCWithImm == 0 || rw.Imm != 0xdeadbeef^uint32(n) {
 						t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, 0xdeadbeef^uint32(n))
 					}
-				} else if rw.Flags&2 != 0 {
+				} else if rw.Flags&wcs.WCWithImm != 0 {
 					t.Errorf("receive without imm has the imm flag: %+v", rw)
 				}
 				if !bytes.Equal(dst[:n], src) {

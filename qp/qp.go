@@ -18,6 +18,7 @@ import (
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // Work request types.
@@ -32,24 +33,24 @@ type (
 
 // Send opcodes.
 const (
-	OpRDMAWrite         = provider.OpRDMAWrite
-	OpRDMAWriteWithImm  = provider.OpRDMAWriteWithImm
-	OpSend              = provider.OpSend
-	OpSendWithImm       = provider.OpSendWithImm
-	OpRDMARead          = provider.OpRDMARead
-	OpAtomicCmpAndSwp   = provider.OpAtomicCmpAndSwp
-	OpAtomicFetchAndAdd = provider.OpAtomicFetchAndAdd
-	OpLocalInv          = provider.OpLocalInv
-	OpBindMW            = provider.OpBindMW
-	OpSendWithInv       = provider.OpSendWithInv
+	OpRDMAWrite         = wr.OpRDMAWrite
+	OpRDMAWriteWithImm  = wr.OpRDMAWriteWithImm
+	OpSend              = wr.OpSend
+	OpSendWithImm       = wr.OpSendWithImm
+	OpRDMARead          = wr.OpRDMARead
+	OpAtomicCmpAndSwp   = wr.OpAtomicCmpAndSwp
+	OpAtomicFetchAndAdd = wr.OpAtomicFetchAndAdd
+	OpLocalInv          = wr.OpLocalInv
+	OpBindMW            = wr.OpBindMW
+	OpSendWithInv       = wr.OpSendWithInv
 )
 
 // Send flags.
 const (
-	Fence     = provider.SendFence
-	Signaled  = provider.SendSignaled
-	Solicited = provider.SendSolicited
-	Inline    = provider.SendInline
+	Fence     = wr.SendFence
+	Signaled  = wr.SendSignaled
+	Solicited = wr.SendSolicited
+	Inline    = wr.SendInline
 )
 
 // ErrQueueFull is returned when the send or receive queue cannot take the

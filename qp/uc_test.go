@@ -9,6 +9,7 @@ import (
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
+	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name here)
 )
 
 // ucPair returns two UC QPs on rxe0 and rxe1 connected to each other. UC
@@ -74,7 +75,7 @@ func TestUC(t *testing.T) {
 				if rw.ID != 200 || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV" {
 					t.Errorf("receive completion %+v, want id 200, %d bytes", rw, n)
 				}
-				if withImm && (rw.Flags&2 == 0 || rw.Imm != 0xc0ffee00^uint32(n)) {
+				if withImm && (rw.Flags&wcs.WCWithImm == 0 || rw.Imm != 0xc0ffee00^uint32(n)) {
 					t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, 0xc0ffee00^uint32(n))
 				}
 				if !bytes.Equal(dst[:n], src) {

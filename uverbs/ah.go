@@ -8,7 +8,7 @@ import (
 
 	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // AHAttr says where UD sends through an address handle go.
@@ -27,7 +27,7 @@ type AHAttr struct {
 // AH is an address handle: the destination of UD sends.
 type AH struct {
 	pd     *PD
-	drv    provider.AH
+	drv    wr.AH
 	handle uint32
 	attr   AHAttr
 	once   uvobj.Once
@@ -96,7 +96,7 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 
 // Provider returns the provider's handle, which UD send work requests carry
 // (SendWR.AH).
-func (ah *AH) Provider() provider.AH { return ah.drv }
+func (ah *AH) Provider() wr.AH { return ah.drv }
 
 // Attr returns the address the handle was made for.
 func (ah *AH) Attr() AHAttr { return ah.attr }

@@ -1,20 +1,23 @@
 package uverbs
 
-import "github.com/goverbs/goverbs/uverbs/provider"
+import (
+	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
+)
 
 // Work request and completion types, shared by every provider.
 type (
-	SGE       = provider.SGE
-	MWBind    = provider.MWBind
-	SendWR    = provider.SendWR
-	RecvWR    = provider.RecvWR
-	WC        = provider.WC
-	WCStatus  = provider.WCStatus
-	WCOpcode  = provider.WCOpcode
-	WCFlags   = provider.WCFlags
-	WCError   = provider.WCError
-	Opcode    = provider.Opcode
-	SendFlags = provider.SendFlags
+	SGE       = wr.SGE
+	MWBind    = wr.MWBind
+	SendWR    = wr.SendWR
+	RecvWR    = wr.RecvWR
+	WC        = wr.WC
+	WCStatus  = wr.WCStatus
+	WCOpcode  = wr.WCOpcode
+	WCFlags   = wr.WCFlags
+	WCError   = wr.WCError
+	Opcode    = wr.Opcode
+	SendFlags = wr.SendFlags
 )
 
 // ErrQueueFull is returned when a work queue cannot take a whole batch;

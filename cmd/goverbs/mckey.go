@@ -13,7 +13,7 @@ import (
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/qp"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // mckey, wire compatible with rdma-core's librdmacm/examples/mckey.c for
@@ -186,13 +186,13 @@ func (n *mcNode) send(ctx context.Context, m *cm.Multicast) error {
 	if err := n.postUD(n.o.count, n.o.size, m.QPN, m.QKey, func(i int) bool { return i == n.o.count-1 }); err != nil {
 		return err
 	}
-	_, err := n.wait(ctx, 1, provider.WCSend)
+	_, err := n.wait(ctx, 1, wr.WCSend)
 	return err
 }
 
 // receive waits for count datagrams and reports them.
 func (n *mcNode) receive(ctx context.Context) error {
-	from, err := n.wait(ctx, n.o.count, provider.WCRecv)
+	from, err := n.wait(ctx, n.o.count, wr.WCRecv)
 	if err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (n *mcNode) receive(ctx context.Context) error {
 
 // wait takes count completions of kind op; for receives it checks the
 // size and returns the sender's GID from the first GRH.
-func (n *mcNode) wait(ctx context.Context, count int, op provider.WCOpcode) (string, error) {
+func (n *mcNode) wait(ctx context.Context, count int, op wr.WCOpcode) (string, error) {
 	from := ""
 	err := cmPoll(ctx, n.cq, count, n.o.idle, "datagrams", func(w cq.WC, done int) (bool, error) {
 		if err := w.Err(); err != nil {
@@ -211,7 +211,7 @@ func (n *mcNode) wait(ctx context.Context, count int, op provider.WCOpcode) (str
 		if w.Opcode != op {
 			return false, nil
 		}
-		if op == provider.WCRecv {
+		if op == wr.WCRecv {
 			if int(w.ByteLen) != qp.GRHSize+n.o.size {
 				return false, fmt.Errorf("datagram %d: %d bytes, want %d (%d and the GRH)", done, w.ByteLen, qp.GRHSize+n.o.size, n.o.size)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // goverbs perf -R: perftest 4.5's rdma_cm mode (-R, --rdma_cm: work_rdma_cm,
@@ -164,7 +165,7 @@ func (l *ptRDMA) await(c *cq.CQ, bound time.Duration) (*cq.WC, error) {
 		}
 		if n > 0 {
 			w := &l.wc[0]
-			if w.Status != 0 {
+			if w.Status != wr.WCSuccess {
 				return nil, fmt.Errorf("%w (completion with error: %v)", errPtClosed, w.Status)
 			}
 			return w, nil

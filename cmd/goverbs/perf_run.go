@@ -19,6 +19,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // perfQP is one QP and its buffer: the first half is what we send (and
@@ -435,7 +436,7 @@ func (r *perfRun) poll(c *cq.CQ) (*cq.WC, error) {
 		}
 		if n > 0 {
 			w := &r.wc[0]
-			if w.Status != 0 {
+			if w.Status != wr.WCSuccess {
 				return nil, fmt.Errorf("completion with error: %v (status %d, wr_id %#x, vendor_err %#x)", w.Status, uint32(w.Status), w.ID, w.VendorErr)
 			}
 			return w, nil
@@ -473,7 +474,7 @@ func (r *perfRun) pollMany(c *cq.CQ) ([]cq.WC, error) {
 			return nil, fmt.Errorf("poll CQ failed: %v", err)
 		}
 		for i := 0; i < n; i++ {
-			if w := &r.wc[i]; w.Status != 0 {
+			if w := &r.wc[i]; w.Status != wr.WCSuccess {
 				return nil, fmt.Errorf("completion with error: %v (status %d, wr_id %#x, vendor_err %#x)", w.Status, uint32(w.Status), w.ID, w.VendorErr)
 			}
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // Work request IDs, as in rc_pingpong.c; pending is a bit set of them.
@@ -467,7 +468,7 @@ func (pp *pingpong) loop() error {
 		}
 		for i := 0; i < n; i++ {
 			w := &pp.wc[i]
-			if w.Status != 0 {
+			if w.Status != wr.WCSuccess {
 				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
 			}
 			switch w.ID {

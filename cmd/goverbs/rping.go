@@ -21,7 +21,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // rping, wire compatible with rdma-core's librdmacm/examples/rping.c: over
@@ -219,7 +219,7 @@ var errRpingDisconnected = errors.New("disconnected")
 
 // await polls the CQ for a completion of op (SEND completions are taken
 // in passing), or returns errRpingDisconnected once the peer left.
-func (c *rpingConn) await(ctx context.Context, op provider.WCOpcode) (cq.WC, error) {
+func (c *rpingConn) await(ctx context.Context, op wr.WCOpcode) (cq.WC, error) {
 	for {
 		n, err := c.cq.Poll(c.wc)
 		if err != nil {
@@ -228,13 +228,13 @@ func (c *rpingConn) await(ctx context.Context, op provider.WCOpcode) (cq.WC, err
 		var got *cq.WC
 		for i := 0; i < n; i++ {
 			w := c.wc[i]
-			if w.Status != provider.WCSuccess {
+			if w.Status != wr.WCSuccess {
 				select {
 				case <-c.disc:
 					return cq.WC{}, errRpingDisconnected
 				default:
 				}
-				if w.Status == provider.WCWRFlushErr {
+				if w.Status == wr.WCWRFlushErr {
 					continue
 				}
 				return cq.WC{}, fmt.Errorf("cq completion failed status %d (%v)", w.Status, w.Status)
@@ -245,7 +245,7 @@ func (c *rpingConn) await(ctx context.Context, op provider.WCOpcode) (cq.WC, err
 			}
 		}
 		if got != nil {
-			if op == provider.WCRecv {
+			if op == wr.WCRecv {
 				if got.ByteLen != rpingInfoSize {
 					return cq.WC{}, fmt.Errorf("received bogus data, size %d", got.ByteLen)
 				}
@@ -309,7 +309,7 @@ func rpingServer(ctx context.Context, o *rpingOpts) error {
 func (c *rpingConn) serve(ctx context.Context) error {
 	buf := c.mem.Bytes()
 	for {
-		if _, err := c.await(ctx, provider.WCRecv); err != nil {
+		if _, err := c.await(ctx, wr.WCRecv); err != nil {
 			return err
 		}
 		addr, rkey, n := binary.BigEndian.Uint64(c.recvd[0:]), binary.BigEndian.Uint32(c.recvd[8:]), binary.BigEndian.Uint32(c.recvd[12:])
@@ -321,7 +321,7 @@ func (c *rpingConn) serve(ctx context.Context) error {
 			SGEs: []qp.SGE{c.sge(rpingRDMAOff, int(n))}, RemoteAddr: addr, RKey: rkey}}); err != nil {
 			return fmt.Errorf("post send: %w", err)
 		}
-		if _, err := c.await(ctx, provider.WCRDMARead); err != nil {
+		if _, err := c.await(ctx, wr.WCRDMARead); err != nil {
 			return err
 		}
 		data := buf[rpingRDMAOff : rpingRDMAOff+c.o.size]
@@ -334,7 +334,7 @@ func (c *rpingConn) serve(ctx context.Context) error {
 		if err := c.sendInfo(-1, 0); err != nil {
 			return fmt.Errorf("post send: %w", err)
 		}
-		if _, err := c.await(ctx, provider.WCRecv); err != nil {
+		if _, err := c.await(ctx, wr.WCRecv); err != nil {
 			return err
 		}
 		addr, rkey = binary.BigEndian.Uint64(c.recvd[0:]), binary.BigEndian.Uint32(c.recvd[8:])
@@ -342,7 +342,7 @@ func (c *rpingConn) serve(ctx context.Context) error {
 			SGEs: []qp.SGE{c.sge(rpingRDMAOff, len(data)+1)}, RemoteAddr: addr, RKey: rkey}}); err != nil {
 			return fmt.Errorf("post send: %w", err)
 		}
-		if _, err := c.await(ctx, provider.WCRDMAWrite); err != nil {
+		if _, err := c.await(ctx, wr.WCRDMAWrite); err != nil {
 			return err
 		}
 		if err := c.sendInfo(-1, 0); err != nil {
@@ -405,13 +405,13 @@ func (c *rpingConn) ping(ctx context.Context) error {
 		if err := c.sendInfo(rpingStartOff, size); err != nil {
 			return fmt.Errorf("post send: %w", err)
 		}
-		if _, err := c.await(ctx, provider.WCRecv); err != nil {
+		if _, err := c.await(ctx, wr.WCRecv); err != nil {
 			return err
 		}
 		if err := c.sendInfo(rpingRDMAOff, size); err != nil {
 			return fmt.Errorf("post send: %w", err)
 		}
-		if _, err := c.await(ctx, provider.WCRecv); err != nil {
+		if _, err := c.await(ctx, wr.WCRecv); err != nil {
 			return err
 		}
 		rb := buf[rpingRDMAOff : rpingRDMAOff+size]

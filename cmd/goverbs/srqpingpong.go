@@ -12,6 +12,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // srqMaxQP is srq_pingpong.c's MAX_QP: the exchange always carries this
@@ -291,7 +292,7 @@ func (pp *srqPingpong) loop() error {
 		}
 		for i := 0; i < n; i++ {
 			w := &pp.wc[i]
-			if w.Status != 0 {
+			if w.Status != wr.WCSuccess {
 				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
 			}
 			qi, ok := pp.index[w.QPNum]

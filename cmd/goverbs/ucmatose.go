@@ -10,7 +10,7 @@ import (
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/qp"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // ucmatose, wire compatible with rdma-core's librdmacm/examples/cmatose.c
@@ -120,7 +120,7 @@ func (n *toseNode) poll(ctx context.Context, c *cq.CQ, what string) error {
 		if err := w.Err(); err != nil {
 			return false, fmt.Errorf("%s %d: %w", what, done, err)
 		}
-		if w.Opcode == provider.WCRecv && int(w.ByteLen) != n.o.size {
+		if w.Opcode == wr.WCRecv && int(w.ByteLen) != n.o.size {
 			return false, fmt.Errorf("%s %d: %d bytes, want %d", what, done, w.ByteLen, n.o.size)
 		}
 		return true, nil

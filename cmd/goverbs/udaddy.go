@@ -11,7 +11,7 @@ import (
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // udaddy, wire compatible with rdma-core's librdmacm/examples/udaddy.c for
@@ -93,7 +93,7 @@ func (n *udNode) poll(ctx context.Context) error {
 		if err := w.Err(); err != nil {
 			return false, err
 		}
-		if n.ah == nil && w.Opcode == provider.WCRecv {
+		if n.ah == nil && w.Opcode == wr.WCRecv {
 			grh, err := qp.ParseGRH(n.mem.Bytes()[:qp.GRHSize])
 			if err != nil {
 				return false, fmt.Errorf("failed to create reply AH: %w", err)

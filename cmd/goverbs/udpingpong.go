@@ -14,6 +14,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // udQKey is the QKey of ud_pingpong.c, on both sides.
@@ -297,7 +298,7 @@ func (pp *udPingpong) loop() error {
 		}
 		for i := 0; i < n; i++ {
 			w := &pp.wc[i]
-			if w.Status != 0 {
+			if w.Status != wr.WCSuccess {
 				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
 			}
 			switch w.ID {

@@ -41,7 +41,7 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/uverbs/provider"
+	"github.com/goverbs/goverbs/wr"
 )
 
 // records are what the client writes, back to back, into the server's
@@ -196,7 +196,7 @@ func server(ctx context.Context, dev, addr string, out io.Writer, ready chan<- s
 		if err != nil {
 			return err
 		}
-		if wc.Opcode != provider.WCRecvRDMAImm || wc.Flags&provider.WCWithImm == 0 {
+		if wc.Opcode != wr.WCRecvRDMAImm || wc.Flags&wr.WCWithImm == 0 {
 			return fmt.Errorf("completion %v, want an RDMA WRITE with immediate", wc.Opcode)
 		}
 		off, n := int(wc.Imm), int(wc.ByteLen)

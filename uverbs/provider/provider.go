@@ -92,12 +92,6 @@ type SRQ interface {
 	Close() error
 }
 
-// AH is a provider's address handle, named by UD send work requests.
-type AH interface {
-	Udata() (in, out []byte)
-	Attach(handle uint32) error
-}
-
 // CQArmer is implemented by providers that arm a CQ for an event without
 // the kernel (mlx5 writes its doorbell record). Without it the core sends
 // REQ_NOTIFY_CQ.

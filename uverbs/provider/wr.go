@@ -1,105 +1,72 @@
 package provider
 
-import "fmt"
+import "github.com/goverbs/goverbs/wr"
 
-// SGE is one scatter/gather element: Length bytes at Addr in the memory
-// region whose local key is LKey.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
-
-// Opcode is a send work request's operation (IB_UVERBS_WR_*).
-type Opcode uint32
-
-// The send opcodes rxe supports.
-const (
-	OpRDMAWrite         Opcode = 0
-	OpRDMAWriteWithImm  Opcode = 1
-	OpSend              Opcode = 2
-	OpSendWithImm       Opcode = 3
-	OpRDMARead          Opcode = 4
-	OpAtomicCmpAndSwp   Opcode = 5
-	OpAtomicFetchAndAdd Opcode = 6
-	// OpLocalInv invalidates a local memory window (or MR) by its rkey.
-	OpLocalInv Opcode = 7
-	// OpBindMW binds a type 2 memory window (rxe also binds type 1
-	// windows with it) to a range of a memory region.
-	OpBindMW Opcode = 8
-	// OpSendWithInv is a SEND that also invalidates the peer's rkey
-	// InvRKey when it arrives.
-	OpSendWithInv Opcode = 9
+// The work request and completion types and values live in package wr,
+// a leaf that users may import alone; a provider names them here too.
+type (
+	SGE       = wr.SGE
+	Opcode    = wr.Opcode
+	SendFlags = wr.SendFlags
+	SendWR    = wr.SendWR
+	MWBind    = wr.MWBind
+	RecvWR    = wr.RecvWR
+	AH        = wr.AH
+	WCStatus  = wr.WCStatus
+	WCOpcode  = wr.WCOpcode
+	WCFlags   = wr.WCFlags
+	WC        = wr.WC
+	WCError   = wr.WCError
 )
 
-var opcodeNames = map[Opcode]string{
-	OpRDMAWrite: "RDMA_WRITE", OpRDMAWriteWithImm: "RDMA_WRITE_WITH_IMM",
-	OpSend: "SEND", OpSendWithImm: "SEND_WITH_IMM", OpRDMARead: "RDMA_READ",
-	OpAtomicCmpAndSwp: "ATOMIC_CMP_AND_SWP", OpAtomicFetchAndAdd: "ATOMIC_FETCH_AND_ADD",
-	OpLocalInv: "LOCAL_INV", OpBindMW: "BIND_MW", OpSendWithInv: "SEND_WITH_INV",
-}
-
-func (o Opcode) String() string {
-	if s, ok := opcodeNames[o]; ok {
-		return s
-	}
-	return fmt.Sprintf("Opcode(%d)", uint32(o))
-}
-
-// SendFlags modify a send work request (IB_SEND_*).
-type SendFlags uint32
-
-// Send flags.
+// Opcodes, flags and statuses: package wr's.
 const (
-	SendFence     SendFlags = 1
-	SendSignaled  SendFlags = 2
-	SendSolicited SendFlags = 4
-	SendInline    SendFlags = 8
+	OpRDMAWrite         = wr.OpRDMAWrite
+	OpRDMAWriteWithImm  = wr.OpRDMAWriteWithImm
+	OpSend              = wr.OpSend
+	OpSendWithImm       = wr.OpSendWithImm
+	OpRDMARead          = wr.OpRDMARead
+	OpAtomicCmpAndSwp   = wr.OpAtomicCmpAndSwp
+	OpAtomicFetchAndAdd = wr.OpAtomicFetchAndAdd
+	OpLocalInv          = wr.OpLocalInv
+	OpBindMW            = wr.OpBindMW
+	OpSendWithInv       = wr.OpSendWithInv
+	SendFence           = wr.SendFence
+	SendSignaled        = wr.SendSignaled
+	SendSolicited       = wr.SendSolicited
+	SendInline          = wr.SendInline
+	WCSuccess           = wr.WCSuccess
+	WCLocLenErr         = wr.WCLocLenErr
+	WCLocQPOpErr        = wr.WCLocQPOpErr
+	WCLocEECOpErr       = wr.WCLocEECOpErr
+	WCLocProtErr        = wr.WCLocProtErr
+	WCWRFlushErr        = wr.WCWRFlushErr
+	WCMWBindErr         = wr.WCMWBindErr
+	WCBadRespErr        = wr.WCBadRespErr
+	WCLocAccessErr      = wr.WCLocAccessErr
+	WCRemInvReqErr      = wr.WCRemInvReqErr
+	WCRemAccessErr      = wr.WCRemAccessErr
+	WCRemOpErr          = wr.WCRemOpErr
+	WCRetryExcErr       = wr.WCRetryExcErr
+	WCRNRRetryExcErr    = wr.WCRNRRetryExcErr
+	WCLocRDDViolErr     = wr.WCLocRDDViolErr
+	WCRemInvRDReqErr    = wr.WCRemInvRDReqErr
+	WCRemAbortErr       = wr.WCRemAbortErr
+	WCInvEECNErr        = wr.WCInvEECNErr
+	WCInvEECStateErr    = wr.WCInvEECStateErr
+	WCFatalErr          = wr.WCFatalErr
+	WCRespTimeoutErr    = wr.WCRespTimeoutErr
+	WCGeneralErr        = wr.WCGeneralErr
+	WCSend              = wr.WCSend
+	WCRDMAWrite         = wr.WCRDMAWrite
+	WCRDMARead          = wr.WCRDMARead
+	WCCompSwap          = wr.WCCompSwap
+	WCFetchAdd          = wr.WCFetchAdd
+	WCBindMW            = wr.WCBindMW
+	WCLocalInv          = wr.WCLocalInv
+	WCRecv              = wr.WCRecv
+	WCRecvRDMAImm       = wr.WCRecvRDMAImm
+	WCWithGRH           = wr.WCWithGRH
+	WCWithImm           = wr.WCWithImm
+	WCWithInv           = wr.WCWithInv
 )
-
-// SendWR is a send work request. Fields that do not apply to its opcode are
-// ignored.
-type SendWR struct {
-	ID     uint64
-	Opcode Opcode
-	Flags  SendFlags
-	// Imm is the immediate data of *_WITH_IMM, in host order; it travels
-	// in network order and arrives in WC.Imm in host order.
-	Imm  uint32
-	SGEs []SGE
-	// RDMA and atomics: the peer's address and remote key.
-	RemoteAddr uint64
-	RKey       uint32
-	// Atomics: the compare (CMP_AND_SWP) or add (FETCH_AND_ADD) operand,
-	// and the swap value.
-	CompareAdd uint64
-	Swap       uint64
-	// UD: the address handle, remote QPN and QKey.
-	AH         AH
-	RemoteQPN  uint32
-	RemoteQKey uint32
-	// LOCAL_INV: the local rkey to invalidate; SEND_WITH_INV: the peer's.
-	InvRKey uint32
-	// BIND_MW: the window, the range and the rkey it gets.
-	Bind MWBind
-}
-
-// MWBind is what a BIND_MW work request binds: Length bytes at Addr of the
-// memory region whose local key is LKey, with remote access Access
-// (IB_ACCESS_REMOTE_*), to the window whose rkey is now MWRKey. After the
-// bind the window answers to RKey: the same window index (the upper 24
-// bits), a new key in the low 8 bits. mr.MW.Bind fills one in.
-type MWBind struct {
-	MWRKey uint32
-	RKey   uint32
-	LKey   uint32
-	Access uint32
-	Addr   uint64
-	Length uint64
-}
-
-// RecvWR is a receive work request.
-type RecvWR struct {
-	ID   uint64
-	SGEs []SGE
-}

@@ -1,11 +1,16 @@
-package provider
+package wr
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/goverbs/goverbs/ioctl"
+)
 
 // WCStatus is a completion's status (IB_WC_*).
 type WCStatus uint32
 
-// Completion statuses.
+// Completion statuses: ib_verbs.h's enum ib_wc_status (rdma-core's
+// IBV_WC_*), not in the uapi.
 const (
 	WCSuccess WCStatus = iota
 	WCLocLenErr
@@ -50,17 +55,19 @@ func (s WCStatus) String() string {
 // WCOpcode says what completed (IB_WC_*).
 type WCOpcode uint32
 
-// Completion opcodes.
+// Completion opcodes: the send side from the uapi (enum
+// ib_uverbs_wc_opcode); the receive side is ib_verbs.h's IB_WC_RECV =
+// 1 << 7 and IB_WC_RECV_RDMA_WITH_IMM, not in the uapi.
 const (
-	WCSend        WCOpcode = 0
-	WCRDMAWrite   WCOpcode = 1
-	WCRDMARead    WCOpcode = 2
-	WCCompSwap    WCOpcode = 3
-	WCFetchAdd    WCOpcode = 4
-	WCBindMW      WCOpcode = 5
-	WCLocalInv    WCOpcode = 6
-	WCRecv        WCOpcode = 128
-	WCRecvRDMAImm WCOpcode = 129
+	WCSend        WCOpcode = ioctl.IB_UVERBS_WC_SEND
+	WCRDMAWrite   WCOpcode = ioctl.IB_UVERBS_WC_RDMA_WRITE
+	WCRDMARead    WCOpcode = ioctl.IB_UVERBS_WC_RDMA_READ
+	WCCompSwap    WCOpcode = ioctl.IB_UVERBS_WC_COMP_SWAP
+	WCFetchAdd    WCOpcode = ioctl.IB_UVERBS_WC_FETCH_ADD
+	WCBindMW      WCOpcode = ioctl.IB_UVERBS_WC_BIND_MW
+	WCLocalInv    WCOpcode = ioctl.IB_UVERBS_WC_LOCAL_INV
+	WCRecv        WCOpcode = 1 << 7
+	WCRecvRDMAImm WCOpcode = WCRecv + 1
 )
 
 var wcOpNames = map[WCOpcode]string{
@@ -79,7 +86,7 @@ func (o WCOpcode) String() string {
 // WCFlags qualify a completion (IB_WC_*).
 type WCFlags uint32
 
-// Completion flags.
+// Completion flags: ib_verbs.h's IB_WC_WITH_* (rdma-core's IBV_WC_WITH_*).
 const (
 	WCWithGRH WCFlags = 1
 	WCWithImm WCFlags = 2
