@@ -22,8 +22,10 @@ type WC = uverbs.WC
 
 // CQ is a completion queue.
 type CQ struct {
-	ctx    *uverbs.Context
-	drv    provider.CQ
+	ctx *uverbs.Context
+	drv provider.CQ
+	// cqBase holds drv for qp too (uvobj.CQOf).
+	cqBase
 	handle uint32
 	cqe    int
 	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
@@ -141,6 +143,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
 	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
+	*uvobj.CQOf(&q.cqBase) = drv
 	for i := range q.arm {
 		q.arm[i] = armCmd{
 			hdr: ioctl.CmdHdr{Command: ioctl.IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, In_words: uint16((ioctl.SizeofCmdHdr + ioctl.SizeofReqNotifyCQ) / 4)},
@@ -256,3 +259,7 @@ func max1(n int) int {
 	}
 	return n
 }
+
+// cqBase is embedded under a name of this package's: no field of CQ is
+// exported.
+type cqBase = uvobj.CQBase

@@ -10,6 +10,7 @@ import (
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/uverbs"
+	"github.com/goverbs/goverbs/uverbs/provider"
 )
 
 // AttrMask selects the fields of Attr a Modify sets (IB_QP_*; the values are
@@ -85,6 +86,13 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 	if err := q.check(attr, mask); err != nil {
 		return err
 	}
+	to := provider.QPState(attr.State)
+	hooks, _ := q.drv.(provider.QPModifier)
+	if hooks != nil {
+		if err := hooks.BeforeModify(uint32(mask), to); err != nil {
+			return fmt.Errorf("qp: QP %d: modify: provider: %w", q.qpn, err)
+		}
+	}
 	c := ioctl.ModifyQP{
 		Qp_handle: q.handle, Attr_mask: uint32(mask), Qkey: attr.QKey, Rq_psn: attr.RQPSN, Sq_psn: attr.SQPSN,
 		Dest_qp_num: attr.DestQPN, Qp_access_flags: uint32(attr.Access), Pkey_index: attr.PKeyIndex,
@@ -120,8 +128,38 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 	}
 	if mask&MaskState != 0 {
 		q.state.Store(uint32(attr.State))
+		if attr.State == Reset {
+			q.cleanCQs()
+		}
+	}
+	if hooks != nil {
+		if err := hooks.AfterModify(uint32(mask), to); err != nil {
+			return fmt.Errorf("qp: QP %d: modify: provider: %w", q.qpn, err)
+		}
 	}
 	return nil
+}
+
+// cleanCQs lets a provider whose CQ rings outlive a QP's completions
+// (provider.CQCleaner, rdma-core's __mlx5_cq_clean) drop this QP's, when
+// it goes to RESET and before it is destroyed. rxe's CQs do not need it.
+func (q *QP) cleanCQs() {
+	var srq provider.SRQ
+	if q.cfg.SRQ != nil {
+		srq = q.cfg.SRQ.drv
+	}
+	send, recv := q.cfg.SendCQ, q.cfg.RecvCQ
+	if send == nil || recv == nil {
+		return
+	}
+	if cl, ok := (*uvobj.CQOf(recv)).(provider.CQCleaner); ok {
+		cl.Clean(q.qpn, srq)
+	}
+	if send != recv {
+		if cl, ok := (*uvobj.CQOf(send)).(provider.CQCleaner); ok {
+			cl.Clean(q.qpn, nil)
+		}
+	}
 }
 
 // check validates what the kernel would only answer with EINVAL.

@@ -398,6 +398,18 @@ func (e *StateError) Error() string {
 	return fmt.Sprintf("qp: %s: QP is in state %v, must be %s", e.Op, e.State, e.Want)
 }
 
+// destroyHooked is destroy with the provider's work before it
+// (provider.QPDestroyer, CQCleaner).
+func (q *QP) destroyHooked() error {
+	if d, ok := q.drv.(provider.QPDestroyer); ok {
+		if err := d.BeforeDestroy(); err != nil {
+			return fmt.Errorf("provider: %w", err)
+		}
+	}
+	q.cleanCQs()
+	return q.destroy()
+}
+
 func (q *QP) destroy() error {
 	req := ioctl.DestroyQP{Handle: q.handle}
 	var resp ioctl.DestroyQPResp
@@ -414,6 +426,6 @@ func (q *QP) destroy() error {
 // Close destroys the QP and unmaps its queues. Idempotent. Do not Close
 // while another goroutine posts.
 func (q *QP) Close() error {
-	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
+	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroyHooked,
 		func(err error) error { return fmt.Errorf("qp: destroy QP %d: %w", q.qpn, err) }, q.drv.Close)
 }

@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
+	"strings"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
-	"github.com/goverbs/goverbs/uverbs/rxe"
+	_ "github.com/goverbs/goverbs/uverbs/rxe" // registers itself: rxe is built in
 	"golang.org/x/sys/unix"
 )
 
@@ -20,25 +20,25 @@ var ErrClosed = ioctl.ErrClosed
 // Provider is implemented by a driver's userspace half; see package provider.
 type Provider = provider.Provider
 
-var (
-	providersMu sync.Mutex
-	providers   = map[string]Provider{"rxe": rxe.Provider{}}
-)
-
 // RegisterProvider makes a provider available for devices whose driver has
-// the given name (as DeviceInfo.Driver reports it).
+// the given name (as DeviceInfo.Driver reports it). A provider package
+// usually registers itself (provider.Register in its init); rxe is built
+// in.
 func RegisterProvider(driver string, p Provider) {
-	providersMu.Lock()
-	defer providersMu.Unlock()
-	providers[driver] = p
+	if driver == p.Name() {
+		provider.Register(p)
+		return
+	}
+	provider.Register(renamed{p, driver})
 }
 
-func providerFor(driver string) (Provider, bool) {
-	providersMu.Lock()
-	defer providersMu.Unlock()
-	p, ok := providers[driver]
-	return p, ok
+// renamed serves a provider under another driver name.
+type renamed struct {
+	Provider
+	name string
 }
+
+func (r renamed) Name() string { return r.name }
 
 // Context is an open device: the uverbs command descriptor with its kernel
 // context. It owns every object created on it; Close destroys what is left.
@@ -85,9 +85,9 @@ func OpenWith(name string, opts Options) (*Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, ok := providerFor(info.Driver)
+	p, ok := provider.Lookup(info.Driver)
 	if !ok {
-		return nil, fmt.Errorf("uverbs: device %s: no provider for driver %q (goverbs has: rxe)", name, info.Driver)
+		return nil, fmt.Errorf("uverbs: device %s: no provider for driver %q (goverbs has: %s)", name, info.Driver, strings.Join(provider.Names(), ", "))
 	}
 	if err := p.CheckABI(info.ABIVersion); err != nil {
 		return nil, fmt.Errorf("uverbs: device %s: %w", name, err)

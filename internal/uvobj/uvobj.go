@@ -184,3 +184,17 @@ func (o *Once) Close(t *Table, obj io.Closer, user uint64, destroy func() error,
 	}
 	return nil
 }
+
+// CQBase, embedded in cq.CQ, holds its provider CQ, for qp's hooks
+// (provider.CQCleaner when a QP goes to RESET or is destroyed). Like Base
+// it has no exported method.
+type CQBase struct{ drv provider.CQ }
+
+func (b *CQBase) uvobjCQ() *provider.CQ { return &b.drv }
+
+// CQHolder is a *cq.CQ.
+type CQHolder interface{ uvobjCQ() *provider.CQ }
+
+// CQOf returns the provider CQ slot of a CQ, for cq to fill at creation
+// and qp to read.
+func CQOf(h CQHolder) *provider.CQ { return h.uvobjCQ() }

@@ -13,6 +13,8 @@ package provider
 
 import (
 	"errors"
+	"slices"
+	"sync"
 
 	"github.com/goverbs/goverbs/ioctl"
 )
@@ -139,4 +141,81 @@ type QP interface {
 	// PostRecv posts the whole batch or nothing.
 	PostRecv(wrs []RecvWR) error
 	Close() error
+}
+
+// Hooks a hardware provider needs around the core's commands. Each is an
+// optional interface, as CQArmer is: the core calls it when the provider's
+// object implements it, and rxe implements none (the kernel's rxe does
+// that work). docs/providers.md maps them to rdma-core's mlx5.
+
+// QPState is a queue pair state (IB_QPS_*: RESET 0, INIT 1, RTR 2, RTS 3,
+// SQD 4, SQE 5, ERR 6).
+type QPState uint8
+
+// QPStateReset is the state in which a hardware provider must forget the
+// QP's completions and reset its queue indices (QPModifier).
+const QPStateReset QPState = 0
+
+// QPModifier is a QP that takes part in MODIFY_QP: BeforeModify runs before
+// the command (mask is the IB_QP_* attribute mask; to is the new state
+// when mask has IB_QP_STATE) and may refuse it; AfterModify runs once the
+// kernel accepted it. rdma-core's mlx5_modify_qp does its work after the
+// command: on a move to RESET it cleans both CQs of the QP's completions
+// (CQCleaner) and resets its send and receive indices and doorbell
+// records; the core cleans the CQs itself, before AfterModify.
+type QPModifier interface {
+	BeforeModify(mask uint32, to QPState) error
+	AfterModify(mask uint32, to QPState) error
+}
+
+// QPDestroyer is a QP with work to do before DESTROY_QP (mlx5_destroy_qp
+// takes its CQs' locks and cleans them of the QP's completions, which the
+// core does through CQCleaner first). Close, after the command, unmaps.
+type QPDestroyer interface {
+	BeforeDestroy() error
+}
+
+// CQCleaner is a CQ whose ring can hold completions of a QP that no longer
+// exists or was reset (rdma-core's __mlx5_cq_clean): Clean drops those of
+// QP qpn (and returns their receive buffers to srq, if the QP used one).
+// The core calls it when a QP that uses the CQ goes to RESET and before
+// the QP is destroyed, with no poller running on the CQ.
+type CQCleaner interface {
+	Clean(qpn uint32, srq SRQ)
+}
+
+var (
+	registryMu sync.Mutex
+	registry   = map[string]Provider{}
+)
+
+// Register makes p the provider of devices whose driver is p.Name() (as
+// sysfs names it: "rxe", "siw", "mlx5"). A provider package registers
+// itself in init, and a program links it in with an import (uverbs
+// imports uverbs/rxe). A second provider for the same driver replaces the
+// first.
+func Register(p Provider) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	registry[p.Name()] = p
+}
+
+// Lookup returns the provider registered for a driver.
+func Lookup(driver string) (Provider, bool) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	p, ok := registry[driver]
+	return p, ok
+}
+
+// Names lists the registered drivers, sorted.
+func Names() []string {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	var ns []string
+	for n := range registry {
+		ns = append(ns, n)
+	}
+	slices.Sort(ns)
+	return ns
 }

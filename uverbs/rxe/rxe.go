@@ -23,6 +23,9 @@ type Provider struct{}
 // Name implements provider.Provider.
 func (Provider) Name() string { return "rxe" }
 
+// rxe registers itself with the core (uverbs imports this package).
+func init() { provider.Register(Provider{}) }
+
 // DriverID implements provider.Provider.
 func (Provider) DriverID() uint32 { return ioctl.RDMA_DRIVER_RXE }
 
