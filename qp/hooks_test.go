@@ -91,9 +91,9 @@ func (c *hookedCQ) Clean(qpn uint32, srq provider.SRQ) { c.log.add("clean qpn %d
 
 // TestProviderHooks: with a provider that implements the hardware hooks,
 // the core calls them around MODIFY_QP (before and after, with the target
-// state), cleans the CQs of the QP on RESET and before DESTROY_QP (one
-// CQ for send and receive: cleaned once), and calls BeforeDestroy; the
-// error for a driver with no provider names the registered ones.
+// state), cleans the CQs of the QP after a move to RESET and after
+// DESTROY_QP (one CQ for send and receive: cleaned once), and calls
+// BeforeDestroy first.
 func TestProviderHooks(t *testing.T) {
 	na, _ := rxetest.Pair(t)
 	log := &hookLog{}

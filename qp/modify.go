@@ -141,8 +141,8 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 }
 
 // cleanCQs lets a provider whose CQ rings outlive a QP's completions
-// (provider.CQCleaner, rdma-core's __mlx5_cq_clean) drop this QP's, when
-// it goes to RESET and before it is destroyed. rxe's CQs do not need it.
+// (provider.CQCleaner, rdma-core's __mlx5_cq_clean) drop this QP's, once
+// it went to RESET or was destroyed. rxe's CQs do not need it.
 func (q *QP) cleanCQs() {
 	var srq provider.SRQ
 	if q.cfg.SRQ != nil {

@@ -398,16 +398,21 @@ func (e *StateError) Error() string {
 	return fmt.Sprintf("qp: %s: QP is in state %v, must be %s", e.Op, e.State, e.Want)
 }
 
-// destroyHooked is destroy with the provider's work before it
-// (provider.QPDestroyer, CQCleaner).
+// destroyHooked is destroy with the provider's hooks: its work before
+// the command (provider.QPDestroyer), and once the kernel destroyed the QP
+// (no completion of it can come any more) the CQ clean
+// (provider.CQCleaner), as rdma-core's mlx5_destroy_qp orders them.
 func (q *QP) destroyHooked() error {
 	if d, ok := q.drv.(provider.QPDestroyer); ok {
 		if err := d.BeforeDestroy(); err != nil {
 			return fmt.Errorf("provider: %w", err)
 		}
 	}
+	if err := q.destroy(); err != nil {
+		return err
+	}
 	q.cleanCQs()
-	return q.destroy()
+	return nil
 }
 
 func (q *QP) destroy() error {

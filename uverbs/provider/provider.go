@@ -169,8 +169,8 @@ type QPModifier interface {
 }
 
 // QPDestroyer is a QP with work to do before DESTROY_QP (mlx5_destroy_qp
-// takes its CQs' locks and cleans them of the QP's completions, which the
-// core does through CQCleaner first). Close, after the command, unmaps.
+// takes the context's QP table lock); an error keeps the QP. After the
+// command the core cleans the CQs (CQCleaner), then Close unmaps.
 type QPDestroyer interface {
 	BeforeDestroy() error
 }
@@ -178,8 +178,8 @@ type QPDestroyer interface {
 // CQCleaner is a CQ whose ring can hold completions of a QP that no longer
 // exists or was reset (rdma-core's __mlx5_cq_clean): Clean drops those of
 // QP qpn (and returns their receive buffers to srq, if the QP used one).
-// The core calls it when a QP that uses the CQ goes to RESET and before
-// the QP is destroyed, with no poller running on the CQ.
+// The core calls it after a QP that uses the CQ went to RESET and after
+// the QP was destroyed (no completion of it can come then).
 type CQCleaner interface {
 	Clean(qpn uint32, srq SRQ)
 }
