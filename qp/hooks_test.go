@@ -87,7 +87,9 @@ type hookedCQ struct {
 	log *hookLog
 }
 
-func (c *hookedCQ) Clean(qpn uint32, srq provider.SRQ) { c.log.add("clean qpn %d srq %v", qpn, srq != nil) }
+func (c *hookedCQ) Clean(qpn uint32, srq provider.SRQ) {
+	c.log.add("clean qpn %d srq %v", qpn, srq != nil)
+}
 
 // TestProviderHooks: with a provider that implements the hardware hooks,
 // the core calls them around MODIFY_QP (before and after, with the target

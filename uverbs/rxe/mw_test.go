@@ -8,6 +8,7 @@ import (
 
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
+	gwr "github.com/goverbs/goverbs/wr" // (wr names work requests here)
 )
 
 // TestWriteSendMW checks the send WQE bytes of BIND_MW, LOCAL_INV and
@@ -27,7 +28,7 @@ func TestWriteSendMW(t *testing.T) {
 	for i := range buf {
 		buf[i] = 0xa5
 	}
-	q.writeSend(w, &provider.SendWR{ID: 7, Opcode: provider.OpBindMW, Flags: provider.SendSignaled,
+	q.writeSend(w, &provider.SendWR{ID: 7, Opcode: gwr.OpBindMW, Flags: gwr.SendSignaled,
 		Bind: provider.MWBind{MWRKey: 0x1234500, RKey: 0x1234511, LKey: 0x77, Access: 2, Addr: 0x7f0000001000, Length: 8192}})
 	if got := u64(ioctl.RxeSendWqeOffWrID); got != 7 {
 		t.Errorf("wr_id %d", got)
@@ -58,7 +59,7 @@ func TestWriteSendMW(t *testing.T) {
 		t.Errorf("wr.mw.access at %d", off)
 	}
 
-	for _, op := range []provider.Opcode{provider.OpLocalInv, provider.OpSendWithInv} {
+	for _, op := range []provider.Opcode{gwr.OpLocalInv, gwr.OpSendWithInv} {
 		q.writeSend(w, &provider.SendWR{ID: 8, Opcode: op, InvRKey: 0xabcdef12, Imm: 0x11111111})
 		if got := u32(ioctl.RxeSendWqeOffImm); got != 0xabcdef12 {
 			t.Errorf("%v: ex.invalidate_rkey %#x, want 0xabcdef12 in host order", op, got)
@@ -68,7 +69,7 @@ func TestWriteSendMW(t *testing.T) {
 		}
 	}
 	// Immediate data stays big endian.
-	q.writeSend(w, &provider.SendWR{Opcode: provider.OpSendWithImm, Imm: 0x01020304})
+	q.writeSend(w, &provider.SendWR{Opcode: gwr.OpSendWithImm, Imm: 0x01020304})
 	if got := raw(ioctl.RxeSendWqeOffImm, 4); string(got) != "\x01\x02\x03\x04" {
 		t.Errorf("imm_data bytes % x", got)
 	}
@@ -86,20 +87,20 @@ func TestValidSendMW(t *testing.T) {
 		wr   provider.SendWR
 		want string // "" for accepted
 	}{
-		{"bind RC", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: good}, ""},
-		{"bind UC", uc, provider.SendWR{Opcode: provider.OpBindMW, Bind: good}, ""},
-		{"bind UD", ud, provider.SendWR{Opcode: provider.OpBindMW, Bind: good}, "needs an RC or UC QP"},
-		{"bind SGE", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: good, SGEs: sge}, "no SGEs"},
-		{"bind inline", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: good, Flags: provider.SendInline}, "cannot carry inline"},
-		{"bind other index", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x205, Access: 2, Length: 1}}, "names another window"},
-		{"bind local write", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x101, Access: 1, Length: 1}}, "only remote"},
-		{"bind wraps", rc, provider.SendWR{Opcode: provider.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x101, Access: 2, Addr: ^uint64(0), Length: 2}}, "wraps"},
-		{"local inv RC", rc, provider.SendWR{Opcode: provider.OpLocalInv, InvRKey: 0x105}, ""},
-		{"local inv UC", uc, provider.SendWR{Opcode: provider.OpLocalInv, InvRKey: 0x105}, "needs an RC QP"},
-		{"local inv SGE", rc, provider.SendWR{Opcode: provider.OpLocalInv, SGEs: sge}, "no SGEs"},
-		{"send inv RC", rc, provider.SendWR{Opcode: provider.OpSendWithInv, SGEs: sge}, ""},
-		{"send inv RC inline", rc, provider.SendWR{Opcode: provider.OpSendWithInv, SGEs: sge, Flags: provider.SendInline}, ""},
-		{"send inv UD", ud, provider.SendWR{Opcode: provider.OpSendWithInv, SGEs: sge}, "needs an RC QP"},
+		{"bind RC", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: good}, ""},
+		{"bind UC", uc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: good}, ""},
+		{"bind UD", ud, provider.SendWR{Opcode: gwr.OpBindMW, Bind: good}, "needs an RC or UC QP"},
+		{"bind SGE", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: good, SGEs: sge}, "no SGEs"},
+		{"bind inline", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: good, Flags: gwr.SendInline}, "cannot carry inline"},
+		{"bind other index", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x205, Access: 2, Length: 1}}, "names another window"},
+		{"bind local write", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x101, Access: 1, Length: 1}}, "only remote"},
+		{"bind wraps", rc, provider.SendWR{Opcode: gwr.OpBindMW, Bind: provider.MWBind{MWRKey: 0x100, RKey: 0x101, Access: 2, Addr: ^uint64(0), Length: 2}}, "wraps"},
+		{"local inv RC", rc, provider.SendWR{Opcode: gwr.OpLocalInv, InvRKey: 0x105}, ""},
+		{"local inv UC", uc, provider.SendWR{Opcode: gwr.OpLocalInv, InvRKey: 0x105}, "needs an RC QP"},
+		{"local inv SGE", rc, provider.SendWR{Opcode: gwr.OpLocalInv, SGEs: sge}, "no SGEs"},
+		{"send inv RC", rc, provider.SendWR{Opcode: gwr.OpSendWithInv, SGEs: sge}, ""},
+		{"send inv RC inline", rc, provider.SendWR{Opcode: gwr.OpSendWithInv, SGEs: sge, Flags: gwr.SendInline}, ""},
+		{"send inv UD", ud, provider.SendWR{Opcode: gwr.OpSendWithInv, SGEs: sge}, "needs an RC QP"},
 	} {
 		q := &qp{typ: tc.typ, caps: provider.QPCaps{MaxSendSGE: 2, MaxInline: 64}}
 		err := q.validSend(0, &tc.wr)
@@ -132,10 +133,10 @@ func TestPollWithInv(t *testing.T) {
 		return int(unsafe.Offsetof(ioctl.WC{}.Opcode))
 	}
 	binary.LittleEndian.PutUint32(e[wcOff("ex"):], 0x00abcd42)
-	binary.LittleEndian.PutUint32(e[wcOff("flags"):], uint32(provider.WCWithInv))
-	binary.LittleEndian.PutUint32(e[wcOff("opcode"):], uint32(provider.WCRecv))
+	binary.LittleEndian.PutUint32(e[wcOff("flags"):], uint32(gwr.WCWithInv))
+	binary.LittleEndian.PutUint32(e[wcOff("opcode"):], uint32(gwr.WCRecv))
 	binary.BigEndian.PutUint32(e[128+wcOff("ex"):], 0xfeed)
-	binary.LittleEndian.PutUint32(e[128+wcOff("flags"):], uint32(provider.WCWithImm))
+	binary.LittleEndian.PutUint32(e[128+wcOff("flags"):], uint32(gwr.WCWithImm))
 	c := &cq{}
 	c.resp.Mi.Size = uint32(len(mem))
 	if err := c.Attach(&fakeDevice{mem: mem}, 1, 4); err != nil {

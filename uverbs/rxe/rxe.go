@@ -10,6 +10,7 @@ import (
 
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
+	gwr "github.com/goverbs/goverbs/wr" // (wr names work requests here)
 	"golang.org/x/sys/unix"
 )
 
@@ -104,7 +105,7 @@ func (c *cq) Poll(wc []provider.WC) int {
 		w.ByteLen = k.Byte_len
 		w.Imm = binary.BigEndian.Uint32(k.Ex[:])
 		w.InvRKey = 0
-		if k.Wc_flags&uint32(provider.WCWithInv) != 0 {
+		if k.Wc_flags&uint32(gwr.WCWithInv) != 0 {
 			// The union holds invalidate_rkey in host order.
 			w.InvRKey, w.Imm = binary.NativeEndian.Uint32(k.Ex[:]), 0
 		}
@@ -278,29 +279,29 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 	if !ok {
 		return fmt.Errorf("rxe: send work request %d (id %d): SGE lengths overflow 32 bits", i, wr.ID)
 	}
-	if wr.Flags&provider.SendInline != 0 {
+	if wr.Flags&gwr.SendInline != 0 {
 		if total > q.caps.MaxInline {
 			return fmt.Errorf("rxe: send work request %d (id %d): %d bytes inline, the QP takes %d", i, wr.ID, total, q.caps.MaxInline)
 		}
-		if wr.Opcode != provider.OpSend && wr.Opcode != provider.OpSendWithImm && wr.Opcode != provider.OpSendWithInv &&
-			wr.Opcode != provider.OpRDMAWrite && wr.Opcode != provider.OpRDMAWriteWithImm {
+		if wr.Opcode != gwr.OpSend && wr.Opcode != gwr.OpSendWithImm && wr.Opcode != gwr.OpSendWithInv &&
+			wr.Opcode != gwr.OpRDMAWrite && wr.Opcode != gwr.OpRDMAWriteWithImm {
 			return fmt.Errorf("rxe: send work request %d (id %d): %v cannot carry inline data", i, wr.ID, wr.Opcode)
 		}
 	} else if len(wr.SGEs) > int(q.caps.MaxSendSGE) {
 		return fmt.Errorf("rxe: send work request %d (id %d): %d SGEs, the QP takes %d", i, wr.ID, len(wr.SGEs), q.caps.MaxSendSGE)
 	}
 	switch wr.Opcode {
-	case provider.OpSend, provider.OpSendWithImm:
+	case gwr.OpSend, gwr.OpSendWithImm:
 		if q.typ == ioctl.IB_UVERBS_QPT_UD {
 			if ah, ok := wr.AH.(*AH); !ok || ah == nil || ah.resp.Num == 0 {
 				return fmt.Errorf("rxe: send work request %d (id %d): a UD send needs an address handle of this device", i, wr.ID)
 			}
 		}
-	case provider.OpRDMAWrite, provider.OpRDMAWriteWithImm, provider.OpRDMARead:
-		if q.typ == ioctl.IB_UVERBS_QPT_UD || (q.typ == ioctl.IB_UVERBS_QPT_UC && wr.Opcode == provider.OpRDMARead) {
+	case gwr.OpRDMAWrite, gwr.OpRDMAWriteWithImm, gwr.OpRDMARead:
+		if q.typ == ioctl.IB_UVERBS_QPT_UD || (q.typ == ioctl.IB_UVERBS_QPT_UC && wr.Opcode == gwr.OpRDMARead) {
 			return fmt.Errorf("rxe: send work request %d (id %d): %v is not allowed on this QP type", i, wr.ID, wr.Opcode)
 		}
-	case provider.OpAtomicCmpAndSwp, provider.OpAtomicFetchAndAdd:
+	case gwr.OpAtomicCmpAndSwp, gwr.OpAtomicFetchAndAdd:
 		if q.typ != ioctl.IB_UVERBS_QPT_RC {
 			return fmt.Errorf("rxe: send work request %d (id %d): atomics need an RC QP", i, wr.ID)
 		}
@@ -310,19 +311,19 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 		if wr.RemoteAddr%8 != 0 {
 			return fmt.Errorf("rxe: send work request %d (id %d): atomic remote address %#x is not 8-byte aligned", i, wr.ID, wr.RemoteAddr)
 		}
-	case provider.OpSendWithInv:
+	case gwr.OpSendWithInv:
 		// rxe has SEND_WITH_INVALIDATE packets for RC only.
 		if q.typ != ioctl.IB_UVERBS_QPT_RC {
 			return fmt.Errorf("rxe: send work request %d (id %d): SEND_WITH_INV needs an RC QP", i, wr.ID)
 		}
-	case provider.OpLocalInv:
+	case gwr.OpLocalInv:
 		if q.typ != ioctl.IB_UVERBS_QPT_RC {
 			return fmt.Errorf("rxe: send work request %d (id %d): LOCAL_INV needs an RC QP", i, wr.ID)
 		}
 		if len(wr.SGEs) != 0 {
 			return fmt.Errorf("rxe: send work request %d (id %d): LOCAL_INV takes no SGEs", i, wr.ID)
 		}
-	case provider.OpBindMW:
+	case gwr.OpBindMW:
 		return validBind(i, q.typ, wr)
 	default:
 		return fmt.Errorf("rxe: send work request %d (id %d): opcode %v not supported", i, wr.ID, wr.Opcode)
@@ -341,7 +342,7 @@ func validBind(i int, typ uint32, wr *provider.SendWR) error {
 	switch {
 	case typ != ioctl.IB_UVERBS_QPT_RC && typ != ioctl.IB_UVERBS_QPT_UC:
 		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW needs an RC or UC QP", i, wr.ID)
-	case len(wr.SGEs) != 0 || wr.Flags&provider.SendInline != 0:
+	case len(wr.SGEs) != 0 || wr.Flags&gwr.SendInline != 0:
 		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW takes no SGEs or inline data", i, wr.ID)
 	case b.RKey>>8 != b.MWRKey>>8:
 		return fmt.Errorf("rxe: send work request %d (id %d): BIND_MW new rkey %#x names another window than the window's rkey %#x (only the low 8 bits may change)", i, wr.ID, b.RKey, b.MWRKey)
@@ -393,7 +394,7 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 	w.Wr = ioctl.RxeSendWr{Wr_id: wr.ID, Opcode: uint32(wr.Opcode), Send_flags: uint32(wr.Flags)}
 	u := unsafe.Pointer(&w.Wr.Wr[0])
 	switch wr.Opcode {
-	case provider.OpLocalInv, provider.OpSendWithInv:
+	case gwr.OpLocalInv, gwr.OpSendWithInv:
 		// ex.invalidate_rkey shares the union with imm_data but is in
 		// host order.
 		binary.NativeEndian.PutUint32(w.Wr.Ex[:], wr.InvRKey)
@@ -401,12 +402,12 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 		binary.BigEndian.PutUint32(w.Wr.Ex[:], wr.Imm)
 	}
 	switch wr.Opcode {
-	case provider.OpBindMW:
+	case gwr.OpBindMW:
 		b := &wr.Bind
 		*(*ioctl.RxeWrMW)(u) = ioctl.RxeWrMW{Addr: b.Addr, Length: b.Length, Mr_lkey: b.LKey, Mw_rkey: b.MWRKey, Rkey: b.RKey, Access: b.Access}
-	case provider.OpRDMAWrite, provider.OpRDMAWriteWithImm, provider.OpRDMARead:
+	case gwr.OpRDMAWrite, gwr.OpRDMAWriteWithImm, gwr.OpRDMARead:
 		*(*ioctl.RxeWrRDMA)(u) = ioctl.RxeWrRDMA{Addr: wr.RemoteAddr, Rkey: wr.RKey}
-	case provider.OpAtomicCmpAndSwp, provider.OpAtomicFetchAndAdd:
+	case gwr.OpAtomicCmpAndSwp, gwr.OpAtomicFetchAndAdd:
 		*(*ioctl.RxeWrAtomic)(u) = ioctl.RxeWrAtomic{Remote_addr: wr.RemoteAddr, Compare_add: wr.CompareAdd, Swap: wr.Swap, Rkey: wr.RKey}
 	default:
 		if q.typ == ioctl.IB_UVERBS_QPT_UD {
@@ -421,7 +422,7 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 	total, _ := sgeTotal(wr.SGEs)
 	w.Dma = ioctl.RxeDMAInfo{Length: total, Resid: total, Num_sge: uint32(len(wr.SGEs))}
 	data := unsafe.Add(unsafe.Pointer(w), ioctl.RxeSendWqeOffData)
-	if wr.Flags&provider.SendInline != 0 {
+	if wr.Flags&gwr.SendInline != 0 {
 		off := uintptr(0)
 		for _, s := range wr.SGEs {
 			if s.Length > 0 {
