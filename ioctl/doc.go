@@ -6,6 +6,12 @@
 // It holds no policy and allocates nothing on the data path. Users of goverbs
 // normally import uverbs, qp and cq instead; ioctl is for those who write a
 // provider or need a command the higher layers do not wrap.
+//
+// ztypes_linux.go is generated from the uapi headers of one Debian
+// linux-libc-dev, pinned with their sha256 in internal/mkztypes/uapi.lock:
+// `scripts/abi --update` (go generate runs it) fetches that package and
+// regenerates; `scripts/abi`, a stage of scripts/test, checks that the
+// committed file is what those headers generate.
 package ioctl
 
-//go:generate go run ./internal/mkztypes -o ztypes_linux.go
+//go:generate ../scripts/abi --update

@@ -1,12 +1,14 @@
 // Command mkztypes generates ioctl/ztypes_linux.go from the kernel's RDMA uapi
-// headers (Debian's linux-libc-dev installs them under /usr/include/rdma).
+// headers in the folder -include names (default /usr/include, where Debian's
+// linux-libc-dev installs them). scripts/abi runs it on the headers of the
+// linux-libc-dev pinned in uapi.lock, not on the host's.
 //
 // It reads every enum member and a short list of #defines out of the headers,
 // writes an input file for `go tool cgo -godefs` that names those constants and
 // the structs listed below, and runs it. A C compiler is needed here, at
 // generation time only; the build of goverbs never needs one.
 //
-// Run it through `go generate ./ioctl`.
+// Run it through `go generate ./ioctl` (scripts/abi --update).
 package main
 
 import (
