@@ -415,12 +415,8 @@ func runPerf(args []string, stdout, stderr io.Writer) error {
 			o.set[f.Name] = true
 		}
 	})
-	switch len(rest) {
-	case 0:
-	case 1:
-		o.server = rest[0]
-	default:
-		return usageError("want at most one HOST argument, have %q", rest)
+	if o.server, err = hostArg(rest); err != nil {
+		return err
 	}
 	if err := o.resolve(); err != nil {
 		return err

@@ -171,12 +171,8 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	switch len(rest) {
-	case 0:
-	case 1:
-		o.server = rest[0]
-	default:
-		return usageError("want at most one HOST argument, have %q", rest)
+	if o.server, err = hostArg(rest); err != nil {
+		return err
 	}
 	if o.grpc && perfGRPC == nil {
 		return errPerfNoGRPC

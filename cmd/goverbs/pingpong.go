@@ -28,21 +28,11 @@ const (
 )
 
 type ppOptions struct {
-	port     int
-	dev      string
-	ibPort   int
-	size     int
-	mtu      int
-	rxDepth  int
-	iters    int
-	sl       int
-	gidx     int
-	events   bool
+	ppCommon
 	chk      bool
 	json     bool
 	cpuprof  string
 	linger   time.Duration
-	server   string // the host to connect to; "" for the server
 	unsuppor map[string]*bool
 }
 
@@ -50,26 +40,9 @@ func pingpongFlags(stderr io.Writer) (*flag.FlagSet, *ppOptions) {
 	o := &ppOptions{unsuppor: map[string]*bool{}}
 	fs := flag.NewFlagSet("goverbs rc-pingpong", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	both := func(short, long string, f func(name string)) { f(short); f(long) }
-	intFlag := func(p *int, short, long string, def int, usage string) {
-		both(short, long, func(n string) { fs.IntVar(p, n, def, usage) })
-	}
-	boolFlag := func(p *bool, short, long string, usage string) {
-		both(short, long, func(n string) { fs.BoolVar(p, n, false, usage) })
-	}
-	intFlag(&o.port, "p", "port", 18515, "listen on/connect to TCP `port`")
-	both("d", "ib-dev", func(n string) {
-		fs.StringVar(&o.dev, n, "", "use IB device `dev` (default first device found)")
-	})
-	intFlag(&o.ibPort, "i", "ib-port", 1, "use `port` of IB device")
-	intFlag(&o.size, "s", "size", 4096, "`size` of message to exchange")
-	intFlag(&o.mtu, "m", "mtu", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (capped at the port's active MTU)")
-	intFlag(&o.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
-	intFlag(&o.iters, "n", "iters", 1000, "number of exchanges")
-	intFlag(&o.sl, "l", "sl", 0, "service level value")
-	intFlag(&o.gidx, "g", "gid-idx", -1, "local port GID `index` (default: none on InfiniBand; on RoCE the RoCE v2 IPv4 GID, see docs)")
-	boolFlag(&o.events, "e", "events", "sleep on CQ events (default poll)")
-	boolFlag(&o.chk, "c", "chk", "validate received buffer")
+	f := ppFlags{fs}
+	o.flags(f, 4096, true)
+	f.boolVar(&o.chk, "c", "chk", "validate received buffer")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object {bytes, seconds, mbit_per_s, iters, usec_per_iter} instead of the summary lines (addresses go to stderr)")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the ping-pong loop to `file` (debugging)")
 	fs.DurationVar(&o.linger, "linger", 0, "keep the QP up for `duration` after the last exchange, so the peer's retransmission of a send whose ACK was lost is still answered (lossy links; rdma-core has no such option)")
@@ -82,7 +55,7 @@ func pingpongFlags(stderr io.Writer) (*flag.FlagSet, *ppOptions) {
 		{"N", "new_send", "the new post send API"},
 	} {
 		p := new(bool)
-		boolFlag(p, u.short, u.long, "ibv_rc_pingpong's "+u.what+": not supported")
+		f.boolVar(p, u.short, u.long, "ibv_rc_pingpong's "+u.what+": not supported")
 		o.unsuppor["-"+u.short+" ("+u.what+")"] = p
 	}
 	fs.Usage = func() { fmt.Fprint(stderr, pingpongUsage) }
@@ -119,28 +92,10 @@ func (o *ppOptions) validate() error {
 			return usageError("option %s of ibv_rc_pingpong is not supported by goverbs", name)
 		}
 	}
-	switch {
-	case o.port < 0 || o.port > 65535:
-		return usageError("-p %d: TCP port must be 0..65535", o.port)
-	case o.ibPort < 1 || o.ibPort > 255:
-		return usageError("-i %d: IB port must be 1..255", o.ibPort)
-	case o.size < 1:
-		return usageError("-s %d: message size must be at least 1 (ibv_rc_pingpong fails to register an empty MR too)", o.size)
-	case o.linger < 0:
+	if o.linger < 0 {
 		return usageError("--linger %v: must not be negative", o.linger)
-	case o.rxDepth < 1:
-		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
-	case o.iters < 1 || o.iters > 1<<31-1:
-		return usageError("-n %d: iterations must be 1..2147483647", o.iters)
-	case o.sl < 0 || o.sl > 15:
-		return usageError("-l %d: service level must be 0..15", o.sl)
-	case o.gidx < -1 || o.gidx > 255:
-		return usageError("-g %d: GID index must be 0..255", o.gidx)
 	}
-	if _, err := uverbs.MTUFromBytes(o.mtu); err != nil {
-		return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.mtu)
-	}
-	return nil
+	return o.ppCommon.validate()
 }
 
 // pingpong is one side's verbs resources.
@@ -174,17 +129,10 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	}
 	fs, o := pingpongFlags(stderr)
-	rest, err := parseGetopt(fs, args)
-	if err != nil {
+	if err := o.parse(fs, args); err != nil {
 		return err
 	}
-	switch len(rest) {
-	case 0:
-	case 1:
-		o.server = rest[0]
-	default:
-		return usageError("want at most one HOST argument, have %q", rest)
-	}
+	var err error
 	if err := o.validate(); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -206,4 +207,99 @@ func (x exchange) serve(my []dest, connect func(rem []dest) error) ([]dest, erro
 		return nil, fmt.Errorf("peer sent %q, want \"done\"", done)
 	}
 	return rem, nil
+}
+
+// ppFlags registers the short and long names of the rdma-core ping-pong
+// options on fs.
+type ppFlags struct{ fs *flag.FlagSet }
+
+func (f ppFlags) intVar(p *int, short, long string, def int, usage string) {
+	f.fs.IntVar(p, short, def, usage)
+	f.fs.IntVar(p, long, def, usage)
+}
+
+func (f ppFlags) boolVar(p *bool, short, long string, usage string) {
+	f.fs.BoolVar(p, short, false, usage)
+	f.fs.BoolVar(p, long, false, usage)
+}
+
+func (f ppFlags) stringVar(p *string, short, long string, usage string) {
+	f.fs.StringVar(p, short, "", usage)
+	f.fs.StringVar(p, long, "", usage)
+}
+
+// ppCommon is what the three ping-pongs (rc, ud, srq: rdma-core's
+// ibv_rc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong) share of their
+// options, flags and checks; each tool's options embed it.
+type ppCommon struct {
+	port, ibPort, size, rxDepth, iters, sl, gidx int
+	mtu                                          int // -m (rc, srq); 0 without it
+	dev, server                                  string
+	events                                       bool
+}
+
+// flags registers the shared flags with their rdma-core names; defSize is
+// the tool's default -s, withMTU adds -m.
+func (c *ppCommon) flags(f ppFlags, defSize int, withMTU bool) {
+	f.intVar(&c.port, "p", "port", 18515, "listen on/connect to TCP `port`")
+	f.stringVar(&c.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
+	f.intVar(&c.ibPort, "i", "ib-port", 1, "use `port` of IB device")
+	f.intVar(&c.size, "s", "size", defSize, "`size` of message to exchange")
+	if withMTU {
+		f.intVar(&c.mtu, "m", "mtu", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (capped at the port's active MTU)")
+	}
+	f.intVar(&c.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
+	f.intVar(&c.iters, "n", "iters", 1000, "number of exchanges")
+	f.intVar(&c.sl, "l", "sl", 0, "service level value")
+	f.intVar(&c.gidx, "g", "gid-idx", -1, "local port GID `index` (default: none on InfiniBand; on RoCE the RoCE v2 IPv4 GID, see docs)")
+	f.boolVar(&c.events, "e", "events", "sleep on CQ events (default poll)")
+}
+
+// parse reads args (getopt style) and the optional server HOST.
+func (c *ppCommon) parse(fs *flag.FlagSet, args []string) error {
+	rest, err := parseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	c.server, err = hostArg(rest)
+	return err
+}
+
+// hostArg is the optional HOST operand of a client/server tool: "" for
+// the server.
+func hostArg(rest []string) (string, error) {
+	switch len(rest) {
+	case 0:
+		return "", nil
+	case 1:
+		return rest[0], nil
+	}
+	return "", usageError("want at most one HOST argument, have %q", rest)
+}
+
+// validate checks the shared options as rdma-core would refuse them, and
+// sooner (an empty message: ibv_*_pingpong fail to register an empty MR).
+func (c *ppCommon) validate() error {
+	switch {
+	case c.port < 0 || c.port > 65535:
+		return usageError("-p %d: TCP port must be 0..65535", c.port)
+	case c.ibPort < 1 || c.ibPort > 255:
+		return usageError("-i %d: IB port must be 1..255", c.ibPort)
+	case c.size < 1:
+		return usageError("-s %d: message size must be at least 1", c.size)
+	case c.rxDepth < 1:
+		return usageError("-r %d: rx depth must be at least 1", c.rxDepth)
+	case c.iters < 1 || c.iters > 1<<31-1:
+		return usageError("-n %d: iterations must be 1..2147483647", c.iters)
+	case c.sl < 0 || c.sl > 15:
+		return usageError("-l %d: service level must be 0..15", c.sl)
+	case c.gidx < -1 || c.gidx > 255:
+		return usageError("-g %d: GID index must be 0..255", c.gidx)
+	}
+	if c.mtu != 0 {
+		if _, err := uverbs.MTUFromBytes(c.mtu); err != nil {
+			return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", c.mtu)
+		}
+	}
+	return nil
 }

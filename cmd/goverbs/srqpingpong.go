@@ -20,9 +20,8 @@ import (
 const srqMaxQP = 256
 
 type srqOptions struct {
-	port, ibPort, size, mtu, numQP, rxDepth, iters, sl, gidx int
-	dev, server                                              string
-	events                                                   bool
+	ppCommon
+	numQP int
 }
 
 const srqUsage = `Usage:
@@ -50,45 +49,21 @@ func srqFlags(stderr io.Writer) (*flag.FlagSet, *srqOptions) {
 	o := &srqOptions{}
 	fs := flag.NewFlagSet("goverbs srq-pingpong", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := ppFlags{fs}
-	f.intVar(&o.port, "p", "port", 18515, "listen on/connect to TCP `port`")
-	f.stringVar(&o.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
-	f.intVar(&o.ibPort, "i", "ib-port", 1, "use `port` of IB device")
-	f.intVar(&o.size, "s", "size", 4096, "`size` of message to exchange")
-	f.intVar(&o.mtu, "m", "mtu", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (capped at the port's active MTU)")
-	f.intVar(&o.numQP, "q", "num-qp", 16, "number of QPs to use")
-	f.intVar(&o.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
-	f.intVar(&o.iters, "n", "iters", 1000, "number of exchanges")
-	f.intVar(&o.sl, "l", "sl", 0, "service level value")
-	f.intVar(&o.gidx, "g", "gid-idx", -1, "local port GID `index`")
-	f.boolVar(&o.events, "e", "events", "sleep on CQ events")
+	o.flags(ppFlags{fs}, 4096, true)
+	ppFlags{fs}.intVar(&o.numQP, "q", "num-qp", 16, "number of QPs to use")
 	fs.Usage = func() { fmt.Fprint(stderr, srqUsage) }
 	return fs, o
 }
 
 func (o *srqOptions) validate() error {
+	if err := o.ppCommon.validate(); err != nil {
+		return err
+	}
 	switch {
-	case o.port < 0 || o.port > 65535:
-		return usageError("-p %d: TCP port must be 0..65535", o.port)
-	case o.ibPort < 1 || o.ibPort > 255:
-		return usageError("-i %d: IB port must be 1..255", o.ibPort)
-	case o.size < 1:
-		return usageError("-s %d: message size must be at least 1", o.size)
 	case o.numQP < 1 || o.numQP > srqMaxQP:
 		return usageError("-q %d: number of QPs must be 1..%d", o.numQP, srqMaxQP)
-	case o.rxDepth < 1:
-		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
 	case o.numQP > o.rxDepth:
 		return usageError("-r %d: rx_depth %d is too small for %d QPs -- must have at least one receive per QP", o.rxDepth, o.rxDepth, o.numQP)
-	case o.iters < 1 || o.iters > 1<<31-1:
-		return usageError("-n %d: iterations must be 1..2147483647", o.iters)
-	case o.sl < 0 || o.sl > 15:
-		return usageError("-l %d: service level must be 0..15", o.sl)
-	case o.gidx < -1 || o.gidx > 255:
-		return usageError("-g %d: GID index must be 0..255", o.gidx)
-	}
-	if _, err := uverbs.MTUFromBytes(o.mtu); err != nil {
-		return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.mtu)
 	}
 	return nil
 }
@@ -119,16 +94,8 @@ func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
 	}
 	fs, o := srqFlags(stderr)
-	rest, err := parseGetopt(fs, args)
-	if err != nil {
+	if err := o.parse(fs, args); err != nil {
 		return err
-	}
-	switch len(rest) {
-	case 0:
-	case 1:
-		o.server = rest[0]
-	default:
-		return usageError("want at most one HOST argument, have %q", rest)
 	}
 	if err := o.validate(); err != nil {
 		return err
@@ -138,6 +105,7 @@ func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
 	if err := pp.init(stderr); err != nil {
 		return err
 	}
+	var err error
 	my := make([]dest, srqMaxQP) // past -q: zero, as srq_pingpong sends them
 	for i, q := range pp.qps {
 		if my[i], err = pp.dev.localDest(o.ibPort, q.QPN(), rand.Uint32()&0xffffff); err != nil {

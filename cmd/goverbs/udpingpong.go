@@ -20,30 +20,7 @@ import (
 // udQKey is the QKey of ud_pingpong.c, on both sides.
 const udQKey = 0x11111111
 
-// ppFlags registers the short and long names of the rdma-core ping-pong
-// options on fs.
-type ppFlags struct{ fs *flag.FlagSet }
-
-func (f ppFlags) intVar(p *int, short, long string, def int, usage string) {
-	f.fs.IntVar(p, short, def, usage)
-	f.fs.IntVar(p, long, def, usage)
-}
-
-func (f ppFlags) boolVar(p *bool, short, long string, usage string) {
-	f.fs.BoolVar(p, short, false, usage)
-	f.fs.BoolVar(p, long, false, usage)
-}
-
-func (f ppFlags) stringVar(p *string, short, long string, usage string) {
-	f.fs.StringVar(p, short, "", usage)
-	f.fs.StringVar(p, long, "", usage)
-}
-
-type udOptions struct {
-	port, ibPort, size, rxDepth, iters, sl, gidx int
-	dev, server                                  string
-	events                                       bool
-}
+type udOptions struct{ ppCommon }
 
 const udUsage = `Usage:
   goverbs ud-pingpong [options]          start a server and wait for connection
@@ -70,38 +47,9 @@ func udFlags(stderr io.Writer) (*flag.FlagSet, *udOptions) {
 	o := &udOptions{}
 	fs := flag.NewFlagSet("goverbs ud-pingpong", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	f := ppFlags{fs}
-	f.intVar(&o.port, "p", "port", 18515, "listen on/connect to TCP `port`")
-	f.stringVar(&o.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
-	f.intVar(&o.ibPort, "i", "ib-port", 1, "use `port` of IB device")
-	f.intVar(&o.size, "s", "size", 2048, "`size` of message to exchange (at most the MTU)")
-	f.intVar(&o.rxDepth, "r", "rx-depth", 500, "number of receives to post at a time")
-	f.intVar(&o.iters, "n", "iters", 1000, "number of exchanges")
-	f.intVar(&o.sl, "l", "sl", 0, "service level value")
-	f.intVar(&o.gidx, "g", "gid-idx", -1, "local port GID `index`")
-	f.boolVar(&o.events, "e", "events", "sleep on CQ events")
+	o.flags(ppFlags{fs}, 2048, false)
 	fs.Usage = func() { fmt.Fprint(stderr, udUsage) }
 	return fs, o
-}
-
-func (o *udOptions) validate() error {
-	switch {
-	case o.port < 0 || o.port > 65535:
-		return usageError("-p %d: TCP port must be 0..65535", o.port)
-	case o.ibPort < 1 || o.ibPort > 255:
-		return usageError("-i %d: IB port must be 1..255", o.ibPort)
-	case o.size < 1:
-		return usageError("-s %d: message size must be at least 1", o.size)
-	case o.rxDepth < 1:
-		return usageError("-r %d: rx depth must be at least 1", o.rxDepth)
-	case o.iters < 1 || o.iters > 1<<31-1:
-		return usageError("-n %d: iterations must be 1..2147483647", o.iters)
-	case o.sl < 0 || o.sl > 15:
-		return usageError("-l %d: service level must be 0..15", o.sl)
-	case o.gidx < -1 || o.gidx > 255:
-		return usageError("-g %d: GID index must be 0..255", o.gidx)
-	}
-	return nil
 }
 
 // udPingpong is one side of ud_pingpong.c.
@@ -129,16 +77,8 @@ func runUDPingpong(args []string, stdout, stderr io.Writer) error {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
 	}
 	fs, o := udFlags(stderr)
-	rest, err := parseGetopt(fs, args)
-	if err != nil {
+	if err := o.parse(fs, args); err != nil {
 		return err
-	}
-	switch len(rest) {
-	case 0:
-	case 1:
-		o.server = rest[0]
-	default:
-		return usageError("want at most one HOST argument, have %q", rest)
 	}
 	if err := o.validate(); err != nil {
 		return err
