@@ -12,14 +12,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hist"
 	"github.com/goverbs/goverbs/metrics"
 	"github.com/goverbs/goverbs/ps"
 	"github.com/goverbs/goverbs/uverbs"
@@ -263,8 +262,8 @@ type psStepper struct {
 	large    []float32
 	incast   []float32
 	n        int
-	pull     *hist
-	push     *hist
+	pull     *hist.Fine
+	push     *hist.Fine
 	ops      *atomic.Int64
 	incastNm string
 	// slots, with --depth N > 1 (pull workload, closed loop): the N pulls
@@ -289,13 +288,13 @@ type pullSlot struct {
 // pullDeep is a pull step with several outstanding: it waits for the
 // oldest (recording its latency from its start until its Wait returned)
 // and starts the next in its slot.
-func (s *psStepper) pullDeep(ctx context.Context, h *hist) error {
+func (s *psStepper) pullDeep(ctx context.Context, h *hist.Fine) error {
 	sl := &s.slots[s.n%len(s.slots)]
 	var err error
 	if sl.p != nil {
 		_, err = sl.p.Wait()
 		if sl.record && h != nil {
-			h.add(time.Since(sl.t0))
+			h.Add(time.Since(sl.t0))
 			s.ops.Add(1)
 		}
 	}
@@ -330,14 +329,14 @@ func checkDepth(depth int, workload string, rate float64) error {
 	return nil
 }
 
-func (s *psStepper) timed(h *hist, f func() error) error {
+func (s *psStepper) timed(h *hist.Fine, f func() error) error {
 	t0 := time.Now()
 	if !s.sched.IsZero() {
 		t0, s.sched = s.sched, time.Time{}
 	}
 	err := f()
 	if h != nil {
-		h.add(time.Since(t0))
+		h.Add(time.Since(t0))
 		s.ops.Add(1)
 	}
 	return err
@@ -414,7 +413,7 @@ func (s *psStepper) step(ctx context.Context, record bool) error {
 
 // workerResult is what a worker process reports.
 type workerResult struct {
-	Pull, Push *hist
+	Pull, Push *hist.Fine
 	CPUns      int64
 	Wallns     int64
 	Errors     int64
@@ -528,13 +527,13 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	}
 	out := json.NewEncoder(stdout)
 	ctx := context.Background()
-	res := workerResult{Pull: newHist(), Push: newHist()}
+	res := workerResult{Pull: hist.NewFine(), Push: hist.NewFine()}
 	var ops atomic.Int64
 	steppers := make([]*psStepper, *workers)
 	for i := range steppers {
 		steppers[i] = &psStepper{c: c, w: w, rng: mrand.New(mrand.NewPCG(*seed, uint64(i))), keys: make([]uint64, 128),
 			rows: make([]float32, 128*embDim), small: make([]float32, 4096), large: make([]float32, 65536),
-			incast: make([]float32, 16384), pull: newHist(), push: newHist(), ops: &ops, incastNm: incastTensor(len(servers))}
+			incast: make([]float32, 16384), pull: hist.NewFine(), push: hist.NewFine(), ops: &ops, incastNm: incastTensor(len(servers))}
 		if *depth > 1 {
 			steppers[i].slots = make([]pullSlot, *depth)
 			for j := range steppers[i].slots {
@@ -625,8 +624,8 @@ loop:
 	res.Wallns = int64(time.Since(t0))
 	res.CPUns = int64(u1 - u0 + s1 - s0)
 	for _, st := range steppers {
-		res.Pull.merge(st.pull)
-		res.Push.merge(st.push)
+		res.Pull.Merge(st.pull)
+		res.Push.Merge(st.push)
 	}
 	res.Errors = errs.Load()
 	if e, ok := firstErr.Load().(string); ok {
@@ -975,14 +974,14 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		if *depth > 1 {
 			res.Depth = *depth
 		}
-		pull, push := newHist(), newHist()
+		pull, push := hist.NewFine(), hist.NewFine()
 		var wall int64
 		for i, p := range wps {
 			if p.res == nil {
 				return benchResult{}, fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
 			}
-			pull.merge(p.res.Pull)
-			push.merge(p.res.Push)
+			pull.Merge(p.res.Pull)
+			push.Merge(p.res.Push)
 			res.WorkerCPU += float64(p.res.CPUns) / 1e9
 			res.Errors += p.res.Errors
 			if p.res.FirstErr != "" {
@@ -995,16 +994,16 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 		}
 		res.CPU = res.ServerCPU + res.WorkerCPU
 		res.Duration = float64(wall) / 1e9
-		total := pull.n + push.n
+		total := pull.N + push.N
 		for _, o := range []struct {
 			name string
-			h    *hist
+			h    *hist.Fine
 		}{{"pull", pull}, {"push", push}} {
-			if o.h.n == 0 {
+			if o.h.N == 0 {
 				continue
 			}
-			op := benchOp{Op: o.name, Count: o.h.n, Mean: o.h.mean() / 1e3, P50: o.h.quantile(0.5) / 1e3, P99: o.h.quantile(0.99) / 1e3,
-				P999: o.h.quantile(0.999) / 1e3, OpsPerSec: float64(o.h.n) / res.Duration, Hist: o.h.buckets()}
+			op := benchOp{Op: o.name, Count: o.h.N, Mean: o.h.Mean() / 1e3, P50: o.h.Quantile(0.5) / 1e3, P99: o.h.Quantile(0.99) / 1e3,
+				P999: o.h.Quantile(0.999) / 1e3, OpsPerSec: float64(o.h.N) / res.Duration, Hist: o.h.Buckets()}
 			if total > 0 {
 				op.CPUPerKop = res.CPU / (float64(total) / 1000)
 			}
@@ -1124,91 +1123,4 @@ func mtuString(mtu int) string {
 		return "-"
 	}
 	return strconv.Itoa(mtu)
-}
-
-// hist is a log-bucket latency histogram: values below 128 ns exact, above
-// with 64 buckets per power of two (under 1.6% error); the mean is exact.
-type hist struct {
-	C   map[int]int64 `json:"c"`
-	n   int64
-	Sum float64 `json:"sum"`
-	N   int64   `json:"n"`
-}
-
-func newHist() *hist { return &hist{C: map[int]int64{}} }
-
-func bucketOf(ns uint64) int {
-	if ns < 128 {
-		return int(ns)
-	}
-	e := bits.Len64(ns) - 7
-	return e*64 + int(ns>>e)
-}
-
-// bucketHigh is a bucket's (exclusive) upper bound in ns.
-func bucketHigh(b int) float64 {
-	if b < 128 {
-		return float64(b + 1)
-	}
-	e := b/64 - 1
-	m := b - e*64
-	return float64((uint64(m) + 1) << e)
-}
-
-func (h *hist) add(d time.Duration) {
-	h.C[bucketOf(uint64(max(d, 0)))]++
-	h.N++
-	h.n = h.N
-	h.Sum += float64(d)
-}
-
-func (h *hist) merge(o *hist) {
-	if o == nil {
-		return
-	}
-	for b, c := range o.C {
-		h.C[b] += c
-	}
-	h.N += o.N
-	h.n = h.N
-	h.Sum += o.Sum
-}
-
-func (h *hist) mean() float64 {
-	if h.N == 0 {
-		return 0
-	}
-	return h.Sum / float64(h.N)
-}
-
-func (h *hist) sorted() []int {
-	bs := make([]int, 0, len(h.C))
-	for b := range h.C {
-		bs = append(bs, b)
-	}
-	sort.Ints(bs)
-	return bs
-}
-
-func (h *hist) quantile(q float64) float64 {
-	if h.N == 0 {
-		return 0
-	}
-	rank := int64(math.Ceil(q * float64(h.N)))
-	var seen int64
-	for _, b := range h.sorted() {
-		seen += h.C[b]
-		if seen >= rank {
-			return bucketHigh(b)
-		}
-	}
-	return 0
-}
-
-func (h *hist) buckets() [][2]uint64 {
-	var out [][2]uint64
-	for _, b := range h.sorted() {
-		out = append(out, [2]uint64{uint64(bucketHigh(b)), uint64(h.C[b])})
-	}
-	return out
 }

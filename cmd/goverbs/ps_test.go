@@ -9,28 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hist"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
-
-func TestPSHist(t *testing.T) {
-	h := newHist()
-	for i := 1; i <= 1000; i++ {
-		h.add(time.Duration(i) * time.Microsecond)
-	}
-	for _, c := range []struct{ q, want float64 }{{0.5, 500e3}, {0.99, 990e3}, {0.999, 999e3}} {
-		if got := h.quantile(c.q); got < c.want || got > c.want*1.02 {
-			t.Errorf("quantile %v = %v, want %v (+2%%)", c.q, got, c.want)
-		}
-	}
-	if m := h.mean(); m != 500.5e3 {
-		t.Errorf("mean %v", m)
-	}
-	for _, ns := range []uint64{0, 1, 127, 128, 129, 1000, 1 << 20, 1<<40 + 12345} {
-		if b := bucketOf(ns); bucketHigh(b) < float64(ns) || bucketOf(uint64(bucketHigh(b))-1) != b {
-			t.Errorf("%d ns: bucket %d up to %v", ns, b, bucketHigh(b))
-		}
-	}
-}
 
 // TestPSBench runs the bench end to end (servers and workers as child
 // processes) for each transport this machine has, and the report on its
@@ -94,14 +75,14 @@ func TestPSBench(t *testing.T) {
 // cpu seconds in all: what ps bench --json prints.
 func psResult(tr, wl, op string, mtu int, offered, achieved float64, lat time.Duration, cpu float64) benchResult {
 	const n = 200
-	h := newHist()
+	h := hist.NewFine()
 	for range n {
-		h.add(lat)
+		h.Add(lat)
 	}
 	rnr := uint64(0)
 	r := benchResult{Transport: tr, Workload: wl, Workers: 4, Servers: 2, Duration: 2, CPU: cpu, MTU: mtu, Offered: offered, Achieved: achieved,
-		Ops: []benchOp{{Op: op, Count: n, Mean: h.mean() / 1e3, P50: h.quantile(0.5) / 1e3, P99: h.quantile(0.99) / 1e3, P999: h.quantile(0.999) / 1e3,
-			OpsPerSec: n / 2, CPUPerKop: cpu / (n / 1000.0), Hist: h.buckets()}}}
+		Ops: []benchOp{{Op: op, Count: n, Mean: h.Mean() / 1e3, P50: h.Quantile(0.5) / 1e3, P99: h.Quantile(0.99) / 1e3, P999: h.Quantile(0.999) / 1e3,
+			OpsPerSec: n / 2, CPUPerKop: cpu / (n / 1000.0), Hist: h.Buckets()}}}
 	if tr == "rdma" {
 		r.RNR = &rnr
 	}

@@ -17,6 +17,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/goverbs/goverbs/internal/hist"
 )
 
 // goverbs ps report: bench --json results side by side (rdma against tcp
@@ -89,7 +91,7 @@ func mergeRounds(rs []benchResult) []benchResult {
 	keyOf := func(r *benchResult) key { return key{r.Workload, r.Transport, r.MTU, r.Offered} }
 	idx := map[key]int{}
 	var out []benchResult
-	hists := map[key]map[string]*hist{}
+	hists := map[key]map[string]*hist.Fine{}
 	for _, r := range rs {
 		k := keyOf(&r)
 		i, ok := idx[k]
@@ -97,7 +99,7 @@ func mergeRounds(rs []benchResult) []benchResult {
 			idx[k] = len(out)
 			out = append(out, benchResult{Transport: r.Transport, Workload: r.Workload, Workers: r.Workers, Servers: r.Servers,
 				MTU: r.MTU, IBMTU: r.IBMTU, Offered: r.Offered})
-			hists[k] = map[string]*hist{}
+			hists[k] = map[string]*hist.Fine{}
 			i = idx[k]
 		}
 		o := &out[i]
@@ -118,14 +120,13 @@ func mergeRounds(rs []benchResult) []benchResult {
 		for _, op := range r.Ops {
 			h := hists[k][op.Op]
 			if h == nil {
-				h = newHist()
+				h = hist.NewFine()
 				hists[k][op.Op] = h
 			}
 			for _, b := range op.Hist {
-				h.C[bucketOf(b[0]-1)] += int64(b[1])
+				h.C[hist.FineBucket(b[0]-1)] += int64(b[1])
 			}
 			h.N += op.Count
-			h.n = h.N
 			h.Sum += op.Mean * 1e3 * float64(op.Count)
 		}
 	}
@@ -144,8 +145,8 @@ func mergeRounds(rs []benchResult) []benchResult {
 			if h == nil || h.N == 0 {
 				continue
 			}
-			op := benchOp{Op: name, Count: h.N, Mean: h.mean() / 1e3, P50: h.quantile(0.5) / 1e3, P99: h.quantile(0.99) / 1e3,
-				P999: h.quantile(0.999) / 1e3, OpsPerSec: float64(h.N) / o.Duration, Hist: h.buckets()}
+			op := benchOp{Op: name, Count: h.N, Mean: h.Mean() / 1e3, P50: h.Quantile(0.5) / 1e3, P99: h.Quantile(0.99) / 1e3,
+				P999: h.Quantile(0.999) / 1e3, OpsPerSec: float64(h.N) / o.Duration, Hist: h.Buckets()}
 			if total > 0 {
 				op.CPUPerKop = o.CPU / (float64(total) / 1000)
 			}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goverbs/goverbs/internal/hist"
 	"github.com/goverbs/goverbs/probe"
 )
 
@@ -150,8 +151,8 @@ func byKey[K comparable, V any](s []V, key func(V) K) map[K]V {
 
 // latencyUS is the mean (from totalNS over n) and the p50 and p99 (from
 // the log2 histogram) of n latencies, in microseconds.
-func latencyUS(hist []uint64, totalNS, n uint64) (mean, p50, p99 float64) {
-	return float64(totalNS) / float64(n) / 1e3, histQuantile(hist, 0.5) / 1e3, histQuantile(hist, 0.99) / 1e3
+func latencyUS(h []uint64, totalNS, n uint64) (mean, p50, p99 float64) {
+	return float64(totalNS) / float64(n) / 1e3, hist.Log2Quantile(h, 0.5) / 1e3, hist.Log2Quantile(h, 0.99) / 1e3
 }
 
 // histDelta is cur - old, bucket by bucket (old may be shorter: nothing
@@ -437,35 +438,6 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 	}
 	sort.Slice(r.Devices, func(i, j int) bool { return r.Devices[i].Name < r.Devices[j].Name })
 	return r
-}
-
-// histQuantile estimates a quantile from log2 buckets (bucket i holds
-// [2^i, 2^(i+1)) ns), interpolating inside the bucket.
-func histQuantile(h []uint64, q float64) float64 {
-	var total uint64
-	for _, v := range h {
-		total += v
-	}
-	if total == 0 {
-		return 0
-	}
-	want := q * float64(total)
-	var acc float64
-	for i, v := range h {
-		if v == 0 {
-			continue
-		}
-		if acc+float64(v) >= want {
-			lo := float64(uint64(1) << i)
-			if i == 0 {
-				lo = 0
-			}
-			hi := float64(uint64(1) << (i + 1))
-			return lo + (hi-lo)*(want-acc)/float64(v)
-		}
-		acc += float64(v)
-	}
-	return float64(uint64(1) << len(h))
 }
 
 // topMetrics lists the scraped samples: counters (_total) and histogram
