@@ -104,41 +104,8 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		return nil, fmt.Errorf("cq: create: %w", err)
 	}
 	in, out := drv.Udata()
-	var handle, granted uint32
 	f := uvobj.Of(ctx).File
-	err = ioctl.ErrNotSupported
-	if !f.UsesWrite() {
-		var c ioctl.Call
-		c.Reset(ioctl.UVERBS_OBJECT_CQ, ioctl.UVERBS_METHOD_CQ_CREATE, f.DriverID())
-		h := c.NewIDR(ioctl.UVERBS_ATTR_CREATE_CQ_HANDLE)
-		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_CQE, uint32(cqe))
-		c.InU64(ioctl.UVERBS_ATTR_CREATE_CQ_USER_HANDLE, user)
-		c.InU32(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, uint32(o.Vector))
-		if chFd >= 0 {
-			c.InFD(ioctl.UVERBS_ATTR_CREATE_CQ_COMP_CHANNEL, chFd)
-		}
-		c.Out(ioctl.UVERBS_ATTR_CREATE_CQ_RESP_CQE, unsafe.Pointer(&granted), 4, ioctl.AttrMandatory)
-		if len(in) > 0 {
-			c.InBytes(ioctl.AttrUHWIn, in, 0)
-		}
-		if len(out) > 0 {
-			c.OutBytes(ioctl.AttrUHWOut, out, 0)
-		}
-		if err = f.Do(&c, "CQ_CREATE"); err == nil {
-			handle = uint32(c.Data(h))
-		}
-	}
-	if errors.Is(err, ioctl.ErrNotSupported) {
-		req := ioctl.CreateCQ{Cqe: uint32(cqe), Comp_channel: int32(chFd), User_handle: user, Comp_vector: uint32(o.Vector)}
-		var resp ioctl.CreateCQResp
-		err = f.Write(&ioctl.Cmd{
-			Command: ioctl.IB_USER_VERBS_CMD_CREATE_CQ,
-			In:      unsafe.Pointer(&req), InLen: ioctl.SizeofCreateCQ,
-			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateCQResp,
-			DriverIn: in, DriverOut: out,
-		}, "CREATE_CQ")
-		handle, granted = resp.Handle, resp.Cqe
-	}
+	handle, granted, err := uvobj.CreateCQ(f, &uvobj.CQCreate{CQE: uint32(cqe), User: user, Vector: uint32(o.Vector), Channel: chFd, In: in, Out: out})
 	if err != nil {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}

@@ -111,6 +111,22 @@ func (f *File) ForceWrite(on bool) { f.writeViaSyscall.Store(on) }
 // UsesWrite reports whether legacy commands go through write().
 func (f *File) UsesWrite() bool { return f.writeViaSyscall.Load() }
 
+// Either is rdma-core's rule for a verb that has both an ioctl method and
+// a legacy command, written once: native (the RDMA_VERBS_IOCTL method)
+// unless this File speaks write() only, and legacy (INVOKE_WRITE, or
+// write()) where the kernel answers that it lacks the method
+// (ErrNotSupported).
+func (f *File) Either(native, legacy func() error) error {
+	err := ErrNotSupported
+	if !f.UsesWrite() {
+		err = native()
+	}
+	if errors.Is(err, ErrNotSupported) {
+		err = legacy()
+	}
+	return err
+}
+
 // Close closes the descriptor. It is idempotent. Objects whose rings are
 // still mapped keep the kernel context alive: unmap them first.
 func (f *File) Close() error {

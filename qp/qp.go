@@ -189,62 +189,10 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	in, out := drv.Udata()
 	f := uvobj.Of(ctx).File
 	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
-	cap := ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
-		Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}
-	var rcap ioctl.QPCap
-	var handle, qpn uint32
-	err = ioctl.ErrNotSupported
-	if !f.UsesWrite() {
-		var c ioctl.Call
-		c.Reset(ioctl.UVERBS_OBJECT_QP, ioctl.UVERBS_METHOD_QP_CREATE, f.DriverID())
-		h := c.NewIDR(ioctl.UVERBS_ATTR_CREATE_QP_HANDLE)
-		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_PD_HANDLE, ph)
-		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, sh)
-		c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, rh)
-		if cfg.SRQ != nil {
-			c.InIDR(ioctl.UVERBS_ATTR_CREATE_QP_SRQ_HANDLE, srqh)
-		}
-		c.InU64(ioctl.UVERBS_ATTR_CREATE_QP_USER_HANDLE, user)
-		c.InPtr(ioctl.UVERBS_ATTR_CREATE_QP_CAP, unsafe.Pointer(&cap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
-		c.InConst(ioctl.UVERBS_ATTR_CREATE_QP_TYPE, uint64(cfg.Type))
-		var flags uint32
-		if cfg.SignalAll {
-			flags |= ioctl.IB_UVERBS_QP_CREATE_SQ_SIG_ALL
-		}
-		c.InU32(ioctl.UVERBS_ATTR_CREATE_QP_FLAGS, flags)
-		c.Out(ioctl.UVERBS_ATTR_CREATE_QP_RESP_CAP, unsafe.Pointer(&rcap), ioctl.SizeofQPCap, ioctl.AttrMandatory)
-		c.Out(ioctl.UVERBS_ATTR_CREATE_QP_RESP_QP_NUM, unsafe.Pointer(&qpn), 4, ioctl.AttrMandatory)
-		if len(in) > 0 {
-			c.InBytes(ioctl.AttrUHWIn, in, 0)
-		}
-		if len(out) > 0 {
-			c.OutBytes(ioctl.AttrUHWOut, out, 0)
-		}
-		if err = f.Do(&c, "QP_CREATE"); err == nil {
-			handle = uint32(c.Data(h))
-		}
-	}
-	if errors.Is(err, ioctl.ErrNotSupported) {
-		req := ioctl.CreateQP{User_handle: user, Pd_handle: ph, Send_cq_handle: sh, Recv_cq_handle: rh,
-			Max_send_wr: cfg.MaxSendWR, Max_recv_wr: cfg.MaxRecvWR, Max_send_sge: cfg.MaxSendSGE,
-			Max_recv_sge: cfg.MaxRecvSGE, Max_inline_data: cfg.MaxInline, Qp_type: uint8(cfg.Type)}
-		if cfg.SignalAll {
-			req.Sq_sig_all = 1
-		}
-		if cfg.SRQ != nil {
-			req.Srq_handle, req.Is_srq = srqh, 1
-		}
-		var resp ioctl.CreateQPResp
-		err = f.Write(&ioctl.Cmd{
-			Command: ioctl.IB_USER_VERBS_CMD_CREATE_QP,
-			In:      unsafe.Pointer(&req), InLen: ioctl.SizeofCreateQP,
-			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateQPResp,
-			DriverIn: in, DriverOut: out,
-		}, "CREATE_QP")
-		handle, qpn = resp.Qp_handle, resp.Qpn
-		rcap = ioctl.QPCap{Send_wr: resp.Max_send_wr, Recv_wr: resp.Max_recv_wr, Send_sge: resp.Max_send_sge,
-			Recv_sge: resp.Max_recv_sge, Inline_data: resp.Max_inline_data}
-	}
+	handle, qpn, rcap, err := uvobj.CreateQP(f, &uvobj.QPCreate{PD: ph, SendCQ: sh, RecvCQ: rh, SRQ: srqh, HasSRQ: cfg.SRQ != nil,
+		User: user, Type: uint8(cfg.Type), SignalAll: cfg.SignalAll, In: in, Out: out,
+		Cap: ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
+			Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}})
 	if err != nil {
 		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)

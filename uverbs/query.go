@@ -175,22 +175,20 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 		return PortAttr{}, err
 	}
 	var r ioctl.QueryPortRespEx
-	err := ioctl.ErrNotSupported
-	if !c.file.UsesWrite() {
+	err := c.file.Either(func() error {
 		var call ioctl.Call
 		call.Reset(ioctl.UVERBS_OBJECT_DEVICE, ioctl.UVERBS_METHOD_QUERY_PORT, c.file.DriverID())
 		call.InConst(ioctl.UVERBS_ATTR_QUERY_PORT_PORT_NUM, uint64(port))
 		call.Out(ioctl.UVERBS_ATTR_QUERY_PORT_RESP, unsafe.Pointer(&r), ioctl.SizeofQueryPortRespEx, ioctl.AttrMandatory)
-		err = c.file.Do(&call, "QUERY_PORT")
-	}
-	if errors.Is(err, ioctl.ErrNotSupported) {
+		return c.file.Do(&call, "QUERY_PORT")
+	}, func() error {
 		req := ioctl.QueryPort{Num: uint8(port)}
-		err = c.file.Write(&ioctl.Cmd{
+		return c.file.Write(&ioctl.Cmd{
 			Command: ioctl.IB_USER_VERBS_CMD_QUERY_PORT,
 			In:      unsafe.Pointer(&req), InLen: ioctl.SizeofQueryPort,
 			Out: unsafe.Pointer(&r.Legacy_resp), OutLen: ioctl.SizeofQueryPortResp,
 		}, "QUERY_PORT")
-	}
+	})
 	if err != nil {
 		return PortAttr{}, fmt.Errorf("uverbs: %s: query port %d: %w", c.info.Name, port, err)
 	}

@@ -6,7 +6,6 @@
 package uvobj
 
 import (
-	"errors"
 	"io"
 	"slices"
 	"sync"
@@ -125,20 +124,15 @@ type Destroy struct {
 // Run destroys the object on f: the ioctl method first, then the legacy
 // command if the kernel does not have the method.
 func (d *Destroy) Run(f *ioctl.File) error {
-	err := ioctl.ErrNotSupported
-	if !f.UsesWrite() {
+	return f.Either(func() error {
 		var call ioctl.Call
 		call.Reset(d.Object, d.Method, f.DriverID())
 		call.InIDR(d.HandleAttr, d.Handle)
 		if d.Resp != nil {
 			call.Out(d.RespAttr, d.Resp, d.RespLen, ioctl.AttrMandatory)
 		}
-		err = f.Do(&call, d.Op)
-	}
-	if errors.Is(err, ioctl.ErrNotSupported) {
-		err = f.Write(&d.Legacy, d.Op)
-	}
-	return err
+		return f.Do(&call, d.Op)
+	}, func() error { return f.Write(&d.Legacy, d.Op) })
 }
 
 // Once is the close-once state of a kernel object: Close destroys it at
