@@ -6,6 +6,7 @@ import (
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/qp"
+	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name in this package's tests)
 )
 
 // BenchmarkPostSendPoll posts one signaled 64-byte RDMA WRITE and polls
@@ -27,7 +28,7 @@ func BenchmarkPostSendPoll(b *testing.B) {
 				b.Fatal(err)
 			}
 			if n > 0 {
-				if wc[0].Status != 0 {
+				if wc[0].Status != wcs.WCSuccess {
 					b.Fatal(wc[0].Err())
 				}
 				break

@@ -6,6 +6,7 @@ import (
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
+	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name in this package's tests)
 )
 
 // pollN polls c until n completions arrived, failing on an error status.
@@ -17,7 +18,7 @@ func pollN(b *testing.B, c *cq.CQ, wc []cq.WC, n int) {
 			b.Fatal(err)
 		}
 		for i := range k {
-			if wc[i].Status != 0 {
+			if wc[i].Status != wcs.WCSuccess {
 				b.Fatal(wc[i].Err())
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
+	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name in this package's tests)
 )
 
 const qkey = 0x11111111
@@ -54,7 +55,7 @@ func TestUD(t *testing.T) {
 			}
 			a.waitOK(t, 1)
 			w := b.waitOK(t, 1)[0]
-			if int(w.ByteLen) != qp.GRHSize+n || w.SrcQP != a.qp.QPN() || w.Flags&1 == 0 {
+			if int(w.ByteLen) != qp.GRHSize+n || w.SrcQP != a.qp.QPN() || w.Flags&wcs.WCWithGRH == 0 {
 				t.Fatalf("receive %+v: want %d bytes with GRH from QP %d", w, qp.GRHSize+n, a.qp.QPN())
 			}
 			buf := b.mem.Bytes()[dstOff:]
