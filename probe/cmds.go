@@ -54,6 +54,17 @@ const (
 	cmdNs     = 16
 )
 
+// The syscall programs are raw tracepoint programs on sys_enter and
+// sys_exit (no tracefs needed): ctx is {struct pt_regs *regs; long id} on
+// entry and {regs; long ret} on exit. sysEnter copies the first three
+// arguments (amd64: dx, si, di, adjacent in pt_regs) to the stack slots
+// below.
+const (
+	tpArg0 = -72
+	tpArg1 = -80
+	tpArg2 = -88
+)
+
 // Syscall numbers (amd64).
 const (
 	nrWrite  = 1
@@ -86,24 +97,21 @@ func sysEnter(which map[string]bool) asm.Instructions {
 		{nrOpenat, "openat", openatEnter},
 		{nrClose, "close", closeEnter},
 	}
-	// dispatch jumps to label+"_" for the enabled syscalls, else returns.
-	dispatch := func(label string) asm.Instructions {
+	// jumps is `if (nr == N) goto target(name)` for each enabled syscall.
+	jumps := func(target func(name string) string) asm.Instructions {
 		var in asm.Instructions
 		for _, s := range secs {
 			if which[s.name] {
-				target := label
-				if label == "" {
-					target = s.name + "_"
-				}
-				in = append(in, asm.JEq.Imm(asm.R7, s.nr, target))
+				in = append(in, asm.JEq.Imm(asm.R7, s.nr, target(s.name)))
 			}
 		}
-		return append(in, ret0()...)
+		return in
 	}
 	in := seq(
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord), // id
-		dispatch("args"),
+		jumps(func(string) string { return "args" }),
+		ret0(),
 		label("args", seq(
 			asm.LoadMem(asm.R3, asm.R6, 0, asm.DWord), // regs
 			readKernel(tpArg2, 24, asm.R3, sysArgRegs),
@@ -111,7 +119,8 @@ func sysEnter(which map[string]bool) asm.Instructions {
 		asm.JEq.Imm(asm.R0, 0, "dispatch"),
 		asm.Return(),
 		asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord).WithSymbol("dispatch"),
-		dispatch(""),
+		jumps(func(name string) string { return name + "_" }),
+		ret0(),
 	)
 	for _, s := range secs {
 		if which[s.name] {

@@ -86,17 +86,6 @@ const (
 	numQPCounters
 )
 
-// The syscall programs are raw tracepoint programs on sys_enter and
-// sys_exit (no tracefs needed): ctx is {struct pt_regs *regs; long id} on
-// entry and {regs; long ret} on exit. sysEnter copies the first three
-// arguments (amd64: dx, si, di, adjacent in pt_regs) to the stack slots
-// below.
-const (
-	tpArg0 = -72
-	tpArg1 = -80
-	tpArg2 = -88
-)
-
 func mapSpecs() map[string]*ebpf.MapSpec {
 	return map[string]*ebpf.MapSpec{
 		mapConfig:   {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
