@@ -23,8 +23,8 @@ type WC = uverbs.WC
 // CQ is a completion queue.
 type CQ struct {
 	ctx *uverbs.Context
-	drv provider.CQ
-	// cqBase holds drv for qp too (uvobj.CQOf).
+	// cqBase holds the provider's CQ (driver), where qp reaches it too
+	// (uvobj.CQOf: the clean hook).
 	cqBase
 	handle uint32
 	cqe    int
@@ -93,23 +93,24 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	if ch != nil {
 		chFd = ch.Fd()
 	}
-	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
+	parts := uvobj.Of(ctx)
+	user := parts.Objects.NewUserHandle(nil)
 	defer func() {
 		if err != nil {
-			uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+			parts.Objects.ReleaseUserHandle(user)
 		}
 	}()
-	drv, err := uvobj.Of(ctx).Driver.NewCQ(cqe)
+	drv, err := parts.Driver.NewCQ(cqe)
 	if err != nil {
 		return nil, fmt.Errorf("cq: create: %w", err)
 	}
 	in, out := drv.Udata()
-	f := uvobj.Of(ctx).File
+	f := parts.File
 	handle, granted, err := uvobj.CreateCQ(f, &uvobj.CQCreate{CQE: uint32(cqe), User: user, Vector: uint32(o.Vector), Channel: chFd, In: in, Out: out})
 	if err != nil {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
-	q = &CQ{ctx: ctx, drv: drv, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
+	q = &CQ{ctx: ctx, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
 	*uvobj.CQOf(&q.cqBase) = drv
 	for i := range q.arm {
 		q.arm[i] = armCmd{
@@ -118,8 +119,8 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 		}
 	}
 	q.fd = f.Fd()
-	uvobj.Of(ctx).Objects.BindUserHandle(user, q)
-	if err := drv.Attach(uvobj.Of(ctx).Device, handle, int(granted)); err != nil {
+	parts.Objects.BindUserHandle(user, q)
+	if err := drv.Attach(parts.Device, handle, int(granted)); err != nil {
 		q.destroy()
 		return nil, fmt.Errorf("cq: create on %s: %w", ctx.Name(), err)
 	}
@@ -137,7 +138,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 			return nil, fmt.Errorf("cq: create: %w", err)
 		}
 	}
-	if err := uvobj.Of(ctx).Objects.Track(q); err != nil {
+	if err := parts.Objects.Track(q); err != nil {
 		q.destroy()
 		drv.Close()
 		return nil, err
@@ -176,7 +177,7 @@ func (q *CQ) Poll(wc []WC) (int, error) {
 	if q.once.IsClosed() {
 		return 0, ErrClosed
 	}
-	return q.drv.Poll(wc), nil
+	return q.driver().Poll(wc), nil
 }
 
 // Empty reports whether the CQ holds no completion to poll now (a closed
@@ -186,7 +187,7 @@ func (q *CQ) Empty() bool {
 	if q.once.IsClosed() {
 		return true
 	}
-	return q.drv.Empty()
+	return q.driver().Empty()
 }
 
 func (q *CQ) destroy() error {
@@ -209,7 +210,7 @@ func (q *CQ) Close() error {
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
 		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
 		func() error {
-			err := q.drv.Close()
+			err := q.driver().Close()
 			if q.ch != nil {
 				q.ch.Unregister(q.user)
 				if q.ownCh {
@@ -230,3 +231,6 @@ func max1(n int) int {
 // cqBase is embedded under a name of this package's: no field of CQ is
 // exported.
 type cqBase = uvobj.CQBase
+
+// driver is the provider's CQ, set once at creation.
+func (q *CQ) driver() provider.CQ { return *uvobj.CQOf(&q.cqBase) }

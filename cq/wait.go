@@ -27,7 +27,7 @@ func (q *CQ) Notify(solicitedOnly bool) error {
 	if q.ch == nil {
 		return ErrNoChannel
 	}
-	if a, ok := q.drv.(provider.CQArmer); ok {
+	if a, ok := q.driver().(provider.CQArmer); ok {
 		if err := a.Arm(solicitedOnly); err != nil {
 			return err
 		}
@@ -98,13 +98,13 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !q.drv.Empty() {
+	if !q.driver().Empty() {
 		return nil
 	}
 	if err := q.Notify(solicited); err != nil {
 		return err
 	}
-	if !q.drv.Empty() {
+	if !q.driver().Empty() {
 		return nil
 	}
 	if q.ownCh {

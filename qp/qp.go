@@ -179,7 +179,8 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 			return nil, errors.New("qp: create: the SRQ belongs to another device context")
 		}
 	}
-	drv, err := uvobj.Of(ctx).Driver.NewQP(provider.QPRequest{
+	parts := uvobj.Of(ctx)
+	drv, err := parts.Driver.NewQP(provider.QPRequest{
 		HasSRQ: cfg.SRQ != nil, Type: uint32(cfg.Type), MaxSendWR: cfg.MaxSendWR, MaxRecvWR: cfg.MaxRecvWR,
 		MaxSendSGE: cfg.MaxSendSGE, MaxRecvSGE: cfg.MaxRecvSGE, MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll,
 	})
@@ -187,27 +188,27 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		return nil, fmt.Errorf("qp: create: %w", err)
 	}
 	in, out := drv.Udata()
-	f := uvobj.Of(ctx).File
-	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
+	f := parts.File
+	user := parts.Objects.NewUserHandle(nil)
 	handle, qpn, rcap, err := uvobj.CreateQP(f, &uvobj.QPCreate{PD: ph, SendCQ: sh, RecvCQ: rh, SRQ: srqh, HasSRQ: cfg.SRQ != nil,
 		User: user, Type: uint8(cfg.Type), SignalAll: cfg.SignalAll, In: in, Out: out,
 		Cap: ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
 			Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}})
 	if err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+		parts.Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)
 	}
 	q := &QP{pd: pd, ctx: ctx, cfg: cfg, drv: drv, handle: handle, qpn: qpn, user: user,
 		caps: provider.QPCaps{MaxSendWR: rcap.Send_wr, MaxRecvWR: rcap.Recv_wr, MaxSendSGE: rcap.Send_sge,
 			MaxRecvSGE: rcap.Recv_sge, MaxInline: rcap.Inline_data}}
-	uvobj.Of(ctx).Objects.BindUserHandle(user, q)
-	if err := drv.Attach(uvobj.Of(ctx).Device, handle, qpn, q.caps); err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+	parts.Objects.BindUserHandle(user, q)
+	if err := drv.Attach(parts.Device, handle, qpn, q.caps); err != nil {
+		parts.Objects.ReleaseUserHandle(user)
 		q.destroy()
 		return nil, fmt.Errorf("qp: create on %s: %w", ctx.Name(), err)
 	}
-	if err := uvobj.Of(ctx).Objects.Track(q); err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+	if err := parts.Objects.Track(q); err != nil {
+		parts.Objects.ReleaseUserHandle(user)
 		q.destroy()
 		drv.Close()
 		return nil, err

@@ -68,32 +68,33 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
 	}
-	drv, err := uvobj.Of(ctx).Driver.NewSRQ(cfg.MaxWR, cfg.MaxSGE)
+	parts := uvobj.Of(ctx)
+	drv, err := parts.Driver.NewSRQ(cfg.MaxWR, cfg.MaxSGE)
 	if err != nil {
 		return nil, fmt.Errorf("qp: create SRQ: %w", err)
 	}
 	in, out := drv.Udata()
-	user := uvobj.Of(ctx).Objects.NewUserHandle(nil)
+	user := parts.Objects.NewUserHandle(nil)
 	req := ioctl.CreateSRQ{User_handle: user, Pd_handle: ph, Max_wr: cfg.MaxWR, Max_sge: cfg.MaxSGE, Srq_limit: cfg.Limit}
 	var resp ioctl.CreateSRQResp
-	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
+	err = parts.File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_CREATE_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateSRQ,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateSRQResp, DriverIn: in, DriverOut: out,
 	}, "CREATE_SRQ")
 	if err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+		parts.Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create SRQ of %d on %s: %w", cfg.MaxWR, ctx.Name(), err)
 	}
 	s := &SRQ{pd: pd, ctx: ctx, drv: drv, handle: resp.Srq_handle, num: resp.Srqn, maxWR: resp.Max_wr,
 		maxSGE: resp.Max_sge, user: user}
-	uvobj.Of(ctx).Objects.BindUserHandle(user, s)
-	if err := drv.Attach(uvobj.Of(ctx).Device, s.handle, s.maxWR, s.maxSGE); err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+	parts.Objects.BindUserHandle(user, s)
+	if err := drv.Attach(parts.Device, s.handle, s.maxWR, s.maxSGE); err != nil {
+		parts.Objects.ReleaseUserHandle(user)
 		s.destroy()
 		return nil, fmt.Errorf("qp: create SRQ on %s: %w", ctx.Name(), err)
 	}
-	if err := uvobj.Of(ctx).Objects.Track(s); err != nil {
-		uvobj.Of(ctx).Objects.ReleaseUserHandle(user)
+	if err := parts.Objects.Track(s); err != nil {
+		parts.Objects.ReleaseUserHandle(user)
 		s.destroy()
 		drv.Close()
 		return nil, err
