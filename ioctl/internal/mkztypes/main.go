@@ -195,7 +195,12 @@ var (
 func main() {
 	include := flag.String("include", "/usr/include", "directory that holds rdma/*.h")
 	out := flag.String("o", "ztypes_linux.go", "output file")
+	list := flag.Bool("headers", false, "print the headers read, one a line, and exit (scripts/abi checks uapi.lock against them)")
 	flag.Parse()
+	if *list {
+		fmt.Println(strings.Join(headers, "\n"))
+		return
+	}
 	if err := run(*include, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "mkztypes:", err)
 		os.Exit(1)
