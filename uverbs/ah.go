@@ -87,7 +87,7 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		ah.destroy()
 		return nil, err
 	}
-	if err := c.track(ah); err != nil {
+	if err := c.tab.Track(ah); err != nil {
 		ah.destroy()
 		return nil, err
 	}

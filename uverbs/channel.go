@@ -130,7 +130,7 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 		return nil, fmt.Errorf("uverbs: %s: completion channel: %w", c.info.Name, err)
 	}
 	ch := &CompChannel{ctx: c, file: f, fd: fd, waiters: map[uint64]chan struct{}{}, done: make(chan struct{}), next: r}
-	if err := c.track(ch); err != nil {
+	if err := c.tab.Track(ch); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -344,6 +344,6 @@ func (ch *CompChannel) Close() error {
 	} else {
 		close(ch.done)
 	}
-	ch.ctx.untrack(ch)
+	ch.ctx.tab.Untrack(ch)
 	return err
 }

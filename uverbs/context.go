@@ -3,7 +3,6 @@ package uverbs
 import (
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"unsafe"
 
@@ -172,13 +171,6 @@ func (c *Context) NumCompVectors() int { return int(c.nvecs) }
 
 // Attr returns the device attributes queried at Open.
 func (c *Context) Attr() DeviceAttr { return c.attr }
-
-// track registers a child object so that Close destroys it. It fails
-// with ErrClosed after Close.
-func (c *Context) track(o io.Closer) error { return c.tab.Track(o) }
-
-// untrack forgets a child object that was destroyed on its own.
-func (c *Context) untrack(o io.Closer) { c.tab.Untrack(o) }
 
 // IsClosed reports whether Close was called (the name every goverbs
 // object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...).

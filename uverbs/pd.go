@@ -32,7 +32,7 @@ func (c *Context) AllocPD() (*PD, error) {
 		return nil, fmt.Errorf("uverbs: %s: alloc PD: %w", c.info.Name, err)
 	}
 	pd := &PD{ctx: c, handle: resp.Handle}
-	if err := c.track(pd); err != nil {
+	if err := c.tab.Track(pd); err != nil {
 		pd.destroy()
 		return nil, err
 	}
