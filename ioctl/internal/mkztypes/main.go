@@ -279,7 +279,9 @@ enum {
 	if err := os.WriteFile(inFile, in.Bytes(), 0o644); err != nil {
 		return err
 	}
-	cmd := exec.Command("go", "tool", "cgo", "-godefs", "-objdir", dir, inFile)
+	// -objdir is a prefix to cgo (its gcc output is objdir+"_cgo_2.o"):
+	// without the separator that file lands beside dir, in /tmp, and stays.
+	cmd := exec.Command("go", "tool", "cgo", "-godefs", "-objdir", dir+string(filepath.Separator), inFile)
 	cmd.Dir = dir
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-I"+include)
