@@ -21,7 +21,10 @@
 //     Buffer from Endpoint.Alloc without a copy; Recv returns a *Msg.
 //   - RPC: Endpoint.Handle (or HandleInline, for a quick handler run on
 //     the goroutine polling the CQ) serves a stream id for every peer;
-//     Peer.Call sends a request and waits for the response. While the
+//     Peer.Call sends a request and waits for the response. A handler
+//     may build its response in place in a send buffer of bx's
+//     (Msg.Reply): then it is posted with no allocation and no copy.
+//     While the
 //     endpoint polls, a waiting Call polls the CQ itself; on an endpoint
 //     without handlers, when no other Call or Recv waits, it then leaves
 //     the CQ to the next Call instead of waking the progress goroutine,

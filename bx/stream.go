@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/goverbs/goverbs/mr"
 )
@@ -25,6 +26,69 @@ type Msg struct {
 	flags  uint16
 	once   sync.Once
 	remote string // RPC error text
+
+	// A request while its handler runs (respond): serving, and the
+	// response buffer Reply gave it, if any.
+	serving bool
+	reply   Buffer
+}
+
+// Reply returns n bytes of a send buffer of bx's in which a handler may
+// build its response to this request: a handler that returns the slice
+// Reply gave it (or a prefix of it) sends its response with no allocation
+// and no copy, as eRPC's pre-allocated response buffers do. The slice is
+// the handler's until it returns; its capacity is n. A handler that
+// returns anything else (an error, a slice that append moved, other
+// bytes) gets today's behaviour: its bytes are copied and the reply
+// buffer goes back. A second Reply replaces the first (which goes back).
+// Reply fails outside the handler of this request, and for n outside
+// 0..MaxMessage (ErrTooLarge).
+func (m *Msg) Reply(n int) ([]byte, error) {
+	switch {
+	case m == nil || m.p == nil:
+		return nil, errors.New("bx: Reply on a nil Msg")
+	case !m.serving:
+		return nil, errors.New("bx: Reply outside the handler of a request")
+	}
+	if m.reply.e != nil {
+		m.reply.Free()
+		m.reply = Buffer{}
+	}
+	b, err := m.p.e.alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("bx: Reply of %d bytes: %w", n, err)
+	}
+	m.reply = b
+	return b.Payload()[:n:n], nil
+}
+
+// inReply reports whether resp is a prefix of the reply buffer b.
+func inReply(resp []byte, b *Buffer) bool {
+	p := b.Payload()
+	return len(resp) <= b.n && (len(resp) == 0 || unsafe.SliceData(resp) == unsafe.SliceData(p))
+}
+
+// trimReply shrinks reply buffer b to the k bytes the handler's response
+// took, and reports false where the response is better copied: a
+// rendezvous buffer whose response would fit an eager message.
+func (b *Buffer) trimReply(k int) bool {
+	if b.big {
+		if k <= b.e.cfg.EagerSize {
+			return false
+		}
+		rv, err := b.rv.Resize(k)
+		if err != nil {
+			return false
+		}
+		b.rv, b.n = rv, k
+		return true
+	}
+	h, err := b.head.Resize(HeaderSize + k)
+	if err != nil {
+		return false
+	}
+	b.head, b.n = h, k
+	return true
 }
 
 // Data is the payload. It is valid until Release.
@@ -332,7 +396,8 @@ func (s *Stream) fail(err error) {
 // Handler serves RPC requests of one stream id: it returns the response
 // payload or an error, whose text the caller receives as a RemoteError.
 // The response is copied out before the request is released, after the
-// handler returns, so it may alias the request.
+// handler returns, so it may alias the request. A handler that builds its
+// response in the slice req.Reply gave it is sent with no copy.
 type Handler func(ctx context.Context, p *Peer, req *Msg) ([]byte, error)
 
 type handler struct {
@@ -455,9 +520,19 @@ func (p *Peer) respond(h Handler, req *Msg) (Buffer, uint16, bool) {
 	if h == nil {
 		err = fmt.Errorf("no handler for stream %d", req.Stream)
 	} else {
+		req.serving = true
 		resp, err = h(p.e.stopCh, p, req)
+		req.serving = false
 	}
 	flags := uint16(flagResponse)
+	if rb := req.reply; rb.e != nil {
+		// Built in place (Msg.Reply): sent as it is, if it is there.
+		req.reply = Buffer{}
+		if err == nil && inReply(resp, &rb) && rb.trimReply(len(resp)) {
+			return rb, flags, true
+		}
+		rb.Free()
+	}
 	if err != nil {
 		flags |= flagError
 		resp = []byte(err.Error())

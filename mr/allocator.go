@@ -294,6 +294,21 @@ func (b Buf) Bytes() []byte {
 // Len is the size asked for.
 func (b Buf) Len() int { return int(b.n) }
 
+// Resize is b with length n, the same memory: a buffer allocated for the
+// most a message may need, sent with what it turned out to need. n must be
+// within [0, Cap()]. It is a value like b (Free one of them, once);
+// FromHandle still gives the length Alloc was asked for.
+func (b Buf) Resize(n int) (Buf, error) {
+	if b.a == nil {
+		return Buf{}, fmt.Errorf("mr: Buf.Resize(%d) of the zero Buf: %w", n, ErrForeignBuf)
+	}
+	if n < 0 || n > b.Cap() {
+		return Buf{}, fmt.Errorf("mr: Buf.Resize(%d) outside the %d-byte buffer", n, b.Cap())
+	}
+	b.n = uint32(n)
+	return b, nil
+}
+
 // Cap is the class size.
 func (b Buf) Cap() int {
 	if b.a == nil {

@@ -830,3 +830,44 @@ func BenchmarkLookup(b *testing.B) {
 		}
 	}
 }
+
+func TestBufResize(t *testing.T) {
+	a := newTestAllocator(t, AllocatorConfig{Classes: []int{256, 4096}, RegionSize: 2 << 20, Limit: 4 << 20})
+	b := mustAlloc(t, a, 3000) // class 4096
+	b.Bytes()[0], b.Bytes()[2999] = 7, 9
+	for _, n := range []int{0, 1, 2999, 3000, 4096} {
+		r, err := b.Resize(n)
+		if err != nil {
+			t.Fatalf("Resize(%d): %v", n, err)
+		}
+		if r.Len() != n || len(r.Bytes()) != n || r.Cap() != b.Cap() || r.Addr() != b.Addr() || r.Handle() != b.Handle() {
+			t.Errorf("Resize(%d): len %d, bytes %d, cap %d, addr %#x, handle %#x; want the same buffer of %d bytes",
+				n, r.Len(), len(r.Bytes()), r.Cap(), r.Addr(), r.Handle(), n)
+		}
+		if got := r.SGE(r.Len()); got.Addr != b.Addr() || got.Length != uint32(n) || got.LKey != b.LKey() {
+			t.Errorf("Resize(%d).SGE = %+v", n, got)
+		}
+	}
+	if r, _ := b.Resize(3000); r.Bytes()[0] != 7 || r.Bytes()[2999] != 9 {
+		t.Error("Resize changed the contents")
+	}
+	if b.Len() != 3000 {
+		t.Errorf("Resize changed the receiver's length to %d", b.Len())
+	}
+	for _, n := range []int{-1, 4097, 1 << 30} {
+		if _, err := b.Resize(n); err == nil || !strings.Contains(err.Error(), "outside the 4096-byte buffer") {
+			t.Errorf("Resize(%d) = %v, want an error naming the buffer's size", n, err)
+		}
+	}
+	if _, err := (Buf{}).Resize(0); !errors.Is(err, ErrForeignBuf) {
+		t.Errorf("zero Buf Resize = %v, want ErrForeignBuf", err)
+	}
+	// A resized copy frees the buffer; the original is then a double free.
+	r, _ := b.Resize(10)
+	if err := a.Free(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(b); !errors.Is(err, ErrDoubleFree) {
+		t.Errorf("second Free through the other copy = %v, want ErrDoubleFree", err)
+	}
+}
