@@ -170,39 +170,45 @@ func BenchmarkBareBX(b *testing.B) {
 }
 
 // TestHotPathAllocs: in steady state, serving a pull or a push (decoded in
-// place) and a client's pull or push over tcp (both ends in this process)
-// allocate nothing.
+// place) and a client's pull or push (both ends in this process) allocate
+// nothing, over tcp and over rdma (where the server builds its response in
+// bx's send buffer: bx.Msg.Reply).
 func TestHotPathAllocs(t *testing.T) {
-	keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
-	s, c := hotServer(t, envFor(t, "tcp"), keys, g)
-	ctx := context.Background()
-	pull := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
-	push := ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)
-	buf := s.Handle(push, nil)
-	out := make([]float32, len(g))
-	for _, tc := range []struct {
-		name string
-		f    func()
-	}{
-		{"Server.Handle pull", func() { buf = s.Handle(pull, buf[:0]) }},
-		{"Server.Handle push", func() { buf = s.Handle(push, buf[:0]) }},
-		{"Client.Pull tcp", func() { must(t, c.Pull(ctx, hotSpec.Name, keys, out)) }},
-		{"Client.Push tcp", func() {
-			if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
-				t.Fatal(err)
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
+			s, c := hotServer(t, envFor(t, tr), keys, g)
+			ctx := context.Background()
+			pull := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+			push := ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)
+			buf := s.Handle(push, nil)
+			out := make([]float32, len(g))
+			for _, tc := range []struct {
+				name string
+				f    func()
+			}{
+				{"Server.Handle pull", func() { buf = s.Handle(pull, buf[:0]) }},
+				{"Server.Handle push", func() { buf = s.Handle(push, buf[:0]) }},
+				{"Client.Pull", func() { must(t, c.Pull(ctx, hotSpec.Name, keys, out)) }},
+				{"Client.Push", func() {
+					if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
+						t.Fatal(err)
+					}
+				}},
+			} {
+				tc.f() // warm: pools, slabs, connections
+				if n := testing.AllocsPerRun(200, tc.f); n != 0 {
+					t.Errorf("%s: %v allocations per operation, want 0", tc.name, n)
+				}
 			}
-		}},
-	} {
-		if n := testing.AllocsPerRun(200, tc.f); n != 0 {
-			t.Errorf("%s: %v allocations per operation, want 0", tc.name, n)
-		}
-	}
-	// The pull still reads what was pushed.
-	want := make([]float32, len(out))
-	must(t, s.Store().Pull(hotSpec.Name, keys, want))
-	must(t, c.Pull(ctx, hotSpec.Name, keys, out))
-	if fmt.Sprint(out) != fmt.Sprint(want) {
-		t.Errorf("pull over tcp differs from the store's rows")
+			// The pull still reads what was pushed.
+			want := make([]float32, len(out))
+			must(t, s.Store().Pull(hotSpec.Name, keys, want))
+			must(t, c.Pull(ctx, hotSpec.Name, keys, out))
+			if fmt.Sprint(out) != fmt.Sprint(want) {
+				t.Errorf("pull over %s differs from the store's rows", tr)
+			}
+		})
 	}
 }
 

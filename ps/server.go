@@ -164,12 +164,15 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) bxHandle(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-	// The request is decoded in place in the receive buffer it landed in.
-	// bx copies the response into a send buffer of its own (bx.Handler
-	// returns bytes) once this returns, at a time the handler cannot know:
-	// so the response is a new slice, one allocation (and one copy) per
-	// request that a bx handler writing into bx's send buffer would save.
-	return s.Handle(req.Data(), make([]byte, 0, s.respSize(req.Data()))), nil
+	// The request is decoded in place in the receive buffer it landed in,
+	// and the response is built in place in the send buffer bx posts
+	// (Msg.Reply): no allocation, no copy. A response that outgrows it
+	// (append moves it) is copied by bx, as is any other slice.
+	b, err := req.Reply(s.respSize(req.Data()))
+	if err != nil {
+		return s.Handle(req.Data(), nil), nil
+	}
+	return s.Handle(req.Data(), b[:0]), nil
 }
 
 // respSize is the size of the response to an encoded request: for a
