@@ -843,7 +843,10 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 	}
 	w, _ = psWorkloadOf(*workload, len(list))
 	// The parent's own client: defines the parameters, reads server CPU.
-	ctl, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: list, Device: cliDev, Token: psToken()})
+	// Event-driven (Spin < 0): a polling endpoint registers its process
+	// as a poller (bx/pollers.go), and a third poller on a two-CPU guest
+	// turned every server and worker endpoint to events.
+	ctl, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: list, Device: cliDev, Token: psToken(), BX: bx.Config{Spin: -1}})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
@@ -285,5 +286,46 @@ func TestPSBenchDepth(t *testing.T) {
 		if r.code == 0 || !strings.Contains(r.stderr, "--depth") {
 			t.Errorf("%v: exit %d, stderr %q; want a usage error about --depth", args, r.code, r.stderr)
 		}
+	}
+}
+
+// TestPSBenchPollers: in `ps bench` only the servers and workers may poll
+// their CQs. The bench's own control client (Define, the servers' CPU)
+// must not register as a poller: with one server and one worker process
+// on a two-CPU machine a third registered process would push every
+// endpoint to events (bx/pollers.go), and the rdma pull would measure
+// event wake-ups instead of the polling path (it did: ps/bare 4.0 at p50).
+func TestPSBenchPollers(t *testing.T) {
+	if len(rxetest.Active(t)) < 2 {
+		t.Skip("rdma ps bench needs two active RDMA devices")
+	}
+	base := t.TempDir()
+	t.Setenv("GOVERBS_POLLERS_DIR", base) // the children inherit it
+	reg := filepath.Join(base, fmt.Sprintf("goverbs-pollers-%d", os.Getuid()))
+	stop := make(chan struct{})
+	most := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			if ents, err := os.ReadDir(reg); err == nil {
+				n = max(n, len(ents))
+			}
+			select {
+			case <-stop:
+				most <- n
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	r := goverbs(t, 90*time.Second, "ps", "bench", "--transport", "rdma", "--workload", "pull", "--servers", "1", "--duration", "2s", "--json")
+	close(stop)
+	n := <-most
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s %s", r.code, r.stdout, r.stderr)
+	}
+	// The server and the worker register; nothing else of the bench does.
+	if n != 2 {
+		t.Errorf("%d processes registered as pollers during ps bench --servers 1, want 2 (the server and the worker)", n)
 	}
 }
