@@ -642,11 +642,13 @@ type benchResult struct {
 	Workers   int       `json:"workers"`
 	Depth     int       `json:"depth,omitempty"` // pulls outstanding per worker (--depth)
 	Servers   int       `json:"servers"`
-	Duration  float64   `json:"duration_s"`
-	CPU       float64   `json:"cpu_s"`
-	ServerCPU float64   `json:"server_cpu_s"`
-	WorkerCPU float64   `json:"worker_cpu_s"`
-	Errors    int64     `json:"errors"`
+	// WorkerProcs is how many worker processes ran the workers.
+	WorkerProcs int     `json:"worker_procs,omitempty"`
+	Duration    float64 `json:"duration_s"`
+	CPU         float64 `json:"cpu_s"`
+	ServerCPU   float64 `json:"server_cpu_s"`
+	WorkerCPU   float64 `json:"worker_cpu_s"`
+	Errors      int64   `json:"errors"`
 	// Open loop (--rate, --rates): the offered steps per second, those
 	// started and finished per second, and the arrivals no worker
 	// goroutine started before the end. In closed loop Offered and Late
@@ -973,7 +975,7 @@ func psBench(args []string, stdout, stderr io.Writer) error {
 			return benchResult{}, err
 		}
 		c1 := readRDMACounters()
-		res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list)}
+		res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list), WorkerProcs: *procs}
 		if *depth > 1 {
 			res.Depth = *depth
 		}

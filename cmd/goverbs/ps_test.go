@@ -81,7 +81,7 @@ func psResult(tr, wl, op string, mtu int, offered, achieved float64, lat time.Du
 		h.Add(lat)
 	}
 	rnr := uint64(0)
-	r := benchResult{Transport: tr, Workload: wl, Workers: 4, Servers: 2, Duration: 2, CPU: cpu, MTU: mtu, Offered: offered, Achieved: achieved,
+	r := benchResult{Transport: tr, Workload: wl, Workers: 4, Servers: 2, WorkerProcs: 1, Duration: 2, CPU: cpu, MTU: mtu, Offered: offered, Achieved: achieved,
 		Ops: []benchOp{{Op: op, Count: n, Mean: h.Mean() / 1e3, P50: h.Quantile(0.5) / 1e3, P99: h.Quantile(0.99) / 1e3, P999: h.Quantile(0.999) / 1e3,
 			OpsPerSec: n / 2, CPUPerKop: cpu / (n / 1000.0), Hist: h.Buckets()}}}
 	if tr == "rdma" {
@@ -140,7 +140,7 @@ func TestPSReportPaper(t *testing.T) {
 		return ""
 	}
 	for _, c := range []struct{ prefix, want string }{
-		{"paper table, link MTU 9000", "paper table"},
+		{"paper table, link MTU 9000", "(rxe active_mtu -, servers 2, worker processes 1)"},
 		{"figure", "open loop (inference 45, incast 0 steps/s)"},
 		{"inference pull mean", "0.500 MET (300/600)"},
 		{"inference pull mean", "0.200 MET (200/1000)"},

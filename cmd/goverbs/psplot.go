@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -97,7 +99,7 @@ func mergeRounds(rs []benchResult) []benchResult {
 		i, ok := idx[k]
 		if !ok {
 			idx[k] = len(out)
-			out = append(out, benchResult{Transport: r.Transport, Workload: r.Workload, Workers: r.Workers, Servers: r.Servers,
+			out = append(out, benchResult{Transport: r.Transport, Workload: r.Workload, Workers: r.Workers, Servers: r.Servers, WorkerProcs: r.WorkerProcs,
 				MTU: r.MTU, IBMTU: r.IBMTU, Offered: r.Offered})
 			hists[k] = map[string]*hist.Fine{}
 			i = idx[k]
@@ -472,12 +474,20 @@ func printPaperTable(w io.Writer, rs []benchResult, rtts []rttResult) {
 		ir, iknee := tableRate(rs, "inference", mtu)
 		cr, cknee := tableRate(rs, "incast", mtu)
 		ib := 0
+		procs := map[string]bool{}
 		for _, r := range rs {
 			if r.MTU == mtu && r.IBMTU != 0 {
 				ib = r.IBMTU
 			}
+			if r.MTU == mtu && r.WorkerProcs > 0 {
+				procs[fmt.Sprintf("servers %d, worker processes %d", r.Servers, r.WorkerProcs)] = true
+			}
 		}
-		fmt.Fprintf(w, "\npaper table, link MTU %s (rxe active_mtu %s): rdma/tcp, goal, measured (rdma/tcp in us)\n", mtuString(mtu), mtuString(ib))
+		topo := ""
+		if len(procs) > 0 {
+			topo = ", " + strings.Join(slices.Sorted(maps.Keys(procs)), " / ")
+		}
+		fmt.Fprintf(w, "\npaper table, link MTU %s (rxe active_mtu %s%s): rdma/tcp, goal, measured (rdma/tcp in us)\n", mtuString(mtu), mtuString(ib), topo)
 		open := "open loop"
 		if ir > 0 || cr > 0 {
 			open = fmt.Sprintf("open loop (inference %.0f, incast %.0f steps/s)", ir, cr)
