@@ -33,7 +33,10 @@
 //     of up to 256 bytes, header included, are posted inline
 //     (GOVERBS_BX_INLINE=0 posts them from their buffers). A polling
 //     goroutine yields its P every 4 polls of an empty CQ
-//     (GOVERBS_BX_YIELD=N sets N; 0 never yields, measured worse).
+//     (GOVERBS_BX_YIELD=N sets N; 0 never yields, measured worse), and
+//     its CPU to the kernel's other runnable threads (sched_yield) once
+//     the CQ has been empty for 100 usec and every 100 usec after
+//     (GOVERBS_BX_OSYIELD=usec; 0 never).
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
 //     it stands for, is not returned to the peer.

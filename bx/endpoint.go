@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/flow"
 	"github.com/goverbs/goverbs/mr"
@@ -794,6 +796,7 @@ func (e *Endpoint) progress() {
 	// endpoint polling instead of paying an event per message; halved
 	// after a longer sleep.
 	window := e.cfg.Spin
+	var lastYield time.Time
 	var park *time.Timer
 	spinning := false
 	setSpinning := func(on bool) {
@@ -851,6 +854,7 @@ func (e *Endpoint) progress() {
 			if idle.IsZero() {
 				idle = now
 			}
+			osYield(now, idle, &lastYield)
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
 			spin := window
@@ -948,6 +952,35 @@ var lazyResume = os.Getenv("GOVERBS_BX_LAZY") != "0"
 // runtime still preempts it every 10 ms). GOVERBS_BX_YIELD sets it.
 var yieldEvery = envInt("GOVERBS_BX_YIELD", 4)
 
+// osYieldEvery: a poller whose CQ has been empty this long gives its CPU
+// to whatever else is runnable there (sched_yield), and again every as
+// long while the CQ stays empty; 0 never. A polling process has a core to
+// itself only as far as the kernel lets it: a spinning thread holds its
+// CPU until the scheduler's tick takes it away, while the timers,
+// softirqs (rxe's receive path) and other threads waiting for that CPU
+// wait a time slice, which was the tail of a polling parameter server
+// (docs/perf.md, "Twenty-second session": closed-loop pull p99 6.8-9.4 ms
+// without, 2.4-3.6 ms with). A ping-pong whose answer comes within it
+// never yields. GOVERBS_BX_OSYIELD sets it in usec.
+var osYieldEvery = time.Duration(envInt("GOVERBS_BX_OSYIELD", 100)) * time.Microsecond
+
+// osYield yields the thread to the kernel's other runnable threads when
+// yieldDue says so.
+func osYield(now, idle time.Time, last *time.Time) {
+	if !yieldDue(now, idle, *last, osYieldEvery) {
+		return
+	}
+	*last = now
+	unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+}
+
+// yieldDue reports whether a poller of a CQ empty since idle, which last
+// yielded at last, yields at now: once the CQ has been empty for every,
+// then every so often.
+func yieldDue(now, idle, last time.Time, every time.Duration) bool {
+	return every > 0 && !idle.IsZero() && now.Sub(idle) >= every && now.Sub(last) >= every
+}
+
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
 		return v
@@ -1044,7 +1077,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		// channel back at once (got stays false).
 		return e.selfWait(ctx, done)
 	}
-	var idle time.Time
+	var idle, lastYield time.Time
 	for i := 1; ; i++ {
 		if done() {
 			got = true
@@ -1075,6 +1108,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			} else if now.Sub(idle) >= 10*e.cfg.Spin {
 				return false
 			}
+			osYield(now, idle, &lastYield)
 		}
 		if yieldEvery > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()
