@@ -28,8 +28,9 @@ type Msg struct {
 	remote string // RPC error text
 
 	// A request while its handler runs (respond): serving, and the
-	// response buffer Reply gave it, if any.
-	serving bool
+	// response buffer Reply gave it, if any. serving is atomic: a Reply
+	// from another goroutine after the handler returned must see false.
+	serving atomic.Bool
 	reply   Buffer
 }
 
@@ -47,7 +48,7 @@ func (m *Msg) Reply(n int) ([]byte, error) {
 	switch {
 	case m == nil || m.p == nil:
 		return nil, errors.New("bx: Reply on a nil Msg")
-	case !m.serving:
+	case !m.serving.Load():
 		return nil, errors.New("bx: Reply outside the handler of a request")
 	}
 	if m.reply.e != nil {
@@ -520,9 +521,9 @@ func (p *Peer) respond(h Handler, req *Msg) (Buffer, uint16, bool) {
 	if h == nil {
 		err = fmt.Errorf("no handler for stream %d", req.Stream)
 	} else {
-		req.serving = true
+		req.serving.Store(true)
 		resp, err = h(p.e.stopCh, p, req)
-		req.serving = false
+		req.serving.Store(false)
 	}
 	flags := uint16(flagResponse)
 	if rb := req.reply; rb.e != nil {
