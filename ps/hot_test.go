@@ -184,19 +184,26 @@ func TestHotPathAllocs(t *testing.T) {
 			buf := s.Handle(push, nil)
 			out := make([]float32, len(g))
 			for _, tc := range []struct {
-				name string
-				f    func()
+				name   string
+				f      func()
+				pooled bool // uses sync.Pool, which the race detector makes allocate
 			}{
-				{"Server.Handle pull", func() { buf = s.Handle(pull, buf[:0]) }},
-				{"Server.Handle push", func() { buf = s.Handle(push, buf[:0]) }},
-				{"Client.Pull", func() { must(t, c.Pull(ctx, hotSpec.Name, keys, out)) }},
+				{"Server.Handle pull", func() { buf = s.Handle(pull, buf[:0]) }, false},
+				{"Server.Handle push", func() { buf = s.Handle(push, buf[:0]) }, false},
+				{"Client.Pull", func() { must(t, c.Pull(ctx, hotSpec.Name, keys, out)) }, true},
 				{"Client.Push", func() {
 					if _, err := c.Push(ctx, hotSpec.Name, keys, g); err != nil {
 						t.Fatal(err)
 					}
-				}},
+				}, true},
 			} {
 				tc.f() // warm: pools, slabs, connections
+				if tc.pooled && raceEnabled {
+					// scripts/test runs this package without -race in
+					// its no-huge-pages guest too, where it is checked.
+					t.Logf("%s: allocations not checked under the race detector (its sync.Pool drops items)", tc.name)
+					continue
+				}
 				if n := testing.AllocsPerRun(200, tc.f); n != 0 {
 					t.Errorf("%s: %v allocations per operation, want 0", tc.name, n)
 				}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package ps_test
+
+const raceEnabled = false
