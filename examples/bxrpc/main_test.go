@@ -1,19 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/goverbs/goverbs/examples/internal/extest"
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
 // TestMain doubles as the example program for TestTwoProcesses' server.
-func TestMain(m *testing.M) { extest.Main(m, run) }
+func TestMain(m *testing.M) { extest.Main(m, example.Run) }
 
 // clientWant is what the client must print: every call's response, which
 // only the server's handler upper-cases, and the handler's error.
@@ -29,14 +26,7 @@ func clientWant() []string {
 // does.
 func TestBoth(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	var out bytes.Buffer
-	err := run(ctx, []string{"-role", "both", "-d", db + "," + da, "-addr", extest.ListenIP(db) + ":0"}, wd.Writer(&out))
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), append(clientWant(), "server: listening on ", "server: stopping"))
+	extest.Both(t, example.Run, da, db, append(clientWant(), "server: listening on ", "server: stopping"))
 }
 
 // TestTwoProcesses runs the server as a second process (this test binary
@@ -44,32 +34,8 @@ func TestBoth(t *testing.T) {
 // Ctrl-C), which must close its endpoint and exit with status 0.
 func TestTwoProcesses(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	srv := extest.Start(t, wd, "-role", "server", "-d", db, "-addr", extest.ListenIP(db)+":0")
-	addr, err := srv.Addr(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	err = run(ctx, []string{"-role", "client", "-d", da, "-addr", addr}, wd.Writer(&out))
-	t.Logf("client output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), clientWant())
-	srvOut, err := srv.Stop(ctx)
-	t.Logf("server output:\n%s", srvOut)
-	if err != nil {
-		t.Fatalf("server: %v", err)
-	}
-	extest.CheckLines(t, srvOut, []string{"server: stopping"})
+	extest.TwoProcesses(t, example.Run, da, db, false, clientWant(), []string{"server: stopping"})
 }
 
 // TestBadFlags: flag errors are errors, before any device is opened.
-func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-role", "peer"}, {"-role", "both", "-d", "rxe1"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
-		}
-	}
-}
+func TestBadFlags(t *testing.T) { extest.BadFlags(t, example.Run) }

@@ -27,14 +27,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -45,6 +39,7 @@ import (
 
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/bx/bxgrpc"
+	"github.com/goverbs/goverbs/examples/internal/exrun"
 )
 
 // token authenticates the peers: both ends must hold the same one, at least
@@ -58,79 +53,17 @@ const service = "example.Backend"
 // data, say); health checkers see NOT_SERVING meanwhile.
 const warmUp = 500 * time.Millisecond
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout)
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "grpc:", err)
-		os.Exit(1)
-	}
+// example is this program; exrun gives it its flags (-role, -d, -addr)
+// and runs both roles in one process.
+var example = exrun.Example{
+	Name:      "grpc",
+	Addr:      "10.99.0.2:7000",
+	AddrUsage: "the server's bx `address` (TCP control plane): where it listens, where the client dials",
+	Server:    server,
+	Client:    client,
 }
 
-func run(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("grpc", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	role := fs.String("role", "both", "server, client, or both (in one process)")
-	devs := fs.String("d", "", "RDMA `device` (default rxe1 for the server, rxe0 for the client; with -role both: SERVER,CLIENT)")
-	addr := fs.String("addr", "10.99.0.2:7000", "the server's bx `address` (TCP control plane): where it listens, where the client dials")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	srvDev, cliDev, err := devices(*role, *devs)
-	if err != nil {
-		return err
-	}
-	out := &syncWriter{w: stdout}
-	switch *role {
-	case "server":
-		return server(ctx, srvDev, *addr, out, nil)
-	case "client":
-		return client(ctx, cliDev, *addr, out)
-	}
-	// Both: the server in a goroutine until the client is done.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- server(ctx, srvDev, *addr, out, ready) }()
-	select {
-	case a := <-ready:
-		err := client(ctx, cliDev, a, out)
-		cancel() // stops the server
-		return errors.Join(err, <-done)
-	case err := <-done:
-		return err
-	}
-}
-
-// devices returns the server's and the client's device for -role and -d.
-func devices(role, d string) (srv, cli string, err error) {
-	srv, cli = "rxe1", "rxe0"
-	switch role {
-	case "server":
-		if d != "" {
-			srv = d
-		}
-	case "client":
-		if d != "" {
-			cli = d
-		}
-	case "both":
-		if d != "" {
-			var ok bool
-			if srv, cli, ok = strings.Cut(d, ","); !ok {
-				return "", "", fmt.Errorf("-role both: -d wants SERVER,CLIENT, have %q", d)
-			}
-		}
-	default:
-		return "", "", fmt.Errorf("-role %q: want server, client or both", role)
-	}
-	return srv, cli, nil
-}
+func main() { example.Main() }
 
 // server serves until ctx ends.
 func server(ctx context.Context, dev, addr string, out io.Writer, ready chan<- string) (err error) {
@@ -226,17 +159,4 @@ func client(ctx context.Context, dev, addr string, out io.Writer) (err error) {
 	}
 	fmt.Fprintf(out, "client: check %s: %v\n", unknown, status.Code(err))
 	return nil
-}
-
-// syncWriter serializes writes: with -role both, the server and the client
-// print from two goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

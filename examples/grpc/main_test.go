@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"testing"
-	"time"
 
 	"github.com/goverbs/goverbs/examples/internal/extest"
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
 // TestMain doubles as the example program for TestTwoProcesses' server.
-func TestMain(m *testing.M) { extest.Main(m, run) }
+func TestMain(m *testing.M) { extest.Main(m, example.Run) }
 
 // clientWant is what the client must print: the watch reached SERVING
 // (which the server sets only after its warm-up), Check agrees, and an
@@ -26,14 +23,7 @@ var clientWant = []string{
 // does; the server stops gracefully after the client.
 func TestBoth(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	var out bytes.Buffer
-	err := run(ctx, []string{"-role", "both", "-d", db + "," + da, "-addr", extest.ListenIP(db) + ":0"}, wd.Writer(&out))
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), append(clientWant, "server: example.Backend is SERVING", "server: stopped"))
+	extest.Both(t, example.Run, da, db, append(clientWant, "server: example.Backend is SERVING", "server: stopped"))
 }
 
 // TestTwoProcesses runs the server as a second process (this test binary
@@ -41,32 +31,8 @@ func TestBoth(t *testing.T) {
 // Ctrl-C), which must stop gracefully and exit with status 0.
 func TestTwoProcesses(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	srv := extest.Start(t, wd, "-role", "server", "-d", db, "-addr", extest.ListenIP(db)+":0")
-	addr, err := srv.Addr(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	err = run(ctx, []string{"-role", "client", "-d", da, "-addr", addr}, wd.Writer(&out))
-	t.Logf("client output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), clientWant)
-	srvOut, err := srv.Stop(ctx)
-	t.Logf("server output:\n%s", srvOut)
-	if err != nil {
-		t.Fatalf("server: %v", err)
-	}
-	extest.CheckLines(t, srvOut, []string{"server: example.Backend is SERVING", "server: stopped"})
+	extest.TwoProcesses(t, example.Run, da, db, false, clientWant, []string{"server: example.Backend is SERVING", "server: stopped"})
 }
 
 // TestBadFlags: flag errors are errors, before any device is opened.
-func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-role", "peer"}, {"-role", "both", "-d", "rxe1"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
-		}
-	}
-}
+func TestBadFlags(t *testing.T) { extest.BadFlags(t, example.Run) }

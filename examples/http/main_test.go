@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"testing"
-	"time"
 
 	"github.com/goverbs/goverbs/examples/internal/extest"
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
 // TestMain doubles as the example program for TestTwoProcesses' server.
-func TestMain(m *testing.M) { extest.Main(m, run) }
+func TestMain(m *testing.M) { extest.Main(m, example.Run) }
 
 // clientWant is what the client must print: the server's greeting from its
 // device, and the echo of the whole body (the client also compares it
@@ -27,14 +24,7 @@ func clientWant(srvDev string) []string {
 // does; the server shuts down after the client.
 func TestBoth(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	var out bytes.Buffer
-	err := run(ctx, []string{"-role", "both", "-d", db + "," + da, "-addr", extest.ListenIP(db) + ":0"}, wd.Writer(&out))
-	t.Logf("output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), append(clientWant(db), "server: listening on ", "server: stopped"))
+	extest.Both(t, example.Run, da, db, append(clientWant(db), "server: listening on ", "server: stopped"))
 }
 
 // TestTwoProcesses runs the server as a second process (this test binary
@@ -42,32 +32,8 @@ func TestBoth(t *testing.T) {
 // Ctrl-C), which must shut down and exit with status 0.
 func TestTwoProcesses(t *testing.T) {
 	da, db := rxetest.Pair(t)
-	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
-	srv := extest.Start(t, wd, "-role", "server", "-d", db, "-addr", extest.ListenIP(db)+":0")
-	addr, err := srv.Addr(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	err = run(ctx, []string{"-role", "client", "-d", da, "-addr", addr}, wd.Writer(&out))
-	t.Logf("client output:\n%s", out.String())
-	if err != nil {
-		t.Fatal(hang.Cause(ctx, err))
-	}
-	extest.CheckLines(t, out.String(), clientWant(db))
-	srvOut, err := srv.Stop(ctx)
-	t.Logf("server output:\n%s", srvOut)
-	if err != nil {
-		t.Fatalf("server: %v", err)
-	}
-	extest.CheckLines(t, srvOut, []string{"server: stopped"})
+	extest.TwoProcesses(t, example.Run, da, db, false, clientWant(db), []string{"server: stopped"})
 }
 
 // TestBadFlags: flag errors are errors, before any device is opened.
-func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-role", "peer"}, {"-role", "both", "-d", "rxe1"}, {"extra"}} {
-		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
-			t.Errorf("run %q: no error", args)
-		}
-	}
-}
+func TestBadFlags(t *testing.T) { extest.BadFlags(t, example.Run) }

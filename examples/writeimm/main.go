@@ -26,18 +26,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 
 	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/examples/internal/exrun"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
@@ -55,82 +50,18 @@ const bufSize = 4096
 // IMM consumes one.
 const recvDepth = 4
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout)
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "writeimm:", err)
-		os.Exit(1)
-	}
+// example is this program; exrun gives it its flags (-role, -d, -addr)
+// and runs both roles in one process.
+var example = exrun.Example{
+	Name:       "writeimm",
+	Addr:       "10.99.0.2:18515",
+	AddrUsage:  "the server's TCP `address`: where it listens, where the client connects",
+	Server:     server,
+	Client:     client,
+	ServerEnds: true, // after the client's last message
 }
 
-func run(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("writeimm", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	role := fs.String("role", "both", "server, client, or both (in one process)")
-	devs := fs.String("d", "", "RDMA `device` (default rxe1 for the server, rxe0 for the client; with -role both: SERVER,CLIENT)")
-	addr := fs.String("addr", "10.99.0.2:18515", "the server's TCP `address`: where it listens, where the client connects")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	srvDev, cliDev, err := devices(*role, *devs)
-	if err != nil {
-		return err
-	}
-	out := &syncWriter{w: stdout}
-	switch *role {
-	case "server":
-		return server(ctx, srvDev, *addr, out, nil)
-	case "client":
-		return client(ctx, cliDev, *addr, out)
-	}
-	// Both: the server in a goroutine; the client connects to the address
-	// it listens on.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- server(ctx, srvDev, *addr, out, ready) }()
-	select {
-	case a := <-ready:
-		err := client(ctx, cliDev, a, out)
-		if err != nil {
-			cancel() // the server would wait for the last write forever
-		}
-		return errors.Join(err, <-done)
-	case err := <-done:
-		return err
-	}
-}
-
-// devices returns the server's and the client's device for -role and -d.
-func devices(role, d string) (srv, cli string, err error) {
-	srv, cli = "rxe1", "rxe0"
-	switch role {
-	case "server":
-		if d != "" {
-			srv = d
-		}
-	case "client":
-		if d != "" {
-			cli = d
-		}
-	case "both":
-		if d != "" {
-			var ok bool
-			if srv, cli, ok = strings.Cut(d, ","); !ok {
-				return "", "", fmt.Errorf("-role both: -d wants SERVER,CLIENT, have %q", d)
-			}
-		}
-	default:
-		return "", "", fmt.Errorf("-role %q: want server, client or both", role)
-	}
-	return srv, cli, nil
-}
+func main() { example.Main() }
 
 // peerInfo is what each side tells the other over TCP: its QP's address,
 // and (the server) where the client may write.
@@ -391,17 +322,4 @@ func next(ctx context.Context, c *cq.CQ) (cq.WC, error) {
 			return cq.WC{}, err
 		}
 	}
-}
-
-// syncWriter serializes writes: with -role both, the server and the client
-// print from two goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

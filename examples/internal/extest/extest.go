@@ -22,6 +22,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/goverbs/goverbs/internal/hang"
 )
@@ -209,6 +210,66 @@ func CheckLines(t testing.TB, out string, want []string) {
 	for _, w := range want {
 		if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, w) }) {
 			t.Errorf("no line starting with %q in the output", w)
+		}
+	}
+}
+
+// Both runs an example with both roles in this process, as `go run` does:
+// the server on db, the client on da (rxetest.Pair's devices). Its output
+// must hold a line starting with each of want.
+func Both(t *testing.T, run Run, da, db string, want []string) {
+	t.Helper()
+	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
+	var out bytes.Buffer
+	err := run(ctx, []string{"-role", "both", "-d", db + "," + da, "-addr", ListenIP(db) + ":0"}, wd.Writer(&out))
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(hang.Cause(ctx, err))
+	}
+	CheckLines(t, out.String(), want)
+}
+
+// TwoProcesses runs an example's server as a second process (this test
+// binary again, see Main) on db and its client here on da. With
+// serverEnds the server must exit by itself once the client is done;
+// otherwise it is interrupted (SIGINT, as Ctrl-C) after the client. Either
+// way it must exit with status 0. The client's and the server's output
+// must hold a line starting with each of cli and srv.
+func TwoProcesses(t *testing.T, run Run, da, db string, serverEnds bool, cli, srv []string) {
+	t.Helper()
+	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
+	p := Start(t, wd, "-role", "server", "-d", db, "-addr", ListenIP(db)+":0")
+	addr, err := p.Addr(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err = run(ctx, []string{"-role", "client", "-d", da, "-addr", addr}, wd.Writer(&out))
+	t.Logf("client output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(hang.Cause(ctx, err))
+	}
+	CheckLines(t, out.String(), cli)
+	var srvOut string
+	if serverEnds {
+		srvOut, err = p.Wait(ctx)
+	} else {
+		srvOut, err = p.Stop(ctx)
+	}
+	t.Logf("server output:\n%s", srvOut)
+	if err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	CheckLines(t, srvOut, srv)
+}
+
+// BadFlags checks that an example's flag errors are errors, returned
+// before any device is opened.
+func BadFlags(t *testing.T, run Run) {
+	t.Helper()
+	for _, args := range [][]string{{"-role", "peer"}, {"-role", "both", "-d", "rxe1"}, {"extra"}} {
+		if err := run(t.Context(), args, &bytes.Buffer{}); err == nil {
+			t.Errorf("run %q: no error", args)
 		}
 	}
 }
