@@ -110,6 +110,23 @@ func OnDialerRoundForTest(f func(*Peer)) {
 	dialerRoundHook.Store(&f)
 }
 
+// OnRecoveryForTest makes every peer call f with its cause as it starts
+// a recovery (a nil f removes the hook).
+func OnRecoveryForTest(f func(*Peer, error)) {
+	if f == nil {
+		recoveryHook.Store(nil)
+		return
+	}
+	recoveryHook.Store(&f)
+}
+
+// Causes of recovery that tests tell apart: the watchdog found a lane
+// stalled; the acceptor asked the dialer (its own cause is its own).
+var (
+	ErrStalledForTest      = errStalled
+	ErrPeerReportedForTest = errPeerReported
+)
+
 // OnAskForTest makes every acceptor's recovery call f with the peer just
 // before it asks the dialer for a round (a nil f removes the hook).
 func OnAskForTest(f func(*Peer)) {

@@ -33,6 +33,9 @@ func (p *Peer) startRecovery(cause error) {
 	failed := p.ret.Epoch()
 	p.mu.Unlock()
 	p.e.stats.Recoveries.Add(1)
+	if f := recoveryHook.Load(); f != nil {
+		(*f)(p, cause)
+	}
 	go p.recover(failed)
 }
 
@@ -98,9 +101,17 @@ func (p *Peer) recover(failed uint32) {
 // of each dialer round, once the round's epoch is set.
 var dialerRoundHook atomic.Pointer[func(*Peer)]
 
+// recoveryHook is a test hook (export_test.go): it runs as a peer
+// starts a recovery, with its cause.
+var recoveryHook atomic.Pointer[func(*Peer, error)]
+
 // askHook is a test hook (export_test.go): it runs in an acceptor's
 // recovery just before it asks the dialer for a round.
 var askHook atomic.Pointer[func(*Peer)]
+
+// errPeerReported is the cause of a dialer's recovery that the acceptor
+// asked for: the failure the acceptor saw is its own recovery's cause.
+var errPeerReported = errors.New("peer reported a QP failure")
 
 // retryError is a recovery round that failed on its new QPs: another round
 // may succeed.
@@ -221,7 +232,7 @@ func (p *Peer) acceptRecovery(remote setup) {
 			}
 			return
 		}
-		p.startRecovery(fmt.Errorf("peer reported a QP failure"))
+		p.startRecovery(errPeerReported)
 		return
 	}
 	p.mu.Lock()

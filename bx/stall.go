@@ -1,6 +1,7 @@
 package bx
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,6 +46,9 @@ import (
 // of about 67 ms, 0.5 s), and short enough that recovery ends within
 // PeerTimeout.
 const defaultStallTimeout = 4 * time.Second
+
+// errStalled is the cause of a recovery that the watchdog started.
+var errStalled = errors.New("stalled")
 
 // stallWatch is the watchdog's state of one lane, under its mu.
 type stallWatch struct {
@@ -124,8 +128,8 @@ func (l *lane) checkStall(now time.Time, limit time.Duration) error {
 				return nil
 			}
 			if d := now.Sub(w.at); d >= limit {
-				return fmt.Errorf("bx: lane %d stalled: a probe posted %v ago is not complete, %d messages unacknowledged (the QP reports no error)",
-					l.idx, d.Round(time.Millisecond), len(l.outs))
+				return fmt.Errorf("bx: lane %d %w: a probe posted %v ago is not complete, %d messages unacknowledged (the QP reports no error)",
+					l.idx, errStalled, d.Round(time.Millisecond), len(l.outs))
 			}
 			return nil
 		}
