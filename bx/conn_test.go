@@ -23,12 +23,23 @@ func dialConn(t *testing.T, ctx context.Context, cli, srv *bx.Endpoint, ln net.L
 	if err != nil {
 		t.Fatal(err)
 	}
+	stop := context.AfterFunc(ctx, func() { ln.Close() }) // Accept has no context
 	sc, err = ln.Accept()
+	stop()
 	if err != nil {
 		c.Close()
-		t.Fatal(err)
+		t.Fatal(hang.Cause(ctx, err))
 	}
+	boundConn(ctx, c)
+	boundConn(ctx, sc)
 	return c, sc
+}
+
+// boundConn makes ctx's end (a hang.For watchdog firing) end c's blocked
+// reads and writes: a hang fails the test with a timeout instead of
+// holding it until go test's -timeout (a net.Conn takes no context).
+func boundConn(ctx context.Context, c net.Conn) {
+	context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 }
 
 // TestConnCloseReleasesQueued: Conn.Close gives back the receive buffers

@@ -167,26 +167,28 @@ func TestOpenCloseProperty(t *testing.T) {
 		if err != nil {
 			return fmt.Errorf("op %d: DialConn: %w", op, err)
 		}
+		boundConn(ctx, c)
 		var sc net.Conn
 		select {
 		case sc = <-accepted:
 		case <-ctx.Done():
 			return hang.Err(ctx)
 		}
+		boundConn(ctx, sc)
 		data := payload()
 		if _, err := c.Write(data); err != nil {
 			return fmt.Errorf("op %d: conn write: %w", op, err)
 		}
 		got := make([]byte, rng.IntN(len(data)+1))
 		if _, err := io.ReadFull(sc, got); err != nil || !bytes.Equal(got, data[:len(got)]) {
-			return fmt.Errorf("op %d: conn read %d of %d bytes: %v", op, len(got), len(data), err)
+			return fmt.Errorf("op %d: conn read %d of %d bytes: %v", op, len(got), len(data), hang.Cause(ctx, err))
 		}
 		switch rng.IntN(3) {
 		case 0:
 			c.Close()
 			rest, err := io.ReadAll(sc)
 			if err != nil || !bytes.Equal(rest, data[len(got):]) {
-				return fmt.Errorf("op %d: conn read after the dialer closed: %d bytes, %v", op, len(rest), err)
+				return fmt.Errorf("op %d: conn read after the dialer closed: %d bytes, %v", op, len(rest), hang.Cause(ctx, err))
 			}
 			sc.Close()
 		case 1:
