@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,13 +58,34 @@ func newEndpoint(t testing.TB, dev string, mod func(*bx.Config)) *bx.Endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("close endpoint: %v", err)
-		}
-	})
+	t.Cleanup(func() { closeEndpoint(t, e) })
 	return e
 }
+
+// closeEndpoint closes e and checks its Close, bounded: a Close that has
+// not returned within closeBound fails the test with every goroutine's
+// stack, instead of holding the package until go test's -timeout.
+func closeEndpoint(t testing.TB, e *bx.Endpoint) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- e.Close() }()
+	bound := hang.Scale(closeBound)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("close endpoint: %v", err)
+		}
+	case <-time.After(bound):
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		fmt.Fprintf(os.Stderr, "=== %s: Endpoint.Close did not return within %v; goroutines:\n%s\n=== end of goroutines\n", t.Name(), bound, buf[:n])
+		t.Errorf("Endpoint.Close did not return within %v (goroutines on stderr)", bound)
+	}
+}
+
+// closeBound is more than a Close may take when its peers are gone: a bye
+// per peer (HandshakeTimeout, 10 s) and the teardown's waits.
+const closeBound = 2 * time.Minute
 
 // listenAddr is the IPv4 address of the device's netdev, port 0.
 func listenAddr(t testing.TB, dev string) string {

@@ -95,7 +95,7 @@ func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { e.Close() })
+		t.Cleanup(func() { closeEndpoint(t, e) })
 		p, err := e.Dial(ctx, addr)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func TestRendezvousCallsManyPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() }) // after the clients (dialClients)
+	t.Cleanup(func() { closeEndpoint(t, srv) }) // after the clients (dialClients)
 	for s := range uint32(3) {
 		srv.Handle(s, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 			var out [8]byte
@@ -199,7 +199,7 @@ func TestRendezvousLargeResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() }) // after the clients (dialClients)
+	t.Cleanup(func() { closeEndpoint(t, srv) }) // after the clients (dialClients)
 	fill := func(b []byte, seed int) {
 		for k := 8; k < len(b); k++ {
 			b[k] = byte(k*7 + seed)
