@@ -36,7 +36,13 @@
 //     (GOVERBS_BX_YIELD=N sets N; 0 never yields, measured worse), and
 //     its CPU to the kernel's other runnable threads (sched_yield) once
 //     the CQ has been empty for 100 usec and every 100 usec after
-//     (GOVERBS_BX_OSYIELD=usec; 0 never).
+//     (GOVERBS_BX_OSYIELD=usec; 0 never). After the CQ has been empty
+//     for the spin window the progress goroutine arms it and sleeps; the
+//     window starts at Config.Spin and doubles after each sleep shorter
+//     than 16 Spins, up to 16 Spins (GOVERBS_BX_SPINGROWTH=N caps it at
+//     N Spins; 1 keeps it at Spin): traffic with gaps of up to a few
+//     milliseconds is polled through, which costs a core while it lasts
+//     (docs/evaluation.md, "Twenty-third session", has the trade measured).
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
 //     it stands for, is not returned to the peer.

@@ -898,7 +898,8 @@ func (e *Endpoint) progress() {
 }
 
 // maxSpinGrowth bounds the adaptive spin window: Config.Spin times this.
-const maxSpinGrowth = 16
+// GOVERBS_BX_SPINGROWTH sets it (1: the window stays Config.Spin).
+var maxSpinGrowth = time.Duration(max(envInt("GOVERBS_BX_SPINGROWTH", 16), 1))
 
 // nextWindow is the spin window after a sleep of d that followed a window
 // of w: doubled when d was shorter than the largest window (polling
