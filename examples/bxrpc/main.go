@@ -44,13 +44,7 @@ var requests = []string{"hello", "byteexpress over rdma", "zero-copy receives"}
 
 // example is this program; exrun gives it its flags (-role, -d, -addr)
 // and runs both roles in one process.
-var example = exrun.Example{
-	Name:      "bxrpc",
-	Addr:      "10.99.0.2:7000",
-	AddrUsage: "the server's bx `address` (TCP control plane): where it listens, where the client dials",
-	Server:    server,
-	Client:    client,
-}
+var example = exrun.BX("bxrpc", server, client)
 
 func main() { example.Main() }
 

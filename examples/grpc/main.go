@@ -55,13 +55,7 @@ const warmUp = 500 * time.Millisecond
 
 // example is this program; exrun gives it its flags (-role, -d, -addr)
 // and runs both roles in one process.
-var example = exrun.Example{
-	Name:      "grpc",
-	Addr:      "10.99.0.2:7000",
-	AddrUsage: "the server's bx `address` (TCP control plane): where it listens, where the client dials",
-	Server:    server,
-	Client:    client,
-}
+var example = exrun.BX("grpc", server, client)
 
 func main() { example.Main() }
 

@@ -46,13 +46,7 @@ const bodySize = 100_000
 
 // example is this program; exrun gives it its flags (-role, -d, -addr)
 // and runs both roles in one process.
-var example = exrun.Example{
-	Name:      "http",
-	Addr:      "10.99.0.2:7000",
-	AddrUsage: "the server's bx `address` (TCP control plane): where it listens, where the client dials",
-	Server:    server,
-	Client:    client,
-}
+var example = exrun.BX("http", server, client)
 
 func main() { example.Main() }
 

@@ -52,14 +52,7 @@ const recvDepth = 4
 
 // example is this program; exrun gives it its flags (-role, -d, -addr)
 // and runs both roles in one process.
-var example = exrun.Example{
-	Name:       "writeimm",
-	Addr:       "10.99.0.2:18515",
-	AddrUsage:  "the server's TCP `address`: where it listens, where the client connects",
-	Server:     server,
-	Client:     client,
-	ServerEnds: true, // after the client's last message
-}
+var example = exrun.Verbs("writeimm", server, client)
 
 func main() { example.Main() }
 

@@ -27,14 +27,37 @@ type Example struct {
 	// the address it got, which the tests and -role both read), sends
 	// that address on ready if ready is not nil, and serves until it is
 	// done or ctx ends. dev is its RDMA device.
-	Server func(ctx context.Context, dev, addr string, out io.Writer, ready chan<- string) error
+	Server Server
 	// Client connects to the server at addr from device dev and does its
 	// part.
-	Client func(ctx context.Context, dev, addr string, out io.Writer) error
+	Client Client
 	// ServerEnds: the server returns by itself once the client is done
 	// (its last message says so). Otherwise -role both stops the server
 	// when the client returns.
 	ServerEnds bool
+}
+
+// Server and Client are an example's two roles (see Example).
+type (
+	Server = func(ctx context.Context, dev, addr string, out io.Writer, ready chan<- string) error
+	Client = func(ctx context.Context, dev, addr string, out io.Writer) error
+)
+
+// Verbs is an example on raw verbs: the peers exchange their QPs'
+// addresses over a TCP connection to the server's -addr, and the server
+// ends after the client's last message.
+func Verbs(name string, server Server, client Client) *Example {
+	return &Example{Name: name, Addr: "10.99.0.2:18515",
+		AddrUsage: "the server's TCP `address`: where it listens, where the client connects",
+		Server:    server, Client: client, ServerEnds: true}
+}
+
+// BX is an example on ByteExpress: -addr is the server's bx address (its
+// TCP control plane), and the server serves until it is stopped.
+func BX(name string, server Server, client Client) *Example {
+	return &Example{Name: name, Addr: "10.99.0.2:7000",
+		AddrUsage: "the server's bx `address` (TCP control plane): where it listens, where the client dials",
+		Server:    server, Client: client}
 }
 
 // Main runs x as the program: SIGINT or SIGTERM cancel its context, an
