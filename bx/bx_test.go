@@ -10,8 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,23 +61,22 @@ func newEndpoint(t testing.TB, dev string, mod func(*bx.Config)) *bx.Endpoint {
 }
 
 // closeEndpoint closes e and checks its Close, bounded: a Close that has
-// not returned within closeBound fails the test with every goroutine's
-// stack, instead of holding the package until go test's -timeout.
+// not returned within closeBound fails the test, with every goroutine's
+// stack dumped by its hang watchdog, instead of holding the package until
+// go test's -timeout.
 func closeEndpoint(t testing.TB, e *bx.Endpoint) {
 	t.Helper()
+	ctx, wd := hang.Watch(context.Background(), t.Name()+": Endpoint.Close", closeBound)
+	defer wd.Stop()
 	done := make(chan error, 1)
 	go func() { done <- e.Close() }()
-	bound := hang.Scale(closeBound)
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Errorf("close endpoint: %v", err)
 		}
-	case <-time.After(bound):
-		buf := make([]byte, 1<<20)
-		n := runtime.Stack(buf, true)
-		fmt.Fprintf(os.Stderr, "=== %s: Endpoint.Close did not return within %v; goroutines:\n%s\n=== end of goroutines\n", t.Name(), bound, buf[:n])
-		t.Errorf("Endpoint.Close did not return within %v (goroutines on stderr)", bound)
+	case <-ctx.Done():
+		t.Errorf("close endpoint: %v", hang.Err(ctx))
 	}
 }
 
