@@ -440,6 +440,13 @@ func TestRecoveryMidRendezvous(t *testing.T) {
 	t.Run("region", func(t *testing.T) { recoveryMidRendezvous(t, shared) })
 	// Transfers in progress get new windows on the new QPs.
 	t.Run("windows", func(t *testing.T) { recoveryMidRendezvous(t, windowsOn) })
+	// Few credits: what a recovery resends often needs more than the peer
+	// grants at once (CTSs and FINs queued during recovery take credits
+	// of the new epoch too); the rest goes out as grants come, and the
+	// windows the peer writes through stay bound meanwhile.
+	t.Run("few credits", func(t *testing.T) {
+		recoveryMidRendezvous(t, func(c *bx.Config) { windowsOn(c); c.Credits = 6 })
+	})
 }
 
 func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
@@ -487,32 +494,42 @@ func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
 	go send(sp)
 	go recv(p)
 	go recv(sp)
-	go func() {
+	// The breaker logs: it ends before the test does, also on a failure.
+	bctx, stop := context.WithCancel(ctx)
+	var breaker sync.WaitGroup
+	t.Cleanup(func() { stop(); breaker.Wait() })
+	breaker.Go(func() {
 		for k := 0; k < 6; k++ {
 			// Break a connection that works: a QP failing while recovery
 			// rebuilds is a different case (the peer is declared gone).
 			for !p.ActiveForTest() || !sp.ActiveForTest() {
-				if ctx.Err() != nil {
+				if bctx.Err() != nil {
 					errc <- hang.Err(ctx)
 					return
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
 			time.Sleep(100 * time.Millisecond)
+			if bctx.Err() != nil {
+				errc <- hang.Err(ctx)
+				return
+			}
 			who := p
 			if k%2 == 1 {
 				who = sp
 			}
-			// A recovery may start between the check and the break (a
-			// late error completion of the last one); then a fresh QP is
-			// still in RESET and cannot be moved to ERR: try again.
+			// The last break may not be noticed yet when the check
+			// above passes (its peer sees the QP failed at its next
+			// completion or post), so a recovery may start between the
+			// check and this break; then a fresh QP is still in RESET
+			// and cannot be moved to ERR: try again.
 			if err := who.BreakLanesForTest(); err != nil {
 				t.Logf("break %d: %v (recovering; again)", k, err)
 				k--
 			}
 		}
 		errc <- nil
-	}()
+	})
 	for range 5 {
 		if err := <-errc; err != nil {
 			t.Fatal(err)

@@ -45,7 +45,10 @@
 //     (docs/evaluation.md, "Twenty-third session", has the trade measured).
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
-//     it stands for, is not returned to the peer.
+//     it stands for, is not returned to the peer. (A message that arrives
+//     behind a rendezvous still waiting for its FIN is copied out, and
+//     its buffer goes back at once: held, such messages could use every
+//     credit the FIN needs.)
 //   - Payloads over Config.EagerSize go by rendezvous: the sender RDMA
 //     writes them straight into a buffer of the receiver, which a memory
 //     window opens to that one peer for that one transfer (grant.go);

@@ -343,6 +343,10 @@ type Stats struct {
 	// polled, and so re-posted (and their credits counted) by the poller
 	// between its polls rather than by Release.
 	Deferred atomic.Uint64
+	// Copied counts messages that arrived behind a rendezvous still
+	// waiting for its FIN and were copied out of their receive buffers,
+	// which went back at once (a held one would keep a credit).
+	Copied atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.

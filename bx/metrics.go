@@ -100,6 +100,9 @@ type Counters struct {
 	Probes, Stalls uint64
 	// Deferred: receive buffers re-posted by the poller (see Stats).
 	Deferred uint64
+	// Copied: messages copied out of their receive buffers behind a
+	// rendezvous (see Stats).
+	Copied uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -309,7 +312,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
-		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load()}
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

@@ -93,12 +93,18 @@ type lane struct {
 	fence   *mr.MW
 	fenceQP *qp.QP
 
-	live      bool          // under mu: the QP is connected and resends are done; else sends only queue
-	posts     uint64        // under mu: sends and updates posted (the stall watchdog's cue)
-	watch     stallWatch    // under mu: the stall watchdog's view of the lane (stall.go)
-	probed    atomic.Uint64 // the number of the last probe that completed
-	sendsDone atomic.Uint64 // signaled sends completed (the stall watchdog's sign of progress)
-	cm        *cm.ID        // under mu, Config.LaneSetup CM: the lane's rdma_cm ID, which owns qp (nil qp before it connects)
+	live bool // under mu: the QP is connected and resends are done; else sends only queue
+	// queued: outs from sequence queuedFrom on are not posted on the QP yet
+	// (resends after recovery that found no credit, and what was sent
+	// behind them); they go out in order as credits come (drainQueued).
+	// Written under mu; read without it by the ticker.
+	queued     atomic.Bool
+	queuedFrom uint64        // under mu
+	posts      uint64        // under mu: sends and updates posted (the stall watchdog's cue)
+	watch      stallWatch    // under mu: the stall watchdog's view of the lane (stall.go)
+	probed     atomic.Uint64 // the number of the last probe that completed
+	sendsDone  atomic.Uint64 // signaled sends completed (the stall watchdog's sign of progress)
+	cm         *cm.ID        // under mu, Config.LaneSetup CM: the lane's rdma_cm ID, which owns qp (nil qp before it connects)
 
 	rmu       sync.Mutex          // receive side, touched by the progress goroutine and Release
 	rqpn      uint32              // the QP whose receives count; older ones' are dropped
@@ -628,6 +634,8 @@ func (p *Peer) dropInbound(in *inbound) {
 	case in.msg == nil:
 	case in.msg.large:
 		p.e.large.Free(in.msg.buf)
+	case in.msg.copied:
+		p.e.eager.Free(in.msg.buf)
 	default:
 		p.e.repost(in.msg.buf)
 		p.ret.Released(1)
@@ -754,9 +762,14 @@ func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
 	l.nextSeq++
 	h.Stream, h.Seq = s, o.seq
 	l.outs = append(l.outs, o)
-	if l.live {
+	switch {
+	case l.live && !l.queued.Load():
 		err = p.post(l, h, &l.outs[len(l.outs)-1])
-	} else {
+	case l.live:
+		// Resends wait for credits ahead of it: it goes out behind them.
+		h.encode(o.buf.Bytes()[:HeaderSize])
+		err = p.drainQueued(l)
+	default:
 		// Recovery is rebuilding the lane: finishResend posts it, in
 		// order, behind what it resends, from the header kept here.
 		h.encode(o.buf.Bytes()[:HeaderSize])
@@ -920,6 +933,16 @@ func (p *Peer) maybeUpdate(now time.Time) bool {
 	due := p.ret.NeedsUpdate(now)
 	busy := false
 	for _, l := range p.lanes {
+		if l.queued.Load() {
+			// Messages waiting for credits: a grant may have come.
+			l.mu.Lock()
+			err := p.drainQueued(l)
+			l.mu.Unlock()
+			if err != nil {
+				p.laneFailed(l, err)
+				return true
+			}
+		}
 		if due || l.ackIdle() {
 			p.sendUpdate(l)
 			due = false
@@ -1181,11 +1204,36 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 	*in.msg = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
 	p.e.liveMsgs.Add(1)
 	in.done = true
+	// Behind a rendezvous whose FIN has not come (pending's head), the
+	// message waits: copied out, its receive buffer goes back at once.
+	// Held, it would keep a credit, and with every credit so held the
+	// peer could not send the FIN that frees them: bx deadlocked so with
+	// few credits and both sides sending rendezvous and eager messages
+	// (TestPendingHoldsNoCredit).
+	copied := len(l.pending) > 0 && p.copyOut(in.msg)
 	l.pending = append(l.pending, in)
 	ready := l.flush()
 	l.rmu.Unlock()
+	if copied {
+		p.e.repost(b)
+		p.ret.Released(1)
+	}
 	p.ack(l, h.Ack)
 	p.deliverAll(ready)
+}
+
+// copyOut moves m's payload from its receive buffer into a buffer of the
+// eager pool and reports whether it did (not if the pool is out of
+// memory: m then keeps its receive buffer).
+func (p *Peer) copyOut(m *Msg) bool {
+	c, err := p.e.eager.Alloc(len(m.data))
+	if err != nil {
+		return false
+	}
+	n := copy(c.Bytes(), m.data)
+	m.buf, m.data, m.copied = c, c.Bytes()[:n], true
+	p.e.stats.Copied.Add(1)
+	return true
 }
 
 // teardownHook is a test hook (export_test.go): it runs in a peer's

@@ -337,6 +337,14 @@ func (p *Peer) rebuild() error {
 		delete(e.byQPN, l.qpn())
 		e.publishQPNs()
 		e.mu.Unlock()
+		// The QP stops taking the peer's WRITEs before their windows go:
+		// the peer may still be writing through them (a round after one
+		// whose resends reached it), and a WRITE that found its window
+		// gone would be refused as the peer's protocol violation instead
+		// of failing its QP into the next round.
+		if l.qp != nil {
+			_ = l.qp.ToError() // closed next: an error changes nothing
+		}
 		p.unbindLane(l)
 		p.e.closeFence(l)
 		l.closeQP()
@@ -382,42 +390,78 @@ func (p *Peer) finishConnect(local, remote setup) error {
 }
 
 // finishResend resends what the peer does not have, then lets senders in.
+// A resend needs a credit like any message, and the peer's buffers may
+// not cover every message to resend at once (messages queued during
+// recovery may have taken credits of the new epoch ahead of them): what
+// finds no credit stays queued and goes out in order as the peer's grants
+// come (drainQueued). The lane is live either way: a recovery round that
+// failed here, after some resends reached the peer, would rebuild the
+// QPs that the peer's WRITEs are already using.
 func (p *Peer) finishResend(remote setup) error {
-	epoch, _, _ := p.credits.State()
 	// Our WRITEs of transfers in progress go to the windows the peer
 	// bound for them on its new QPs.
 	p.applyRegrants(remote.Grants)
 	for i, l := range p.lanes {
-		next := remote.Lanes[i].Next
 		l.mu.Lock()
-		for k := range l.outs {
-			o := &l.outs[k]
-			if o.seq < next {
-				continue // the peer has it, waiting for an earlier rendezvous
-			}
-			var h header
-			if err := h.decode(o.buf.Bytes()[:o.buf.Len()]); err != nil {
-				l.mu.Unlock()
-				return fmt.Errorf("lane %d sequence %d queued without a valid header: %v", l.idx, o.seq, err)
-			}
-			// A resend needs a credit like any message; the peer's
-			// buffers were just re-granted in full but for what it holds.
-			// A message queued during recovery may hold one of the new
-			// epoch already.
-			if o.paid != epoch+1 {
-				if !p.credits.TryAcquire(1) {
-					l.mu.Unlock()
-					return fmt.Errorf("no credit to resend lane %d sequence %d", l.idx, o.seq)
-				}
-				o.paid = epoch + 1
-			}
-			if err := p.post(l, h, o); err != nil {
-				l.mu.Unlock()
-				return err
-			}
-		}
+		l.queuedFrom = remote.Lanes[i].Next
+		l.queued.Store(true)
+		err := p.drainQueued(l)
 		l.live = true
 		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// drainQueued posts l's queued messages (from l.queuedFrom, in sequence)
+// while credits last. A message of an earlier epoch's credit pays again:
+// Resync forgave what never arrived. l.mu is held.
+func (p *Peer) drainQueued(l *lane) error {
+	if !l.queued.Load() {
+		return nil
+	}
+	epoch, _, _ := p.credits.State()
+	for k := range l.outs {
+		o := &l.outs[k]
+		if o.seq < l.queuedFrom {
+			continue // the peer has it, or it is posted on this QP
+		}
+		var h header
+		if err := h.decode(o.buf.Bytes()[:o.buf.Len()]); err != nil {
+			return fmt.Errorf("lane %d sequence %d queued without a valid header: %v", l.idx, o.seq, err)
+		}
+		if o.paid != epoch+1 && !p.credits.TryAcquire(1) {
+			// A message queued behind it may hold a credit (taken as it
+			// was sent): the first in sequence goes first. Without
+			// this, messages sent during recovery could hold every
+			// credit the peer granted, unposted behind a resend that
+			// has none, and the peer, receiving nothing, would grant
+			// no more.
+			if !l.stealCredit(k, epoch) {
+				l.queuedFrom = o.seq
+				return nil // the next grant drains on
+			}
+		}
+		o.paid = epoch + 1
+		if err := p.post(l, h, o); err != nil {
+			l.queuedFrom = o.seq + 1 // queued for the next recovery with the rest
+			return err
+		}
+	}
+	l.queued.Store(false)
+	return nil
+}
+
+// stealCredit moves a credit of epoch to l.outs[k] from the last queued
+// message after it that holds one, if any. l.mu is held.
+func (l *lane) stealCredit(k int, epoch uint32) bool {
+	for j := len(l.outs) - 1; j > k; j-- {
+		if l.outs[j].paid == epoch+1 {
+			l.outs[j].paid = 0
+			return true
+		}
+	}
+	return false
 }

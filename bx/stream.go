@@ -20,7 +20,8 @@ type Msg struct {
 	p      *Peer
 	Stream uint32
 	buf    mr.Buf
-	large  bool
+	large  bool // buf is a rendezvous target
+	copied bool // buf is the eager pool's, not a receive buffer (Peer.copyOut)
 	data   []byte
 	call   uint64
 	flags  uint16
@@ -111,6 +112,10 @@ func (m *Msg) Release() {
 		e.liveMsgs.Add(-1)
 		if m.large {
 			e.large.Free(m.buf)
+			return
+		}
+		if m.copied {
+			e.eager.Free(m.buf)
 			return
 		}
 		e.releaseRecv(m.buf, m.p)
