@@ -453,47 +453,9 @@ func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
 	_, cli, p, sp := pair(t, mod)
 	const n = 60
 	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
-	payload := func(i int) []byte {
-		size := 8
-		if i%3 != 0 {
-			size = 30_000 + 977*i // rendezvous
-		}
-		b := make([]byte, size)
-		for k := range b {
-			b[k] = byte(k*13 + i)
-		}
-		binary.LittleEndian.PutUint64(b, uint64(i))
-		return b
-	}
+	payload := func(i int) []byte { return mixedPayload(i, 8, 30_000+977*i) }
 	errc := make(chan error, 5)
-	send := func(from *bx.Peer) {
-		for i := range n {
-			if err := from.Stream(4).Send(ctx, payload(i)); err != nil {
-				errc <- fmt.Errorf("send %d: %w", i, err)
-				return
-			}
-		}
-		errc <- nil
-	}
-	recv := func(at *bx.Peer) {
-		for i := range n {
-			m, err := at.Stream(4).Recv(ctx)
-			if err != nil {
-				errc <- fmt.Errorf("message %d: %w", i, hang.Cause(ctx, err))
-				return
-			}
-			wd.Progress()
-			if !bytes.Equal(m.Data(), payload(i)) {
-				errc <- fmt.Errorf("message %d: %d bytes, index %d, contents differ", i, len(m.Data()), binary.LittleEndian.Uint64(m.Data()))
-			}
-			m.Release()
-		}
-		errc <- nil
-	}
-	go send(p)
-	go send(sp)
-	go recv(p)
-	go recv(sp)
+	crossStreams(ctx, wd, p, sp, n, payload, errc)
 	// The breaker logs: it ends before the test does, also on a failure.
 	bctx, stop := context.WithCancel(ctx)
 	var breaker sync.WaitGroup
@@ -541,6 +503,60 @@ func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
 	t.Logf("recoveries %d, rendezvous %d/%d, duplicates dropped %d/%d", cli.Stats().Recoveries.Load(),
 		cli.Stats().Rendezvous.Load(), sp.Endpoint().Stats().Rendezvous.Load(),
 		cli.Stats().Duplicates.Load(), sp.Endpoint().Stats().Duplicates.Load())
+}
+
+// mixedPayload is message i of a stream that mixes eager and rendezvous
+// messages: every third one small bytes, the others big bytes; its index
+// in its first 8 bytes, then a pattern of i.
+func mixedPayload(i, small, big int) []byte {
+	size := small
+	if i%3 != 0 {
+		size = big
+	}
+	b := make([]byte, size)
+	for k := range b {
+		b[k] = byte(k*13 + i)
+	}
+	binary.LittleEndian.PutUint64(b, uint64(i))
+	return b
+}
+
+// crossStreams sends payload(0), ..., payload(n-1) each way between p and
+// sp on stream 4, and receives them on both sides, checking that each
+// arrives in order and intact. Each of its four goroutines sends one
+// result to errc (nil: all done).
+func crossStreams(ctx context.Context, wd *hang.Watchdog, p, sp *bx.Peer, n int, payload func(int) []byte, errc chan<- error) {
+	send := func(from *bx.Peer) {
+		for i := range n {
+			if err := from.Stream(4).Send(ctx, payload(i)); err != nil {
+				errc <- fmt.Errorf("send %d: %w", i, hang.Cause(ctx, err))
+				return
+			}
+		}
+		errc <- nil
+	}
+	recv := func(at *bx.Peer) {
+		for i := range n {
+			m, err := at.Stream(4).Recv(ctx)
+			if err != nil {
+				errc <- fmt.Errorf("message %d: %w", i, hang.Cause(ctx, err))
+				return
+			}
+			wd.Progress()
+			if !bytes.Equal(m.Data(), payload(i)) {
+				err := fmt.Errorf("message %d: %d bytes, index %d, contents differ", i, len(m.Data()), binary.LittleEndian.Uint64(m.Data()))
+				m.Release()
+				errc <- err
+				return
+			}
+			m.Release()
+		}
+		errc <- nil
+	}
+	go send(p)
+	go send(sp)
+	go recv(p)
+	go recv(sp)
 }
 
 // TestHTTP runs net/http over bx Conns.

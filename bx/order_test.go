@@ -122,50 +122,9 @@ func pendingHoldsNoCredit(t *testing.T, mod func(*bx.Config)) {
 	srv, cli, p, sp := pair(t, mod)
 	const n = 240
 	ctx, wd := hang.For(t, "", 2*time.Minute) // a hang bound (no progress), not a speed bound
-	payload := func(i int) []byte {
-		size := 16
-		if i%3 != 0 {
-			size = 20_000 + 97*i // rendezvous
-		}
-		b := make([]byte, size)
-		for k := range b {
-			b[k] = byte(k*7 + i)
-		}
-		binary.LittleEndian.PutUint64(b, uint64(i))
-		return b
-	}
+	payload := func(i int) []byte { return mixedPayload(i, 16, 20_000+97*i) }
 	errc := make(chan error, 4)
-	send := func(from *bx.Peer) {
-		for i := range n {
-			if err := from.Stream(4).Send(ctx, payload(i)); err != nil {
-				errc <- fmt.Errorf("send %d: %w", i, hang.Cause(ctx, err))
-				return
-			}
-		}
-		errc <- nil
-	}
-	recv := func(at *bx.Peer) {
-		for i := range n {
-			m, err := at.Stream(4).Recv(ctx)
-			if err != nil {
-				errc <- fmt.Errorf("message %d: %w", i, hang.Cause(ctx, err))
-				return
-			}
-			wd.Progress()
-			if !bytes.Equal(m.Data(), payload(i)) {
-				err := fmt.Errorf("message %d: %d bytes, index %d, contents differ", i, len(m.Data()), binary.LittleEndian.Uint64(m.Data()))
-				m.Release()
-				errc <- err
-				return
-			}
-			m.Release()
-		}
-		errc <- nil
-	}
-	go send(p)
-	go send(sp)
-	go recv(p)
-	go recv(sp)
+	crossStreams(ctx, wd, p, sp, n, payload, errc)
 	for range 4 {
 		if err := <-errc; err != nil {
 			t.Fatal(err)
