@@ -407,15 +407,34 @@ func (pp *pingpong) serverExchange(my dest) (dest, error) {
 // busy-polling, or with -e sleeping on CQ events when it is empty. It
 // allocates nothing.
 func (pp *pingpong) loop() error {
-	iters := pp.o.iters
+	return pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
+		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: &pp.routs, pend: &pp.pend}.run()
+}
+
+// pingLoop is the main loop of rc_pingpong and ud_pingpong (and their
+// srq variant's shape): poll the CQ, post receives again when at most one
+// is left, and send the next message once the last send and receive both
+// completed (pend). It allocates nothing.
+type pingLoop struct {
+	iters, rxDepth int
+	poller         *cqPoller
+	wc             []cq.WC
+	qp             *qp.QP
+	sendWR         []qp.SendWR
+	recvWR         []qp.RecvWR
+	routs, pend    *int
+	check          func(w *cq.WC) error // vets each receive; nil: none
+}
+
+func (l pingLoop) run() error {
 	rcnt, scnt := 0, 0
-	for rcnt < iters || scnt < iters {
-		n, err := pp.poller.poll(pp.wc)
+	for rcnt < l.iters || scnt < l.iters {
+		n, err := l.poller.poll(l.wc)
 		if err != nil {
 			return err
 		}
 		for i := 0; i < n; i++ {
-			w := &pp.wc[i]
+			w := &l.wc[i]
 			if w.Status != wr.WCSuccess {
 				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
 			}
@@ -423,24 +442,29 @@ func (pp *pingpong) loop() error {
 			case pingpongSendWRID:
 				scnt++
 			case pingpongRecvWRID:
-				pp.routs--
-				if pp.routs <= 1 {
-					k := pp.o.rxDepth - pp.routs
-					if err := pp.qp.PostRecv(pp.recvWR[:k]); err != nil {
-						return fmt.Errorf("couldn't post receive (%d): %v", pp.routs, err)
+				if l.check != nil {
+					if err := l.check(w); err != nil {
+						return fmt.Errorf("receive %d: %v", rcnt, err)
 					}
-					pp.routs += k
+				}
+				*l.routs--
+				if *l.routs <= 1 {
+					k := l.rxDepth - *l.routs
+					if err := l.qp.PostRecv(l.recvWR[:k]); err != nil {
+						return fmt.Errorf("couldn't post receive (%d): %v", *l.routs, err)
+					}
+					*l.routs += k
 				}
 				rcnt++
 			default:
 				return fmt.Errorf("completion for unknown wr_id %d", w.ID)
 			}
-			pp.pend &^= int(w.ID)
-			if scnt < iters && pp.pend == 0 {
-				if err := pp.qp.PostSend(pp.sendWR); err != nil {
+			*l.pend &^= int(w.ID)
+			if scnt < l.iters && *l.pend == 0 {
+				if err := l.qp.PostSend(l.sendWR); err != nil {
 					return fmt.Errorf("couldn't post send: %v", err)
 				}
-				pp.pend = pingpongRecvWRID | pingpongSendWRID
+				*l.pend = pingpongRecvWRID | pingpongSendWRID
 			}
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
-	"github.com/goverbs/goverbs/wr"
 )
 
 // udQKey is the QKey of ud_pingpong.c, on both sides.
@@ -228,48 +227,10 @@ func (pp *udPingpong) connect(myPSN uint32, rem dest) error {
 // bytes, it must come from the peer's QP, and its GRH must name the peer's
 // GID as the source.
 func (pp *udPingpong) loop() error {
-	iters := pp.o.iters
 	want := uint32(qp.GRHSize + pp.o.size)
-	rcnt, scnt := 0, 0
-	for rcnt < iters || scnt < iters {
-		n, err := pp.poller.poll(pp.wc)
-		if err != nil {
-			return err
-		}
-		for i := 0; i < n; i++ {
-			w := &pp.wc[i]
-			if w.Status != wr.WCSuccess {
-				return fmt.Errorf("failed status %v (%d) for wr_id %d", w.Status, uint32(w.Status), w.ID)
-			}
-			switch w.ID {
-			case pingpongSendWRID:
-				scnt++
-			case pingpongRecvWRID:
-				if err := pp.checkRecv(w, want); err != nil {
-					return fmt.Errorf("receive %d: %v", rcnt, err)
-				}
-				pp.routs--
-				if pp.routs <= 1 {
-					k := pp.o.rxDepth - pp.routs
-					if err := pp.qp.PostRecv(pp.recvWR[:k]); err != nil {
-						return fmt.Errorf("couldn't post receive (%d): %v", pp.routs, err)
-					}
-					pp.routs += k
-				}
-				rcnt++
-			default:
-				return fmt.Errorf("completion for unknown wr_id %d", w.ID)
-			}
-			pp.pend &^= int(w.ID)
-			if scnt < iters && pp.pend == 0 {
-				if err := pp.qp.PostSend(pp.sendWR); err != nil {
-					return fmt.Errorf("couldn't post send: %v", err)
-				}
-				pp.pend = pingpongRecvWRID | pingpongSendWRID
-			}
-		}
-	}
-	return nil
+	return pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
+		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: &pp.routs, pend: &pp.pend,
+		check: func(w *cq.WC) error { return pp.checkRecv(w, want) }}.run()
 }
 
 func (pp *udPingpong) checkRecv(w *cq.WC, want uint32) error {
