@@ -407,14 +407,15 @@ func (pp *pingpong) serverExchange(my dest) (dest, error) {
 // busy-polling, or with -e sleeping on CQ events when it is empty. It
 // allocates nothing.
 func (pp *pingpong) loop() error {
-	return pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
-		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: &pp.routs, pend: &pp.pend}.run()
+	l := pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
+		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: pp.routs, pend: pp.pend}
+	return l.run()
 }
 
-// pingLoop is the main loop of rc_pingpong and ud_pingpong (and their
-// srq variant's shape): poll the CQ, post receives again when at most one
-// is left, and send the next message once the last send and receive both
-// completed (pend). It allocates nothing.
+// pingLoop is the main loop of rc_pingpong and ud_pingpong: poll the CQ,
+// post receives again when at most one is left (routs: receives posted),
+// and send the next message once the last send and receive both completed
+// (pend: the work request IDs still outstanding). It allocates nothing.
 type pingLoop struct {
 	iters, rxDepth int
 	poller         *cqPoller
@@ -422,11 +423,11 @@ type pingLoop struct {
 	qp             *qp.QP
 	sendWR         []qp.SendWR
 	recvWR         []qp.RecvWR
-	routs, pend    *int
+	routs, pend    int
 	check          func(w *cq.WC) error // vets each receive; nil: none
 }
 
-func (l pingLoop) run() error {
+func (l *pingLoop) run() error {
 	rcnt, scnt := 0, 0
 	for rcnt < l.iters || scnt < l.iters {
 		n, err := l.poller.poll(l.wc)
@@ -447,24 +448,24 @@ func (l pingLoop) run() error {
 						return fmt.Errorf("receive %d: %v", rcnt, err)
 					}
 				}
-				*l.routs--
-				if *l.routs <= 1 {
-					k := l.rxDepth - *l.routs
+				l.routs--
+				if l.routs <= 1 {
+					k := l.rxDepth - l.routs
 					if err := l.qp.PostRecv(l.recvWR[:k]); err != nil {
-						return fmt.Errorf("couldn't post receive (%d): %v", *l.routs, err)
+						return fmt.Errorf("couldn't post receive (%d): %v", l.routs, err)
 					}
-					*l.routs += k
+					l.routs += k
 				}
 				rcnt++
 			default:
 				return fmt.Errorf("completion for unknown wr_id %d", w.ID)
 			}
-			*l.pend &^= int(w.ID)
-			if scnt < l.iters && *l.pend == 0 {
+			l.pend &^= int(w.ID)
+			if scnt < l.iters && l.pend == 0 {
 				if err := l.qp.PostSend(l.sendWR); err != nil {
 					return fmt.Errorf("couldn't post send: %v", err)
 				}
-				*l.pend = pingpongRecvWRID | pingpongSendWRID
+				l.pend = pingpongRecvWRID | pingpongSendWRID
 			}
 		}
 	}

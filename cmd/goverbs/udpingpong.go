@@ -228,9 +228,10 @@ func (pp *udPingpong) connect(myPSN uint32, rem dest) error {
 // GID as the source.
 func (pp *udPingpong) loop() error {
 	want := uint32(qp.GRHSize + pp.o.size)
-	return pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
-		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: &pp.routs, pend: &pp.pend,
-		check: func(w *cq.WC) error { return pp.checkRecv(w, want) }}.run()
+	l := pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
+		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: pp.routs, pend: pp.pend,
+		check: func(w *cq.WC) error { return pp.checkRecv(w, want) }}
+	return l.run()
 }
 
 func (pp *udPingpong) checkRecv(w *cq.WC, want uint32) error {
