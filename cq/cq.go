@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
@@ -190,18 +189,7 @@ func (q *CQ) Empty() bool {
 	return q.driver().Empty()
 }
 
-func (q *CQ) destroy() error {
-	req := ioctl.DestroyCQ{Handle: q.handle}
-	var resp ioctl.DestroyCQResp
-	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return (&uvobj.Destroy{
-		Op: "CQ_DESTROY", Object: ioctl.UVERBS_OBJECT_CQ, Method: ioctl.UVERBS_METHOD_CQ_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_HANDLE, Handle: q.handle,
-		RespAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyCQResp,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_CQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyCQ,
-			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyCQResp},
-	}).Run(uvobj.Of(q.ctx).File)
-}
+func (q *CQ) destroy() error { return uvobj.DestroyCQ(uvobj.Of(q.ctx).File, q.handle) }
 
 // Close destroys the CQ. It fails, and the CQ stays usable, while a queue
 // pair still uses it. Idempotent. Do not Close while another goroutine

@@ -238,14 +238,7 @@ func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
 	return uverbs.SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.lkey}, nil
 }
 
-func (m *MR) destroy() error {
-	req := ioctl.DeregMR{Handle: m.handle}
-	return (&uvobj.Destroy{
-		Op: "MR_DESTROY", Object: ioctl.UVERBS_OBJECT_MR, Method: ioctl.UVERBS_METHOD_MR_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_MR_HANDLE, Handle: m.handle,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEREG_MR, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeregMR},
-	}).Run(uvobj.Of(m.pd.Context()).File)
-}
+func (m *MR) destroy() error { return uvobj.DeregMR(uvobj.Of(m.pd.Context()).File, m.handle) }
 
 var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
 

@@ -164,14 +164,7 @@ func (w *MW) Bind(m *MR, off, n int, access Access, key uint8) (uverbs.MWBind, e
 
 var errBindMRClosed = fmt.Errorf("mr: bind MW: memory region: %w", uverbs.ErrClosed)
 
-func (w *MW) destroy() error {
-	req := ioctl.DeallocMW{Handle: w.handle}
-	return (&uvobj.Destroy{
-		Op: "MW_DESTROY", Object: ioctl.UVERBS_OBJECT_MW, Method: ioctl.UVERBS_METHOD_MW_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_MW_HANDLE, Handle: w.handle,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEALLOC_MW, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeallocMW},
-	}).Run(uvobj.Of(w.pd.Context()).File)
-}
+func (w *MW) destroy() error { return uvobj.DeallocMW(uvobj.Of(w.pd.Context()).File, w.handle) }
 
 // Close deallocates the window; a bound window stops opening its range.
 // Idempotent.

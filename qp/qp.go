@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/uvobj"
@@ -364,18 +363,7 @@ func (q *QP) destroyHooked() error {
 	return nil
 }
 
-func (q *QP) destroy() error {
-	req := ioctl.DestroyQP{Handle: q.handle}
-	var resp ioctl.DestroyQPResp
-	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return (&uvobj.Destroy{
-		Op: "QP_DESTROY", Object: ioctl.UVERBS_OBJECT_QP, Method: ioctl.UVERBS_METHOD_QP_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_QP_HANDLE, Handle: q.handle,
-		RespAttr: ioctl.UVERBS_ATTR_DESTROY_QP_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroyQPResp,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_QP, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyQP,
-			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroyQPResp},
-	}).Run(uvobj.Of(q.ctx).File)
-}
+func (q *QP) destroy() error { return uvobj.DestroyQP(uvobj.Of(q.ctx).File, q.handle) }
 
 // Close destroys the QP and unmaps its queues. Idempotent. Do not Close
 // while another goroutine posts.

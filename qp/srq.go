@@ -181,18 +181,7 @@ func (s *SRQ) Query() (SRQAttr, error) {
 	return SRQAttr{MaxWR: r.Max_wr, MaxSGE: r.Max_sge, Limit: r.Srq_limit}, nil
 }
 
-func (s *SRQ) destroy() error {
-	req := ioctl.DestroySRQ{Handle: s.handle}
-	var resp ioctl.DestroySRQResp
-	req.Response = uint64(uintptr(unsafe.Pointer(&resp)))
-	return (&uvobj.Destroy{
-		Op: "SRQ_DESTROY", Object: ioctl.UVERBS_OBJECT_SRQ, Method: ioctl.UVERBS_METHOD_SRQ_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_HANDLE, Handle: s.handle,
-		RespAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_RESP, Resp: unsafe.Pointer(&resp), RespLen: ioctl.SizeofDestroySRQResp,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroySRQ,
-			Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofDestroySRQResp},
-	}).Run(uvobj.Of(s.ctx).File)
-}
+func (s *SRQ) destroy() error { return uvobj.DestroySRQ(uvobj.Of(s.ctx).File, s.handle) }
 
 // Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
 func (s *SRQ) Close() error {

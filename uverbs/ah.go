@@ -107,14 +107,7 @@ func (ah *AH) PD() *PD { return ah.pd }
 // IsClosed reports whether Close was called.
 func (ah *AH) IsClosed() bool { return ah.once.IsClosed() }
 
-func (ah *AH) destroy() error {
-	req := ioctl.DestroyAH{Handle: ah.handle}
-	return (&uvobj.Destroy{
-		Op: "AH_DESTROY", Object: ioctl.UVERBS_OBJECT_AH, Method: ioctl.UVERBS_METHOD_AH_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_AH_HANDLE, Handle: ah.handle,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DESTROY_AH, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyAH},
-	}).Run(ah.pd.ctx.file)
-}
+func (ah *AH) destroy() error { return uvobj.DestroyAH(ah.pd.ctx.file, ah.handle) }
 
 // Close destroys the address handle. Idempotent.
 func (ah *AH) Close() error {

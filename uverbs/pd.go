@@ -54,14 +54,7 @@ func (pd *PD) Handle() (uint32, error) {
 // Context).
 func (pd *PD) IsClosed() bool { return pd.once.IsClosed() }
 
-func (pd *PD) destroy() error {
-	req := ioctl.DeallocPD{Handle: pd.handle}
-	return (&uvobj.Destroy{
-		Op: "PD_DESTROY", Object: ioctl.UVERBS_OBJECT_PD, Method: ioctl.UVERBS_METHOD_PD_DESTROY,
-		HandleAttr: ioctl.UVERBS_ATTR_DESTROY_PD_HANDLE, Handle: pd.handle,
-		Legacy: ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_DEALLOC_PD, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeallocPD},
-	}).Run(pd.ctx.file)
-}
+func (pd *PD) destroy() error { return uvobj.DeallocPD(pd.ctx.file, pd.handle) }
 
 // Close deallocates the PD. It fails, and the PD stays usable, while memory
 // regions, queue pairs or address handles still use it. Close is idempotent.

@@ -131,3 +131,90 @@ func udata(c *ioctl.Call, in, out []byte) {
 		c.OutBytes(ioctl.AttrUHWOut, out, 0)
 	}
 }
+
+// The commands that destroy kernel objects, one typed function each. A
+// destroyed object's handle is gone from the kernel; the caller's
+// close-once state (Once) keeps a second destroy from running.
+
+// DestroyCQ destroys a CQ.
+func DestroyCQ(f *ioctl.File, handle uint32) error { return destroy(f, &destroyCQ, handle) }
+
+// DestroyQP destroys a QP.
+func DestroyQP(f *ioctl.File, handle uint32) error { return destroy(f, &destroyQP, handle) }
+
+// DestroySRQ destroys an SRQ.
+func DestroySRQ(f *ioctl.File, handle uint32) error { return destroy(f, &destroySRQ, handle) }
+
+// DeregMR deregisters a memory region.
+func DeregMR(f *ioctl.File, handle uint32) error { return destroy(f, &deregMR, handle) }
+
+// DeallocMW deallocates a memory window.
+func DeallocMW(f *ioctl.File, handle uint32) error { return destroy(f, &deallocMW, handle) }
+
+// DeallocPD deallocates a protection domain.
+func DeallocPD(f *ioctl.File, handle uint32) error { return destroy(f, &deallocPD, handle) }
+
+// DestroyAH destroys an address handle.
+func DestroyAH(f *ioctl.File, handle uint32) error { return destroy(f, &destroyAH, handle) }
+
+// destroyVerb is one object type's destroy: its ioctl method and the
+// legacy command for kernels without the method, side by side.
+type destroyVerb struct {
+	op                         string // for errors
+	object, method, handleAttr uint16
+	// respAttr, respLen: the response the CQ, QP and SRQ methods must
+	// have (respLen 0: none). Their legacy requests then start with the
+	// response pointer.
+	respAttr uint16
+	respLen  int
+	legacy   uint32
+}
+
+var (
+	destroyCQ = destroyVerb{op: "CQ_DESTROY", object: ioctl.UVERBS_OBJECT_CQ, method: ioctl.UVERBS_METHOD_CQ_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_HANDLE, respAttr: ioctl.UVERBS_ATTR_DESTROY_CQ_RESP,
+		respLen: ioctl.SizeofDestroyCQResp, legacy: ioctl.IB_USER_VERBS_CMD_DESTROY_CQ}
+	destroyQP = destroyVerb{op: "QP_DESTROY", object: ioctl.UVERBS_OBJECT_QP, method: ioctl.UVERBS_METHOD_QP_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_QP_HANDLE, respAttr: ioctl.UVERBS_ATTR_DESTROY_QP_RESP,
+		respLen: ioctl.SizeofDestroyQPResp, legacy: ioctl.IB_USER_VERBS_CMD_DESTROY_QP}
+	destroySRQ = destroyVerb{op: "SRQ_DESTROY", object: ioctl.UVERBS_OBJECT_SRQ, method: ioctl.UVERBS_METHOD_SRQ_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_HANDLE, respAttr: ioctl.UVERBS_ATTR_DESTROY_SRQ_RESP,
+		respLen: ioctl.SizeofDestroySRQResp, legacy: ioctl.IB_USER_VERBS_CMD_DESTROY_SRQ}
+	deregMR = destroyVerb{op: "MR_DESTROY", object: ioctl.UVERBS_OBJECT_MR, method: ioctl.UVERBS_METHOD_MR_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_MR_HANDLE, legacy: ioctl.IB_USER_VERBS_CMD_DEREG_MR}
+	deallocMW = destroyVerb{op: "MW_DESTROY", object: ioctl.UVERBS_OBJECT_MW, method: ioctl.UVERBS_METHOD_MW_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_MW_HANDLE, legacy: ioctl.IB_USER_VERBS_CMD_DEALLOC_MW}
+	deallocPD = destroyVerb{op: "PD_DESTROY", object: ioctl.UVERBS_OBJECT_PD, method: ioctl.UVERBS_METHOD_PD_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_PD_HANDLE, legacy: ioctl.IB_USER_VERBS_CMD_DEALLOC_PD}
+	destroyAH = destroyVerb{op: "AH_DESTROY", object: ioctl.UVERBS_OBJECT_AH, method: ioctl.UVERBS_METHOD_AH_DESTROY,
+		handleAttr: ioctl.UVERBS_ATTR_DESTROY_AH_HANDLE, legacy: ioctl.IB_USER_VERBS_CMD_DESTROY_AH}
+)
+
+// destroyResp holds the largest destroy response (the CQ's).
+type destroyResp [ioctl.SizeofDestroyCQResp]byte
+
+// destroy runs v on the object handle: the ioctl method first, the legacy
+// command where the kernel lacks the method. The legacy requests of one
+// shape share one layout: DESTROY_CQ's {response, handle, reserved} for
+// the CQ, QP and SRQ, DEALLOC_PD's {handle} for the rest
+// (TestDestroyLayouts holds the generated types to that).
+func destroy(f *ioctl.File, v *destroyVerb, handle uint32) error {
+	var resp destroyResp
+	return f.Either(func() error {
+		var c ioctl.Call
+		c.Reset(v.object, v.method, f.DriverID())
+		c.InIDR(v.handleAttr, handle)
+		if v.respLen > 0 {
+			c.Out(v.respAttr, unsafe.Pointer(&resp), v.respLen, ioctl.AttrMandatory)
+		}
+		return f.Do(&c, v.op)
+	}, func() error {
+		if v.respLen > 0 {
+			req := ioctl.DestroyCQ{Response: uint64(uintptr(unsafe.Pointer(&resp))), Handle: handle}
+			return f.Write(&ioctl.Cmd{Command: v.legacy, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDestroyCQ,
+				Out: unsafe.Pointer(&resp), OutLen: v.respLen}, v.op)
+		}
+		req := ioctl.DeallocPD{Handle: handle}
+		return f.Write(&ioctl.Cmd{Command: v.legacy, In: unsafe.Pointer(&req), InLen: ioctl.SizeofDeallocPD}, v.op)
+	})
+}

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
 	"github.com/goverbs/goverbs/uverbs/provider"
@@ -105,35 +104,6 @@ func (t *Table) ReleaseUserHandle(h uint64) { t.handles.Delete(h) }
 
 // ObjectOf returns the object of a user handle.
 func (t *Table) ObjectOf(h uint64) (any, bool) { return t.handles.Load(h) }
-
-// Destroy describes how to destroy one kernel object: the native ioctl
-// method, and the legacy command used where the kernel lacks it.
-type Destroy struct {
-	Op         string // "PD_DESTROY", for errors
-	Object     uint16
-	Method     uint16
-	HandleAttr uint16
-	Handle     uint32
-	// RespAttr/Resp: an output some destroy methods require (CQ, QP).
-	RespAttr uint16
-	Resp     unsafe.Pointer
-	RespLen  int
-	Legacy   ioctl.Cmd
-}
-
-// Run destroys the object on f: the ioctl method first, then the legacy
-// command if the kernel does not have the method.
-func (d *Destroy) Run(f *ioctl.File) error {
-	return f.Either(func() error {
-		var call ioctl.Call
-		call.Reset(d.Object, d.Method, f.DriverID())
-		call.InIDR(d.HandleAttr, d.Handle)
-		if d.Resp != nil {
-			call.Out(d.RespAttr, d.Resp, d.RespLen, ioctl.AttrMandatory)
-		}
-		return f.Do(&call, d.Op)
-	}, func() error { return f.Write(&d.Legacy, d.Op) })
-}
 
 // Once is the close-once state of a kernel object: Close destroys it at
 // most once, and IsClosed reads without the lock.
