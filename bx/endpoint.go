@@ -584,14 +584,18 @@ func (e *Endpoint) discardPools() error {
 }
 
 // peerList returns the connected peers.
-func (e *Endpoint) peerList() []*Peer {
+func (e *Endpoint) peerList() []*Peer { return e.appendPeers(nil) }
+
+// appendPeers appends the connected peers to dst[:0] (a goroutine that
+// looks at them periodically reuses its slice: nothing allocated per look).
+func (e *Endpoint) appendPeers(dst []*Peer) []*Peer {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	peers := make([]*Peer, 0, len(e.peers))
+	dst = dst[:0]
 	for p := range e.peers {
-		peers = append(peers, p)
+		dst = append(dst, p)
 	}
-	return peers
+	return dst
 }
 
 // repost returns a receive buffer to the shared receive queue.
@@ -748,13 +752,7 @@ func (e *Endpoint) ticker() {
 			default:
 			}
 			now := time.Now()
-			// The slice is reused: the ticker allocates nothing.
-			e.mu.RLock()
-			peers = peers[:0]
-			for p := range e.peers {
-				peers = append(peers, p)
-			}
-			e.mu.RUnlock()
+			peers = e.appendPeers(peers)
 			busy = false
 			for _, p := range peers {
 				if p.maybeUpdate(now) {

@@ -74,12 +74,7 @@ func (e *Endpoint) watchStalls() {
 		case <-t.C:
 		}
 		now := time.Now()
-		e.mu.RLock()
-		peers = peers[:0]
-		for p := range e.peers {
-			peers = append(peers, p)
-		}
-		e.mu.RUnlock()
+		peers = e.appendPeers(peers)
 		for _, p := range peers {
 			p.checkStalls(now)
 		}
