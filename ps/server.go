@@ -45,6 +45,24 @@ const Streams = 8
 // (MiB tensors) go by rendezvous above the 8 KiB eager size, up to 4 MiB.
 var DefaultServerBX = bx.Config{Lanes: 2, Credits: 64, MaxPeers: 32, MaxMessage: 4 << 20}
 
+// bxDefaults is c with its zero Lanes, Credits, MaxPeers and MaxMessage
+// taken from def.
+func bxDefaults(c, def bx.Config) bx.Config {
+	if c.Lanes == 0 {
+		c.Lanes = def.Lanes
+	}
+	if c.Credits == 0 {
+		c.Credits = def.Credits
+	}
+	if c.MaxPeers == 0 {
+		c.MaxPeers = def.MaxPeers
+	}
+	if c.MaxMessage == 0 {
+		c.MaxMessage = def.MaxMessage
+	}
+	return c
+}
+
 // Server serves one shard over one transport.
 type Server struct {
 	store *Store
@@ -77,20 +95,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	switch cfg.Transport {
 	case "rdma":
-		c := cfg.BX
-		def := DefaultServerBX
-		if c.Lanes == 0 {
-			c.Lanes = def.Lanes
-		}
-		if c.Credits == 0 {
-			c.Credits = def.Credits
-		}
-		if c.MaxPeers == 0 {
-			c.MaxPeers = def.MaxPeers
-		}
-		if c.MaxMessage == 0 {
-			c.MaxMessage = def.MaxMessage
-		}
+		c := bxDefaults(cfg.BX, DefaultServerBX)
 		c.Token = cfg.Token
 		c.Device = cfg.Device
 		if c.Device == "" {

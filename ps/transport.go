@@ -28,20 +28,9 @@ type rdmaClient struct {
 }
 
 func newRDMAClient(cfg ClientConfig) (*rdmaClient, error) {
-	c := cfg.BX
 	def := DefaultClientBX
-	if c.Lanes == 0 {
-		c.Lanes = def.Lanes
-	}
-	if c.Credits == 0 {
-		c.Credits = def.Credits
-	}
-	if c.MaxMessage == 0 {
-		c.MaxMessage = def.MaxMessage
-	}
-	if c.MaxPeers == 0 {
-		c.MaxPeers = len(cfg.Servers) + 1
-	}
+	def.MaxPeers = len(cfg.Servers) + 1
+	c := bxDefaults(cfg.BX, def)
 	c.Device, c.Token = cfg.Device, cfg.Token
 	if c.Device == "" {
 		return nil, errors.New("ps: rdma client: ClientConfig.Device is required")
