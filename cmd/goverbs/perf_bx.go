@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -374,17 +373,11 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		pct := 100 * float64(cpuNow()-c0) / float64(time.Since(t0))
 		idleCPU = &pct
 	}
-	if o.cpuprof != "" {
-		f, err := os.Create(o.cpuprof)
-		if err != nil {
-			return fail(err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fail(err)
-		}
-		defer pprof.StopCPUProfile()
+	stopProf, err := startCPUProfile(o.cpuprof)
+	if err != nil {
+		return fail(err)
 	}
+	defer stopProf()
 	if _, err := pc.barrier("start", nil); err != nil {
 		return err
 	}

@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
-	"runtime/pprof"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -106,21 +104,11 @@ var perfUnknownVendors = map[uint32]string{0xffffff: "rxe", 0x626d74: "siw"}
 // (RC) or RTS (UD). With -R the QPs are left to cmConnect.
 func (r *perfRun) setup(stderr io.Writer) error {
 	o := r.o
-	name := o.dev
-	if name == "" {
-		devs, err := uverbs.ListWithoutGIDs()
-		if err != nil {
-			return err
-		}
-		if len(devs) == 0 {
-			return errors.New("no IB devices found")
-		}
-		name = devs[0].Name
-		o.dev = name
-	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
-		return &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
+	name, err := pickDevice(o.dev)
+	if err != nil {
+		return err
 	}
-	var err error
+	o.dev = name
 	if r.ctx, err = uverbs.Open(name); err != nil {
 		return fmt.Errorf("couldn't get context for %s: %v", name, err)
 	}
@@ -813,17 +801,11 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		return r.finish(&rep, stdout)
 	}
 
-	if o.cpuprof != "" {
-		f, err := os.Create(o.cpuprof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProf, err := startCPUProfile(o.cpuprof)
+	if err != nil {
+		return err
 	}
+	defer stopProf()
 
 	var last perfBWResult
 	for _, size := range o.sizes {

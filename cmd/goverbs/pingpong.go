@@ -7,11 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
-	"runtime"
-	"runtime/pprof"
-	"strconv"
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
@@ -121,21 +117,12 @@ type pingpong struct {
 }
 
 func runPingpong(args []string, stdout, stderr io.Writer) error {
-	// The ping-pong is one busy-polling goroutine, like rdma-core's one
-	// thread: a second P only lets the runtime's other threads compete with
-	// the peer and the kernel's rxe work for the CPUs. GOMAXPROCS in the
-	// environment still wins.
-	if os.Getenv("GOMAXPROCS") == "" {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	}
+	defer oneP()()
 	fs, o := pingpongFlags(stderr)
-	if err := o.parse(fs, args); err != nil {
+	if err := parseChecked(o, fs, args); err != nil {
 		return err
 	}
 	var err error
-	if err := o.validate(); err != nil {
-		return err
-	}
 	info := stdout
 	if o.json {
 		info = stderr
@@ -161,15 +148,12 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(info, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
 
-	var rem dest
-	if o.server != "" {
-		rem, err = pp.clientExchange(my)
-	} else {
-		rem, err = pp.serverExchange(my)
-	}
+	x := exchange{server: o.server, port: o.port}
+	rems, err := x.run([]dest{my}, func(rem []dest) error { return pp.connect(my.PSN, rem[0]) })
 	if err != nil {
 		return err
 	}
+	rem := rems[0]
 	fmt.Fprintf(info, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
 	if o.server != "" {
 		if err := pp.connect(my.PSN, rem); err != nil {
@@ -187,20 +171,12 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		}
 		pp.pend |= pingpongSendWRID
 	}
-	if o.cpuprof != "" {
-		f, err := os.Create(o.cpuprof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
+	stopProf, err := startCPUProfile(o.cpuprof)
+	if err != nil {
+		return err
 	}
 	elapsed, err := timeLoop(stderr, "rc-pingpong", pp.poller, pp.loop)
-	if o.cpuprof != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProf()
 	if err != nil {
 		return err
 	}
@@ -242,20 +218,10 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 // QP in INIT, rx_depth receives posted.
 func (pp *pingpong) init(stderr io.Writer) error {
 	o := pp.o
-	name := o.dev
-	if name == "" {
-		devs, err := uverbs.ListWithoutGIDs()
-		if err != nil {
-			return err
-		}
-		if len(devs) == 0 {
-			return errors.New("no IB devices found")
-		}
-		name = devs[0].Name
-	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
-		return &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
+	name, err := pickDevice(o.dev)
+	if err != nil {
+		return err
 	}
-	var err error
 	if pp.ctx, err = uverbs.Open(name); err != nil {
 		return fmt.Errorf("couldn't get context for %s: %v", name, err)
 	}
@@ -322,13 +288,9 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	}
 	pp.sge = []qp.SGE{sge}
 	pp.sendWR = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: pp.flags, SGEs: pp.sge}}
-	pp.recvWR = make([]qp.RecvWR, o.rxDepth)
-	for i := range pp.recvWR {
-		pp.recvWR[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: pp.sge}
-	}
 	pp.wc = make([]cq.WC, 2) // rc_pingpong polls 2 at a time
-	if err := pp.qp.PostRecv(pp.recvWR); err != nil {
-		return fmt.Errorf("couldn't post receive (0): %v", err)
+	if pp.recvWR, err = firstRecvs(pp.qp, pp.sge, o.rxDepth); err != nil {
+		return err
 	}
 	pp.routs = o.rxDepth
 	return nil
@@ -346,61 +308,6 @@ func (pp *pingpong) close() {
 // connect is pp_connect_ctx: INIT -> RTR -> RTS with rc_pingpong's values.
 func (pp *pingpong) connect(myPSN uint32, rem dest) error {
 	return rcConnect(pp.qp, pp.o.ibPort, pp.o.sl, pp.sgid, pp.mtu, myPSN, rem)
-}
-
-func (pp *pingpong) clientExchange(my dest) (dest, error) {
-	addr := net.JoinHostPort(pp.o.server, strconv.Itoa(pp.o.port))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't connect to %s: %v", addr, err)
-	}
-	defer c.Close()
-	if err := writeMsg(c, my.encode()); err != nil {
-		return dest{}, fmt.Errorf("couldn't send local address: %v", err)
-	}
-	msg, err := readMsg(c, wireMsgLen)
-	if err == nil {
-		err = writeMsg(c, wireDone)
-	}
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't read/write remote address: %v", err)
-	}
-	return decodeDest(msg)
-}
-
-func (pp *pingpong) serverExchange(my dest) (dest, error) {
-	l, err := net.Listen("tcp", ":"+strconv.Itoa(pp.o.port))
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't listen to port %d: %v", pp.o.port, err)
-	}
-	c, err := l.Accept()
-	l.Close()
-	if err != nil {
-		return dest{}, fmt.Errorf("accept() failed: %v", err)
-	}
-	defer c.Close()
-	msg, err := readMsg(c, wireMsgLen)
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't read remote address: %v", err)
-	}
-	rem, err := decodeDest(msg)
-	if err != nil {
-		return dest{}, err
-	}
-	if err := pp.connect(my.PSN, rem); err != nil {
-		return dest{}, fmt.Errorf("couldn't connect to remote QP: %v", err)
-	}
-	if err := writeMsg(c, my.encode()); err != nil {
-		return dest{}, fmt.Errorf("couldn't send local address: %v", err)
-	}
-	done, err := readMsg(c, len(wireDone))
-	if err != nil {
-		return dest{}, fmt.Errorf("couldn't recv \"done\": %v", err)
-	}
-	if string(done) != string(wireDone) {
-		return dest{}, fmt.Errorf("peer sent %q, want \"done\"", done)
-	}
-	return rem, nil
 }
 
 // loop is rc_pingpong's main loop: poll the CQ two completions at a time,

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"time"
 
@@ -24,26 +27,35 @@ type ppDevice struct {
 	sgid int // -1: no GID (InfiniBand without -g)
 }
 
+// pickDevice is the device the rdma-core tools use: dev, which must
+// exist, or else the first one listed.
+func pickDevice(dev string) (string, error) {
+	if dev != "" {
+		if _, err := uverbs.LookupWithoutGIDs(dev); err != nil {
+			return "", &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", dev, err)}
+		}
+		return dev, nil
+	}
+	devs, err := uverbs.ListWithoutGIDs()
+	if err != nil {
+		return "", err
+	}
+	if len(devs) == 0 {
+		return "", errors.New("no IB devices found")
+	}
+	return devs[0].Name, nil
+}
+
 // openPPDevice is the device part of pp_init_ctx: the named device (or the
 // first one), its port, and the GID index: -g, or on RoCE without -g the
 // port's default GID (the rdma-core tools send a zero GID then, which
 // cannot work on RoCE).
 func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevice, error) {
-	name := dev
-	if name == "" {
-		devs, err := uverbs.ListWithoutGIDs()
-		if err != nil {
-			return nil, err
-		}
-		if len(devs) == 0 {
-			return nil, errors.New("no IB devices found")
-		}
-		name = devs[0].Name
-	} else if _, err := uverbs.LookupWithoutGIDs(name); err != nil {
-		return nil, &exitError{code: 1, msg: fmt.Sprintf("IB device %s not found (%v)", name, err)}
+	name, err := pickDevice(dev)
+	if err != nil {
+		return nil, err
 	}
 	d := &ppDevice{name: name, sgid: gidx}
-	var err error
 	if d.ctx, err = uverbs.Open(name); err != nil {
 		return nil, fmt.Errorf("couldn't get context for %s: %v", name, err)
 	}
@@ -302,4 +314,61 @@ func (c *ppCommon) validate() error {
 		}
 	}
 	return nil
+}
+
+// firstRecvs is the tools' first pp_post_recv: rxDepth receive WRs, each
+// on sges, built once (the loop re-posts slices of them) and posted to q
+// (a QP, or the SRQ).
+func firstRecvs(q interface{ PostRecv([]qp.RecvWR) error }, sges []qp.SGE, rxDepth int) ([]qp.RecvWR, error) {
+	wrs := make([]qp.RecvWR, rxDepth)
+	for i := range wrs {
+		wrs[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: sges}
+	}
+	if err := q.PostRecv(wrs); err != nil {
+		return nil, fmt.Errorf("couldn't post receive (0): %v", err)
+	}
+	return wrs, nil
+}
+
+// oneP gives the process one P unless GOMAXPROCS is set, and returns what
+// restores it: a ping-pong is one busy-polling goroutine, like rdma-core's
+// one thread, and a second P only lets the runtime's other threads
+// compete with the peer and the kernel's rxe work for the CPUs.
+func oneP() (restore func()) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return func() {}
+	}
+	prev := runtime.GOMAXPROCS(1)
+	return func() { runtime.GOMAXPROCS(prev) }
+}
+
+// ppParser is a ping-pong command's options.
+type ppParser interface {
+	parse(fs *flag.FlagSet, args []string) error
+	validate() error
+}
+
+// parseChecked parses args into o and checks them.
+func parseChecked(o ppParser, fs *flag.FlagSet, args []string) error {
+	if err := o.parse(fs, args); err != nil {
+		return err
+	}
+	return o.validate()
+}
+
+// startCPUProfile starts a CPU profile into the file path (none if path
+// is empty) and returns what stops it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
-	"runtime"
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
@@ -90,14 +88,9 @@ type srqPingpong struct {
 }
 
 func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
-	if os.Getenv("GOMAXPROCS") == "" {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
-	}
+	defer oneP()()
 	fs, o := srqFlags(stderr)
-	if err := o.parse(fs, args); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseChecked(o, fs, args); err != nil {
 		return err
 	}
 	pp := &srqPingpong{o: o}
@@ -206,14 +199,10 @@ func (pp *srqPingpong) init(stderr io.Writer) error {
 	for i := range pp.sendWR {
 		pp.sendWR[i] = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: flags, SGEs: sges}}
 	}
-	pp.recvWR = make([]qp.RecvWR, o.rxDepth)
-	for i := range pp.recvWR {
-		pp.recvWR[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: sges}
-	}
 	pp.wc = make([]cq.WC, o.numQP+o.rxDepth) // srq_pingpong polls num_qp + rx_depth at a time
 	pp.pend = make([]int, o.numQP)
-	if err := pp.srq.PostRecv(pp.recvWR); err != nil {
-		return fmt.Errorf("couldn't post receive (0): %v", err)
+	if pp.recvWR, err = firstRecvs(pp.srq, sges, o.rxDepth); err != nil {
+		return err
 	}
 	pp.routs = o.rxDepth
 	return nil

@@ -7,8 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
-	"runtime"
 
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/mr"
@@ -72,14 +70,9 @@ type udPingpong struct {
 }
 
 func runUDPingpong(args []string, stdout, stderr io.Writer) error {
-	if os.Getenv("GOMAXPROCS") == "" {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one polling goroutine, as in rc-pingpong
-	}
+	defer oneP()()
 	fs, o := udFlags(stderr)
-	if err := o.parse(fs, args); err != nil {
-		return err
-	}
-	if err := o.validate(); err != nil {
+	if err := parseChecked(o, fs, args); err != nil {
 		return err
 	}
 	pp := &udPingpong{o: o}
@@ -175,13 +168,9 @@ func (pp *udPingpong) init(stderr io.Writer) error {
 	}
 	// The AH and remote QPN are filled in by connect.
 	pp.sendWR = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{sendSGE}, RemoteQKey: udQKey}}
-	pp.recvWR = make([]qp.RecvWR, o.rxDepth)
-	for i := range pp.recvWR {
-		pp.recvWR[i] = qp.RecvWR{ID: pingpongRecvWRID, SGEs: []qp.SGE{recvSGE}}
-	}
 	pp.wc = make([]cq.WC, 2) // ud_pingpong polls 2 at a time
-	if err := pp.qp.PostRecv(pp.recvWR); err != nil {
-		return fmt.Errorf("couldn't post receive (0): %v", err)
+	if pp.recvWR, err = firstRecvs(pp.qp, []qp.SGE{recvSGE}, o.rxDepth); err != nil {
+		return err
 	}
 	pp.routs = o.rxDepth
 	return nil
