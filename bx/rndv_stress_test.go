@@ -105,32 +105,42 @@ func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]
 	return eps, peers
 }
 
-// TestRendezvousCallsManyPeers: several client endpoints call one server
-// concurrently with large requests (rendezvous); the handler answers with
-// the request's CRC, which must match what the caller sent.
-func TestRendezvousCallsManyPeers(t *testing.T) {
+// stressSetup starts a server (returned) on the pair's second device with h on
+// streams 0..streams-1 and dials it from 4 client endpoints on the first
+// (the server closes after them). ctx and wd bound a hang, no progress
+// for stressIdle, not the test's speed.
+func stressSetup(t *testing.T, streams uint32, h bx.Handler) (context.Context, *hang.Watchdog, *bx.Endpoint, []*bx.Endpoint, []*bx.Peer) {
+	t.Helper()
 	da, db := rxetest.Pair(t)
 	srv, err := bx.New(bx.Config{Device: db, Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeEndpoint(t, srv) }) // after the clients (dialClients)
-	for s := range uint32(3) {
-		srv.Handle(s, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-			var out [8]byte
-			binary.LittleEndian.PutUint32(out[:], crc32.ChecksumIEEE(req.Data()))
-			binary.LittleEndian.PutUint32(out[4:], uint32(len(req.Data())))
-			return out[:], nil
-		})
+	for s := range streams {
+		srv.Handle(s, h)
 	}
 	addr, err := srv.Listen("10.99.0.2:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, wd := hang.For(t, "", stressIdle) // a hang bound (no progress), not a speed bound
+	ctx, wd := hang.For(t, "", stressIdle)
+	eps, peers := dialClients(ctx, t, da, addr.String(), 4)
+	return ctx, wd, srv, eps, peers
+}
+
+// TestRendezvousCallsManyPeers: several client endpoints call one server
+// concurrently with large requests (rendezvous); the handler answers with
+// the request's CRC, which must match what the caller sent.
+func TestRendezvousCallsManyPeers(t *testing.T) {
+	ctx, wd, _, eps, peers := stressSetup(t, 3, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		var out [8]byte
+		binary.LittleEndian.PutUint32(out[:], crc32.ChecksumIEEE(req.Data()))
+		binary.LittleEndian.PutUint32(out[4:], uint32(len(req.Data())))
+		return out[:], nil
+	})
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
-	eps, peers := dialClients(ctx, t, da, addr.String(), 4)
 	for c, e := range eps {
 		p := peers[c]
 		for g := range 3 {
@@ -194,12 +204,6 @@ func TestRendezvousLargeResponses(t *testing.T) {
 		mu.Unlock()
 	})
 	t.Cleanup(func() { bx.OnRecoveryForTest(nil) })
-	da, db := rxetest.Pair(t)
-	srv, err := bx.New(bx.Config{Device: db, Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeEndpoint(t, srv) }) // after the clients (dialClients)
 	fill := func(b []byte, seed int) {
 		for k := 8; k < len(b); k++ {
 			b[k] = byte(k*7 + seed)
@@ -214,25 +218,17 @@ func TestRendezvousLargeResponses(t *testing.T) {
 		return nil
 	}
 	var calls atomic.Uint64
-	for s := range uint32(4) {
-		srv.Handle(s, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-			if err := check(req.Data()); err != nil {
-				return nil, fmt.Errorf("request: %w", err)
-			}
-			n := []int{1_200_016, 40_016, 1_200_016, 16}[calls.Add(1)%4]
-			out := make([]byte, n)
-			fill(out, int(calls.Load()))
-			return out, nil
-		})
-	}
-	addr, err := srv.Listen("10.99.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, wd := hang.For(t, "", stressIdle) // a hang bound (no progress), not a speed bound
+	ctx, wd, srv, eps, peers := stressSetup(t, 4, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		if err := check(req.Data()); err != nil {
+			return nil, fmt.Errorf("request: %w", err)
+		}
+		n := []int{1_200_016, 40_016, 1_200_016, 16}[calls.Add(1)%4]
+		out := make([]byte, n)
+		fill(out, int(calls.Load()))
+		return out, nil
+	})
 	var wg sync.WaitGroup
 	errs := make(chan error, 256)
-	eps, peers := dialClients(ctx, t, da, addr.String(), 4)
 	for c, e := range eps {
 		p := peers[c]
 		for g := range 4 {
