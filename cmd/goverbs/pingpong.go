@@ -148,17 +148,9 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(info, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
 
-	x := exchange{server: o.server, port: o.port}
-	rems, err := x.run([]dest{my}, func(rem []dest) error { return pp.connect(my.PSN, rem[0]) })
-	if err != nil {
+	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
+	if _, err := exchangeOne(exchange{server: o.server, port: o.port}, info, my, connect); err != nil {
 		return err
-	}
-	rem := rems[0]
-	fmt.Fprintf(info, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
-	if o.server != "" {
-		if err := pp.connect(my.PSN, rem); err != nil {
-			return err
-		}
 	}
 
 	pp.pend = pingpongRecvWRID

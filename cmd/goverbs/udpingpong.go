@@ -86,17 +86,9 @@ func runUDPingpong(args []string, stdout, stderr io.Writer) error {
 	}
 	// ud_pingpong.c prints ": GID" here (and ", GID" in the remote line).
 	fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x: GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
-	x := exchange{server: o.server, port: o.port}
-	rems, err := x.run([]dest{my}, func(rem []dest) error { return pp.connect(my.PSN, rem[0]) })
-	if err != nil {
+	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
+	if _, err := exchangeOne(exchange{server: o.server, port: o.port}, stdout, my, connect); err != nil {
 		return err
-	}
-	rem := rems[0]
-	fmt.Fprintf(stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
-	if o.server != "" {
-		if err := pp.connect(my.PSN, rem); err != nil {
-			return err
-		}
 	}
 	pp.pend = pingpongRecvWRID
 	if o.server != "" {
