@@ -149,7 +149,7 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(info, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
 
 	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
-	if _, err := exchangeOne(exchange{server: o.server, port: o.port}, info, my, connect); err != nil {
+	if err := exchangeOne(exchange{server: o.server, port: o.port}, info, my, connect); err != nil {
 		return err
 	}
 

@@ -150,20 +150,18 @@ func (x exchange) run(my []dest, connect func(rem []dest) error) ([]dest, error)
 
 // exchangeOne is the exchange of one address each way (rc, ud): it
 // prints the peer's address to w and connects to it, the server within
-// the exchange, the client after printing (as in C), and returns it.
-func exchangeOne(x exchange, w io.Writer, my dest, connect func(rem dest) error) (dest, error) {
+// the exchange, the client after printing (as in C).
+func exchangeOne(x exchange, w io.Writer, my dest, connect func(rem dest) error) error {
 	rems, err := x.run([]dest{my}, func(rem []dest) error { return connect(rem[0]) })
 	if err != nil {
-		return dest{}, err
+		return err
 	}
 	rem := rems[0]
 	fmt.Fprintf(w, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
 	if x.server != "" {
-		if err := connect(rem); err != nil {
-			return dest{}, err
-		}
+		return connect(rem)
 	}
-	return rem, nil
+	return nil
 }
 
 func encodeDests(ds []dest) []byte {

@@ -61,9 +61,8 @@ func runPS(args []string, stdout, stderr io.Writer) error {
 	// GOVERBS_PS_CPUPROFILE=PREFIX writes PREFIX.<command>.<pid> CPU
 	// profiles of serve and worker processes.
 	if pfx := os.Getenv("GOVERBS_PS_CPUPROFILE"); pfx != "" && len(args) > 0 && (args[0] == "serve" || args[0] == "worker") {
-		if f, err := os.Create(fmt.Sprintf("%s.%s.%d", pfx, args[0], os.Getpid())); err == nil {
-			pprof.StartCPUProfile(f)
-			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		if stop, err := startCPUProfile(fmt.Sprintf("%s.%s.%d", pfx, args[0], os.Getpid())); err == nil {
+			defer stop()
 		}
 	}
 	if len(args) > 0 && (args[0] == "serve" || args[0] == "bench" || args[0] == "worker") {

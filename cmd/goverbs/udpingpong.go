@@ -87,7 +87,7 @@ func runUDPingpong(args []string, stdout, stderr io.Writer) error {
 	// ud_pingpong.c prints ": GID" here (and ", GID" in the remote line).
 	fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x: GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
 	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
-	if _, err := exchangeOne(exchange{server: o.server, port: o.port}, stdout, my, connect); err != nil {
+	if err := exchangeOne(exchange{server: o.server, port: o.port}, stdout, my, connect); err != nil {
 		return err
 	}
 	pp.pend = pingpongRecvWRID
