@@ -296,19 +296,7 @@ type Endpoint struct {
 	liveMsgs, userBufs atomic.Int64
 
 	kick  chan struct{} // poke: wake the ticker
-	ticks atomic.Uint64 // looks for due updates, by the ticker or a poller (tests, perf's json)
-	// While someone polls and reads the clock every few polls (pollerLooks),
-	// a poke does not wake the ticker: it sets owed, and the poller takes
-	// the ticker's look itself a tick later (pollerLook). owedAt is when a
-	// poller first saw owed (nanotime since start; 0: not yet), lookMu
-	// serialises the ticker's and the pollers' looks, lastLook is the last
-	// one's time and lookPeers its scratch (under lookMu).
-	owed        atomic.Bool
-	owedAt      atomic.Int64
-	callerSpins atomic.Bool // a Call polls the CQ in pollUntil's loop
-	lookMu      sync.Mutex
-	lastLook    time.Time
-	lookPeers   []*Peer
+	ticks atomic.Uint64 // the ticker's rounds (tests)
 
 	stop   context.CancelFunc
 	stopCh context.Context
@@ -725,88 +713,10 @@ func tick() time.Duration {
 // (the ticker takes a poke and then looks; a poke before the change could
 // be taken by a look that misses it).
 func (e *Endpoint) poke() {
-	if e.pollerLooks() {
-		if !e.owed.Load() {
-			e.owed.Store(true)
-		}
-		// A poller that stops clears its flag, then hands owed to the
-		// ticker (handOwed): one of the two sees the other's store.
-		if e.pollerLooks() {
-			return
-		}
-	}
-	e.kickTicker()
-}
-
-func (e *Endpoint) kickTicker() {
 	select {
 	case e.kick <- struct{}{}:
 	default:
 	}
-}
-
-// pollerLooks reports whether someone polls the CQ and will take the
-// ticker's look (pollerLook): the progress goroutine spinning, a Call in
-// pollUntil's loop, or the hand-back after one (the progress goroutine
-// wakes within handBack and looks). Waking the ticker for each message
-// while a poller runs anyway cost a goroutine wake-up, often a thread's,
-// every tick or so per endpoint (docs/perf.md, "Twenty-sixth session").
-func (e *Endpoint) pollerLooks() bool {
-	return e.cfg.Spin > 0 && (e.spinning.Load() || e.callerSpins.Load() || e.leftAt.Load() != 0)
-}
-
-// handOwed gives what pokes left for the pollers to the ticker: called by
-// a poller that stops (after clearing its flag).
-func (e *Endpoint) handOwed() {
-	if e.owed.Swap(false) {
-		e.owedAt.Store(0)
-		e.kickTicker()
-	}
-}
-
-// pollerLook is the ticker's look taken by a poller that has just read
-// the clock: a tick after it first saw a poke, and at least a tick after
-// the last look (the ticker's cadence, which ackIdle counts on).
-func (e *Endpoint) pollerLook(now time.Time) {
-	if !e.owed.Load() {
-		return
-	}
-	t := int64(now.Sub(procStart))
-	at := e.owedAt.Load()
-	if at == 0 {
-		e.owedAt.Store(t)
-		return
-	}
-	if time.Duration(t-at) < tick() || !e.lookMu.TryLock() {
-		return
-	}
-	if now.Sub(e.lastLook) >= tick() {
-		e.owed.Store(false)
-		e.owedAt.Store(0)
-		if e.lookLocked(now) {
-			e.owed.Store(true) // look again in a tick
-		}
-	}
-	e.lookMu.Unlock()
-}
-
-// lookLocked sends the explicit credit and acknowledgement updates that
-// are due, and reports whether some peer may owe one later (the ticker
-// keeps looking). lookMu is held.
-func (e *Endpoint) lookLocked(now time.Time) bool {
-	e.ticks.Add(1)
-	e.lastLook = now
-	e.drainRetired()
-	e.lookPeers = e.appendPeers(e.lookPeers)
-	busy := false
-	for _, p := range e.lookPeers {
-		if p.maybeUpdate(now) {
-			busy = true
-		}
-	}
-	clear(e.lookPeers)
-	e.lookPeers = e.lookPeers[:0]
-	return busy
 }
 
 // ticker sends the explicit credit and acknowledgement updates that
@@ -818,6 +728,7 @@ func (e *Endpoint) ticker() {
 	defer e.wg.Done()
 	t := time.NewTimer(defaultTick)
 	t.Stop()
+	var peers []*Peer
 	for {
 		select {
 		case <-e.stopCh.Done():
@@ -832,17 +743,23 @@ func (e *Endpoint) ticker() {
 				return
 			case <-t.C:
 			}
-			// Take the kick (and what pokes left for the pollers) before
-			// looking: an event after this look pokes again.
+			e.ticks.Add(1)
+			e.drainRetired()
+			// Take the kick before looking: an event after this look
+			// pokes again.
 			select {
 			case <-e.kick:
 			default:
 			}
-			e.lookMu.Lock()
-			e.owed.Store(false)
-			e.owedAt.Store(0)
-			busy = e.lookLocked(time.Now())
-			e.lookMu.Unlock()
+			now := time.Now()
+			peers = e.appendPeers(peers)
+			busy = false
+			for _, p := range peers {
+				if p.maybeUpdate(now) {
+					busy = true
+				}
+			}
+			clear(peers)
 		}
 	}
 }
@@ -883,7 +800,6 @@ func (e *Endpoint) progress() {
 	window := e.cfg.Spin
 	var lastYield time.Time
 	var park *time.Timer
-	busyPolls := 0
 	spinning := false
 	setSpinning := func(on bool) {
 		if spinning != on {
@@ -902,15 +818,9 @@ func (e *Endpoint) progress() {
 			} else {
 				park.Reset(e.handBack())
 			}
-			if !e.pollerLooks() {
-				e.handOwed() // a Call waits for events (selfWait)
-			}
 			select {
 			case <-e.resume:
 			case <-park.C:
-				if e.owed.Load() {
-					e.pollerLook(time.Now()) // while Calls hand the CQ back
-				}
 			case <-e.stopCh.Done():
 				park.Stop()
 				return
@@ -927,9 +837,6 @@ func (e *Endpoint) progress() {
 		}
 		if n > 0 {
 			idle, empty = time.Time{}, 0
-			if busyPolls++; busyPolls%64 == 0 && e.owed.Load() {
-				e.pollerLook(time.Now()) // traffic without pauses
-			}
 			if e.cfg.Spin > 0 && e.mayPoll() {
 				setSpinning(true)
 				runtime.Gosched() // run the goroutines we just woke on this P
@@ -950,7 +857,6 @@ func (e *Endpoint) progress() {
 				idle = now
 			}
 			osYield(now, idle, &lastYield)
-			e.pollerLook(now)
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
 			spin := window
@@ -965,10 +871,8 @@ func (e *Endpoint) progress() {
 			return
 		}
 		// Not polling any more: what Releases queued goes back now, and
-		// what acknowledgements deferred is freed; the ticker takes the
-		// looks over.
+		// what acknowledgements deferred is freed.
 		setSpinning(false)
-		e.handOwed()
 		e.pollMu.Lock()
 		e.applyAcks()
 		e.pollMu.Unlock()
@@ -1151,7 +1055,6 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 	}
 	got := false
 	defer func() {
-		e.callerSpins.Store(false)
 		e.callerPolls.Store(false)
 		if got && lazyResume && !e.serves.Load() && e.waiting.Load() <= 1 {
 			// The next Call most likely takes the CQ over before
@@ -1166,9 +1069,6 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			return
 		}
 		e.leftAt.Store(0)
-		if !e.pollerLooks() {
-			e.handOwed()
-		}
 		select {
 		case e.resume <- struct{}{}:
 			e.stats.Resumes.Add(1)
@@ -1181,7 +1081,6 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		return e.selfWait(ctx, done)
 	}
 	var idle, lastYield time.Time
-	e.callerSpins.Store(true)
 	for i := 1; ; i++ {
 		if done() {
 			got = true
@@ -1213,7 +1112,6 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				return false
 			}
 			osYield(now, idle, &lastYield)
-			e.pollerLook(now)
 		}
 		if yieldEvery > 0 && i%yieldEvery == 0 {
 			runtime.Gosched()

@@ -163,8 +163,7 @@ func SetTickForTest(d time.Duration) time.Duration {
 // not the process's only one, and returns the previous setting.
 func ForcePollForTest(on bool) bool { return forcePoll.Swap(on) }
 
-// TicksForTest is how many looks for due credit/ack updates the endpoint
-// made (its ticker or a poller).
+// TicksForTest is how many rounds the endpoint's credit/ack ticker ran.
 func (e *Endpoint) TicksForTest() uint64 { return e.ticks.Load() }
 
 // UnackedForTest is how many sent messages the peer has not acknowledged.

@@ -961,8 +961,7 @@ func (p *Peer) maybeUpdate(now time.Time) bool {
 // no message of ours carried for a whole tick: the lane is idle on our
 // side, so an explicit one is due. While messages flow each carries the
 // newest acknowledgement, and an explicit one would be an extra doorbell
-// per tick. Only a look calls it (the ticker's or a poller's: lookLocked,
-// a tick apart, one at a time).
+// per tick. Only the ticker calls it.
 func (l *lane) ackIdle() bool {
 	sent := l.ackSent.Load()
 	if l.deliveredSeq() <= sent {
