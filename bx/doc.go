@@ -43,6 +43,10 @@
 //     N Spins; 1 keeps it at Spin): traffic with gaps of up to a few
 //     milliseconds is polled through, which costs a core while it lasts
 //     (docs/evaluation.md, "Twenty-third session", has the trade measured).
+//     The ticker that sends the credit and acknowledgement updates no
+//     message carried looks every 2 ms while any are owed
+//     (GOVERBS_BX_TICK_US=usec sets it: scripts/bench-instr stretches it
+//     for processes slowed down under valgrind).
 //   - Msg: a received message whose Data is the buffer it landed in (no
 //     copy). Release it when done: until then the buffer, and the credit
 //     it stands for, is not returned to the peer. (A message that arrives

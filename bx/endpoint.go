@@ -696,10 +696,17 @@ func (e *Endpoint) newMsg() *Msg {
 
 // defaultTick is how often the ticker looks for credit and
 // acknowledgement updates that are due while it runs; tickNS, when set
-// (tests: SetTickForTest), replaces it.
+// (tests: SetTickForTest; GOVERBS_BX_TICK_US, for a process slowed down
+// as a whole, as under scripts/bench-instr's valgrind), replaces it.
 const defaultTick = 2 * time.Millisecond
 
 var tickNS atomic.Int64
+
+func init() {
+	if us := envInt("GOVERBS_BX_TICK_US", 0); us > 0 {
+		tickNS.Store(int64(us) * int64(time.Microsecond))
+	}
+}
 
 func tick() time.Duration {
 	if d := tickNS.Load(); d > 0 {
