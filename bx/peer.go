@@ -1059,7 +1059,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		fail(err, false)
 		return
 	}
-	if err := p.credits.Grant(h.Credit, h.Epoch); errors.Is(err, flow.ErrImpossibleGrant) {
+	if err := p.credits.Grant(h.Credit, h.Epoch); err != nil && errors.Is(err, flow.ErrImpossibleGrant) {
 		fail(err, true)
 		return
 	}

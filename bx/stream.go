@@ -25,8 +25,10 @@ type Msg struct {
 	data   []byte
 	call   uint64
 	flags  uint16
-	once   sync.Once
 	remote string // RPC error text
+	// done: released. A CAS, not a sync.Once, whose slow path (every
+	// message's) takes a lock: about 200 instructions a message.
+	done atomic.Bool
 
 	// A request while its handler runs (respond): serving, and the
 	// response buffer Reply gave it, if any. serving is atomic: a Reply
@@ -107,19 +109,19 @@ func (m *Msg) Release() {
 	if m == nil || m.p == nil {
 		return
 	}
-	m.once.Do(func() {
-		e := m.p.e
-		e.liveMsgs.Add(-1)
-		if m.large {
-			e.large.Free(m.buf)
-			return
-		}
-		if m.copied {
-			e.eager.Free(m.buf)
-			return
-		}
+	if !m.done.CompareAndSwap(false, true) {
+		return
+	}
+	e := m.p.e
+	e.liveMsgs.Add(-1)
+	switch {
+	case m.large:
+		e.large.Free(m.buf)
+	case m.copied:
+		e.eager.Free(m.buf)
+	default:
 		e.releaseRecv(m.buf, m.p)
-	})
+	}
 }
 
 // Buffer is memory for a message to send without a copy: write the payload
@@ -594,23 +596,38 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 	return m, err
 }
 
+// callBuffer sends b as call id's request and waits for the response,
+// through id's call slot if it is free, else through the calls map. Two
+// functions, so that each has one defer and few returns: the compiler
+// then inlines the defer (open-coded) instead of running it through the
+// runtime's deferreturn (about 300 instructions per call).
 func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	id := p.callID.Add(1)
 	if s, ok := p.claimSlot(id); ok {
-		if p.state.Load() == stateDead {
-			s.forgetSlot(id)
-			b.Free()
-			return nil, p.Err()
-		}
-		// The progress goroutine polls while we wait (or we do).
-		p.e.waiting.Add(1)
-		defer p.e.waiting.Add(-1)
-		if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
-			s.forgetSlot(id)
-			return nil, err
-		}
-		return p.waitSlot(ctx, s, id)
+		return p.callSlot(ctx, stream, b, s, id)
 	}
+	return p.callMap(ctx, stream, b, id)
+}
+
+// callSlot is callBuffer through call slot s, which id has claimed.
+func (p *Peer) callSlot(ctx context.Context, stream uint32, b *Buffer, s *callSlot, id uint64) (*Msg, error) {
+	if p.state.Load() == stateDead {
+		s.forgetSlot(id)
+		b.Free()
+		return nil, p.Err()
+	}
+	// The progress goroutine polls while we wait (or we do).
+	p.e.waiting.Add(1)
+	defer p.e.waiting.Add(-1)
+	if err := p.sendMsg(ctx, stream, flagRequest, id, b); err != nil {
+		s.forgetSlot(id)
+		return nil, err
+	}
+	return p.waitSlot(ctx, s, id)
+}
+
+// callMap is callBuffer through the calls map and a channel.
+func (p *Peer) callMap(ctx context.Context, stream uint32, b *Buffer, id uint64) (*Msg, error) {
 	p.mu.Lock()
 	if p.state.Load() == stateDead {
 		p.mu.Unlock()
