@@ -806,6 +806,7 @@ func (e *Endpoint) progress() {
 	// after a longer sleep.
 	window := e.cfg.Spin
 	var lastYield time.Time
+	var y yielder
 	var park *time.Timer
 	spinning := false
 	setSpinning := func(on bool) {
@@ -836,27 +837,29 @@ func (e *Endpoint) progress() {
 			idle, empty = time.Time{}, 0
 			continue
 		}
-		e.pollMu.Lock()
-		n, err := e.pollLocked()
-		e.pollMu.Unlock()
-		if err != nil {
+		n, ok := e.pollStep(false)
+		if !ok {
 			return
 		}
 		if n > 0 {
-			idle, empty = time.Time{}, 0
+			idle, empty, y = time.Time{}, 0, yielder{}
+			// No yield here: what this poll woke (a worker, a stream
+			// reader, the ticker) runs on another P, which takes it
+			// from ours within microseconds, or at the next yield
+			// (yielder). A yield after every completion cost the server
+			// about 1500 instructions a call, a third of its turn
+			// (scripts/bench-instr; docs/perf.md, "Twenty-seventh
+			// session").
 			if e.cfg.Spin > 0 && e.mayPoll() {
 				setSpinning(true)
-				runtime.Gosched() // run the goroutines we just woke on this P
 			}
 			continue
 		}
 		empty++
-		if e.cfg.Spin > 0 && (empty%16 != 1 || e.mayPoll()) {
+		if e.cfg.Spin > 0 && (empty&15 != 1 || e.mayPoll()) {
 			setSpinning(true)
-			if empty%16 != 1 {
-				if yieldEvery > 0 && empty%yieldEvery == 0 {
-					runtime.Gosched()
-				}
+			if empty&15 != 1 {
+				y.empty()
 				continue
 			}
 			now := time.Now()
@@ -891,7 +894,7 @@ func (e *Endpoint) progress() {
 			e.waitMu.Unlock()
 			continue
 		}
-		err = e.cq.Wait(e.stopCh)
+		err := e.cq.Wait(e.stopCh)
 		e.waitMu.Unlock()
 		if errors.Is(err, uverbs.ErrInterrupted) {
 			continue
@@ -950,7 +953,7 @@ func (e *Endpoint) applyAcks() {
 // mayPoll reports whether this endpoint may poll (liveEndpoints, and
 // the machine's pollers registry: pollers.go).
 func (e *Endpoint) mayPoll() bool {
-	return forcePoll.Load() || liveEndpoints.Load() == 1 && runtime.GOMAXPROCS(0) > 1 && spareCores(time.Now())
+	return forcePoll.Load() || liveEndpoints.Load() == 1 && spareProcs(time.Now())
 }
 
 // lazyResume: a Call that got its response leaves the CQ to the next Call
@@ -1088,6 +1091,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		return e.selfWait(ctx, done)
 	}
 	var idle, lastYield time.Time
+	var y yielder
 	for i := 1; ; i++ {
 		if done() {
 			got = true
@@ -1105,10 +1109,10 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 				got = true
 				return true
 			}
-			idle, i = time.Time{}, 0
+			idle, i, y = time.Time{}, 0, yielder{}
 			continue
 		}
-		if i%16 == 0 {
+		if i&15 == 0 { // a power of two: no division (a helper call under TCG)
 			if ctx.Err() != nil {
 				return false
 			}
@@ -1120,9 +1124,21 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			}
 			osYield(now, idle, &lastYield)
 		}
-		if yieldEvery > 0 && i%yieldEvery == 0 {
-			runtime.Gosched()
-		}
+		y.empty()
+	}
+}
+
+// yielder yields the P of a goroutine polling an empty CQ every
+// yieldEvery polls (runtime.Gosched), counting down instead of dividing.
+type yielder struct{ n int }
+
+func (y *yielder) empty() {
+	if yieldEvery <= 0 {
+		return
+	}
+	if y.n++; y.n >= yieldEvery {
+		y.n = 0
+		runtime.Gosched()
 	}
 }
 
@@ -1136,10 +1152,19 @@ func (e *Endpoint) pollStep(try bool) (n int, ok bool) {
 	} else if !e.pollMu.TryLock() {
 		return 0, true
 	}
-	defer e.pollMu.Unlock()
 	if e.cqGone {
+		e.pollMu.Unlock()
 		return 0, false
 	}
+	if len(e.acks) == 0 && e.retN.Load() == 0 && e.cq.Empty() && !e.cq.IsClosed() {
+		// Nothing to complete, free or re-post: an empty poll is this
+		// look at the ring's two indices (a waiter makes tens of them
+		// per call; pollLocked's calls made each several times dearer).
+		// A closed CQ reads as empty: pollLocked reports it.
+		e.pollMu.Unlock()
+		return 0, true
+	}
+	defer e.pollMu.Unlock() // also when a handler run inline panics
 	n, err := e.pollLocked()
 	return n, err == nil
 }

@@ -30,7 +30,9 @@ import (
 // dies leaves a file no one holds, which the next count removes), and an
 // endpoint polls only while the registered processes are no more than
 // the machine's CPUs (runtime.NumCPU). The count is refreshed at most
-// every pollersTTL, by a poller about to spin.
+// every pollersTTL, by a poller about to spin, and so is GOMAXPROCS
+// (procs): runtime.GOMAXPROCS takes the scheduler's lock, which every
+// thread of the process contends for, and a poller asks on every turn.
 const pollersTTL = 100 * time.Millisecond
 
 var pollers struct {
@@ -39,6 +41,7 @@ var pollers struct {
 	f     *os.File // this process's file in dir, under flock(LOCK_SH)
 	dir   string   // "" until registered (or when registering failed)
 	count atomic.Int32
+	procs atomic.Int32 // runtime.GOMAXPROCS at the last count
 	next  atomic.Int64 // UnixNano of the next count
 }
 
@@ -126,6 +129,7 @@ func machinePollers(now time.Time) int {
 // is removed.
 func countPollers(now time.Time) {
 	pollers.next.Store(now.Add(pollersTTL).UnixNano())
+	pollers.procs.Store(int32(runtime.GOMAXPROCS(0)))
 	if pollers.f == nil {
 		pollers.count.Store(1)
 		return
@@ -186,4 +190,16 @@ func flock(fd, how int) error {
 // that may poll (the pollers registry).
 func spareCores(now time.Time) bool {
 	return machinePollers(now) <= runtime.NumCPU()
+}
+
+// spareProcs reports whether a poller leaves a P for the process's other
+// goroutines (GOMAXPROCS > 1) and the machine has a core for every
+// process that may poll: both as counted at most pollersTTL ago.
+func spareProcs(now time.Time) bool {
+	n := machinePollers(now)
+	procs := pollers.procs.Load()
+	if procs == 0 { // not counted yet (someone else is counting)
+		procs = int32(runtime.GOMAXPROCS(0))
+	}
+	return procs > 1 && n <= runtime.NumCPU()
 }
