@@ -64,7 +64,7 @@ def main():
     a = ap.parse_args()
     calls = a.n2 - a.n1
     groups = ['message', 'sched', 'timers', 'other']
-    print(f'instructions per call (callgrind, {a.n2} minus {a.n1} calls, both processes under valgrind)')
+    print(f'instructions per call (callgrind, {a.n2} minus {a.n1} calls, one process at a time under valgrind, its peer native)')
     print(f'{"variant":<24} {"process":<8} {"total":>8} ' + ' '.join(f'{g:>8}' for g in groups))
     per = {}
     for v in a.variants:
