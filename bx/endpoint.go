@@ -837,8 +837,10 @@ func (e *Endpoint) progress() {
 			idle, empty = time.Time{}, 0
 			continue
 		}
-		n, ok := e.pollStep(false)
-		if !ok {
+		e.pollMu.Lock()
+		n, err := e.pollLocked()
+		e.pollMu.Unlock()
+		if err != nil {
 			return
 		}
 		if n > 0 {
@@ -847,9 +849,9 @@ func (e *Endpoint) progress() {
 			// reader, the ticker) runs on another P, which takes it
 			// from ours within microseconds, or at the next yield
 			// (yielder). A yield after every completion cost the server
-			// about 1500 instructions a call, a third of its turn
-			// (scripts/bench-instr; docs/perf.md, "Twenty-seventh
-			// session").
+			// about 1500 instructions a call, a quarter of what it
+			// runs per call (scripts/bench-instr; docs/perf.md,
+			// "Twenty-seventh session").
 			if e.cfg.Spin > 0 && e.mayPoll() {
 				setSpinning(true)
 			}
@@ -894,7 +896,7 @@ func (e *Endpoint) progress() {
 			e.waitMu.Unlock()
 			continue
 		}
-		err := e.cq.Wait(e.stopCh)
+		err = e.cq.Wait(e.stopCh)
 		e.waitMu.Unlock()
 		if errors.Is(err, uverbs.ErrInterrupted) {
 			continue
@@ -1152,19 +1154,10 @@ func (e *Endpoint) pollStep(try bool) (n int, ok bool) {
 	} else if !e.pollMu.TryLock() {
 		return 0, true
 	}
+	defer e.pollMu.Unlock()
 	if e.cqGone {
-		e.pollMu.Unlock()
 		return 0, false
 	}
-	if len(e.acks) == 0 && e.retN.Load() == 0 && e.cq.Empty() && !e.cq.IsClosed() {
-		// Nothing to complete, free or re-post: an empty poll is this
-		// look at the ring's two indices (a waiter makes tens of them
-		// per call; pollLocked's calls made each several times dearer).
-		// A closed CQ reads as empty: pollLocked reports it.
-		e.pollMu.Unlock()
-		return 0, true
-	}
-	defer e.pollMu.Unlock() // also when a handler run inline panics
 	n, err := e.pollLocked()
 	return n, err == nil
 }
