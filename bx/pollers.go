@@ -196,10 +196,10 @@ func spareCores(now time.Time) bool {
 // goroutines (GOMAXPROCS > 1) and the machine has a core for every
 // process that may poll: both as counted at most pollersTTL ago.
 func spareProcs(now time.Time) bool {
-	n := machinePollers(now)
+	spare := spareCores(now) // first: it refreshes procs when due
 	procs := pollers.procs.Load()
 	if procs == 0 { // not counted yet (someone else is counting)
 		procs = int32(runtime.GOMAXPROCS(0))
 	}
-	return procs > 1 && n <= runtime.NumCPU()
+	return procs > 1 && spare
 }
