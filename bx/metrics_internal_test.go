@@ -135,3 +135,41 @@ func TestObserveCallAllocs(t *testing.T) {
 		}
 	}
 }
+
+// The stream cache keeps its first streams in an array and the rest in a
+// map; a stream's calls land in its class on either side, and again after
+// the class function changes.
+func TestStreamCacheSpill(t *testing.T) {
+	var e Endpoint
+	m := &e.met
+	start := time.Now()
+	const streams = 20 // past the array's 8
+	for round := range 3 {
+		for s := range uint32(streams) {
+			m.observeCall(s, start, nil)
+			if got := m.class(s).name; got != fmt.Sprint(s) {
+				t.Fatalf("round %d: stream %d in class %q", round, s, got)
+			}
+		}
+	}
+	if n := m.streams.Load().len(); n != streams {
+		t.Errorf("cache holds %d streams, want %d", n, streams)
+	}
+	calls := map[string]uint64{}
+	for _, c := range e.Snapshot().Classes {
+		calls[c.Class] = c.Latency.Count
+	}
+	for s := range streams {
+		if got := calls[fmt.Sprint(s)]; got != 3 {
+			t.Errorf("class %d: %d calls, want 3", s, got)
+		}
+	}
+	if err := e.SetStreamClass(func(s uint32) string { return []string{"a", "b", "c"}[s%3] }); err != nil {
+		t.Fatal(err)
+	}
+	for s := range uint32(streams) {
+		if got, want := m.class(s).name, []string{"a", "b", "c"}[s%3]; got != want {
+			t.Errorf("after SetStreamClass: stream %d in class %q, want %q", s, got, want)
+		}
+	}
+}

@@ -4,7 +4,15 @@ one more call costs (callgrind's self counts of the N2-call run minus the
 N1-call run, over N2-N1), in groups, and the message group's heaviest
 functions.
 
-    bench-instr.py [--top K] OUTDIR N1 N2 VARIANT...
+    bench-instr.py [--top K] [--bin PATH] [--base-bin PATH] OUTDIR N1 N2 VARIANT...
+
+With --bin (and --base-bin for the variant base), also each process's code
+footprint per call: the functions that run at least once in most calls
+(5 or more instructions per call) and the bytes of machine code they hold
+(`go tool nm -size`). Under TCG a round trip's kernel legs lengthen with
+the code the process runs between its doorbells (docs/perf.md,
+"Twenty-eighth session"), so this is a second figure to cut, next to the
+instructions.
 """
 import argparse
 import re
@@ -44,6 +52,17 @@ def selfcounts(path):
     return counts
 
 
+def code_sizes(binary):
+    """Function -> bytes of machine code, from go tool nm -size."""
+    out = subprocess.run(['go', 'tool', 'nm', '-size', binary], capture_output=True, text=True, check=True).stdout
+    sizes = {}
+    for line in out.splitlines():
+        f = line.split(None, 3)
+        if len(f) == 4 and f[2] in ('T', 't'):
+            sizes[f[3]] = int(f[1])
+    return sizes
+
+
 def group(name):
     if MESSAGE.search(name):
         return 'message'
@@ -57,6 +76,8 @@ def group(name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--top', type=int, default=15)
+    ap.add_argument('--bin', help='the binary of every variant but base (for the code footprint)')
+    ap.add_argument('--base-bin', help="the variant base's binary")
     ap.add_argument('out')
     ap.add_argument('n1', type=int)
     ap.add_argument('n2', type=int)
@@ -65,7 +86,13 @@ def main():
     calls = a.n2 - a.n1
     groups = ['message', 'sched', 'timers', 'other']
     print(f'instructions per call (callgrind, {a.n2} minus {a.n1} calls, one process at a time under valgrind, its peer native)')
-    print(f'{"variant":<24} {"process":<8} {"total":>8} ' + ' '.join(f'{g:>8}' for g in groups))
+    sizes = {}
+    if a.bin:
+        sizes['*'] = code_sizes(a.bin)
+    if a.base_bin:
+        sizes['base'] = code_sizes(a.base_bin)
+    foot = ' functions  code KiB' if sizes else ''
+    print(f'{"variant":<24} {"process":<8} {"total":>8} ' + ' '.join(f'{g:>8}' for g in groups) + foot)
     per = {}
     for v in a.variants:
         for side in ('cli', 'srv'):
@@ -80,7 +107,12 @@ def main():
             g = {x: 0.0 for x in groups}
             for k, x in d.items():
                 g[group(k)] += x
-            print(f'{v:<24} {side:<8} {sum(d.values()):8.0f} ' + ' '.join(f'{g[x]:8.0f}' for x in groups))
+            line = f'{v:<24} {side:<8} {sum(d.values()):8.0f} ' + ' '.join(f'{g[x]:8.0f}' for x in groups)
+            sz = sizes.get('base' if v == 'base' else '*')
+            if sz is not None:
+                hot = [k for k, x in d.items() if x >= 5]
+                line += f' {len(hot):9d} {sum(sz.get(k, sz.get(k + ".abi0", 0)) for k in hot) / 1024:9.1f}'
+            print(line)
     for (v, side), d in per.items():
         rows = sorted(((x, k) for k, x in d.items() if group(k) == 'message'), reverse=True)[:a.top]
         print(f'\n{v} {side}: the message group\'s heaviest functions (self, per call)')
