@@ -232,6 +232,11 @@ func (m *metricsState) class(stream uint32) *classStats {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if p := m.streams.Load(); p != nil {
+		if c := p.lookup(stream); c != nil {
+			return c // another caller added it meanwhile: no second entry
+		}
+	}
 	name := strconv.FormatUint(uint64(stream), 10)
 	if m.classFn != nil {
 		name = cleanClass(m.classFn(stream))
