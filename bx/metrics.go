@@ -232,8 +232,9 @@ func (m *metricsState) class(stream uint32) *classStats {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if p := m.streams.Load(); p != nil {
-		if c := p.lookup(stream); c != nil {
+	old := m.streams.Load() // stores happen under mu: this stays current
+	if old != nil {
+		if c := old.lookup(stream); c != nil {
 			return c // another caller added it meanwhile: no second entry
 		}
 	}
@@ -255,7 +256,6 @@ func (m *metricsState) class(stream uint32) *classStats {
 			m.classes[name] = c
 		}
 	}
-	old := m.streams.Load()
 	if old.len() < maxCachedStreams {
 		n := &streamCache{}
 		if old != nil {
