@@ -243,6 +243,7 @@ type Endpoint struct {
 	// (publishQPNs, publishHandlers) and read without a lock by whoever
 	// polls: a completion's lane and a request's handler cost no lock.
 	qpns     atomic.Pointer[map[uint32]*lane]
+	laneHit  laneHit // laneOf's cache (pollMu)
 	hands    atomic.Pointer[map[uint32]handler]
 	accepted chan *Peer
 	lns      []net.Listener
@@ -720,6 +721,12 @@ func tick() time.Duration {
 // (the ticker takes a poke and then looks; a poke before the change could
 // be taken by a look that misses it).
 func (e *Endpoint) poke() {
+	if len(e.kick) == cap(e.kick) {
+		// One is pending: the ticker looks after taking it, so after
+		// this change too. (The select below would find it full as
+		// well; this spares the runtime call, three a message.)
+		return
+	}
 	select {
 	case e.kick <- struct{}{}:
 	default:
@@ -1285,11 +1292,28 @@ func (e *Endpoint) worker(w work) {
 	}
 }
 
+// laneOf returns the lane of QP qpn (nil: none of ours), through a
+// one-entry cache of the last answer: a published map never changes (publishQPNs makes a new
+// one), so the answer stands while the map and the QP number are the
+// same. Most completions in a row are one lane's. pollMu is held.
 func (e *Endpoint) laneOf(qpn uint32) *lane {
-	if m := e.qpns.Load(); m != nil {
-		return (*m)[qpn]
+	m := e.qpns.Load()
+	if c := &e.laneHit; c.m == m && c.qpn == qpn && m != nil {
+		return c.l
 	}
-	return nil
+	var l *lane
+	if m != nil {
+		l = (*m)[qpn]
+	}
+	e.laneHit = laneHit{m: m, qpn: qpn, l: l}
+	return l
+}
+
+// laneHit is laneOf's cache.
+type laneHit struct {
+	m   *map[uint32]*lane
+	qpn uint32
+	l   *lane
 }
 
 // publishQPNs publishes a copy of byQPN for laneOf. e.mu is held.

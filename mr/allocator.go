@@ -343,10 +343,18 @@ func (b Buf) Handle() uint64 { return uint64(b.gen)<<32 | uint64(b.id) }
 // SGE is the SGE for the first n bytes. It panics if n is outside
 // [0, Cap()], like slicing.
 func (b Buf) SGE(n int) uverbs.SGE {
-	if n < 0 || n > b.Cap() {
-		panic(fmt.Sprintf("mr: Buf.SGE(%d) outside the %d-byte buffer", n, b.Cap()))
+	if c := b.Cap(); uint(n) > uint(c) {
+		panic(sgeRangeError{n, c})
 	}
-	return uverbs.SGE{Addr: b.Addr(), Length: uint32(n), LKey: b.lkey}
+	return uverbs.SGE{Addr: uint64(uintptr(b.p)), Length: uint32(n), LKey: b.lkey}
+}
+
+// sgeRangeError is SGE's panic value: formatted when printed, so that SGE
+// stays small enough to inline (it is on every send and receive of bx).
+type sgeRangeError struct{ n, size int }
+
+func (e sgeRangeError) Error() string {
+	return fmt.Sprintf("mr: Buf.SGE(%d) outside the %d-byte buffer", e.n, e.size)
 }
 
 // classOf returns the smallest class holding n bytes. Alloc(0) gets the

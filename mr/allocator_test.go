@@ -3,6 +3,7 @@ package mr
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"regexp"
@@ -861,6 +862,17 @@ func TestBufResize(t *testing.T) {
 	}
 	if _, err := (Buf{}).Resize(0); !errors.Is(err, ErrForeignBuf) {
 		t.Errorf("zero Buf Resize = %v, want ErrForeignBuf", err)
+	}
+	for _, n := range []int{-1, 4097, 1 << 62} {
+		func() {
+			defer func() {
+				err, _ := recover().(error)
+				if err == nil || err.Error() != fmt.Sprintf("mr: Buf.SGE(%d) outside the 4096-byte buffer", n) {
+					t.Errorf("SGE(%d) panicked with %v, want an error naming n and the buffer's size", n, err)
+				}
+			}()
+			b.SGE(n)
+		}()
 	}
 	// A resized copy frees the buffer; the original is then a double free.
 	r, _ := b.Resize(10)
