@@ -1293,9 +1293,10 @@ func (e *Endpoint) worker(w work) {
 }
 
 // laneOf returns the lane of QP qpn (nil: none of ours), through a
-// one-entry cache of the last answer: a published map never changes (publishQPNs makes a new
-// one), so the answer stands while the map and the QP number are the
-// same. Most completions in a row are one lane's. pollMu is held.
+// one-entry cache of the last answer: a published map never changes
+// (publishQPNs makes a new one), so the answer stands while the map and
+// the QP number are the same. Most completions in a row are one lane's.
+// Only complete calls it: pollMu is held.
 func (e *Endpoint) laneOf(qpn uint32) *lane {
 	m := e.qpns.Load()
 	if c := &e.laneHit; c.m == m && c.qpn == qpn && m != nil {
