@@ -470,54 +470,72 @@ func (a *arrivals) count() (steps, late int64) {
 	return a.before + late, late
 }
 
-func psWorker(args []string, stdout, stderr io.Writer) error {
+// psWorkerOpts are `goverbs ps worker`'s flags, checked, and the
+// workload they name.
+type psWorkerOpts struct {
+	transport, workload, device, metricsAddr string
+	servers                                  []string
+	w                                        psWorkload
+	workers, depth                           int
+	duration, spin                           time.Duration
+	seed                                     uint64
+	rate                                     float64
+}
+
+// parsePSWorker reads and checks a worker's flags.
+func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
+	o := &psWorkerOpts{}
 	fs := flag.NewFlagSet("goverbs ps worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	transport := fs.String("transport", "rdma", "rdma or tcp")
+	fs.StringVar(&o.transport, "transport", "rdma", "rdma or tcp")
 	addrs := fs.String("addrs", "", "server addresses, comma separated")
-	workload := fs.String("workload", "inference", "inference, training, incast or pull")
-	workers := fs.Int("workers", 1, "worker goroutines")
-	duration := fs.Duration("duration", 10*time.Second, "measured time")
-	device := fs.String("device", "", "RDMA device")
-	seed := fs.Uint64("seed", 1, "random seed")
-	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin (0: bx's default, 250us; negative: event-driven)")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT")
-	rate := fs.Float64("rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
-	depth := fs.Int("depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
+	fs.StringVar(&o.workload, "workload", "inference", "inference, training, incast or pull")
+	fs.IntVar(&o.workers, "workers", 1, "worker goroutines")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time")
+	fs.StringVar(&o.device, "device", "", "RDMA device")
+	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
+	fs.DurationVar(&o.spin, "spin", 0, "rdma: bx Config.Spin (0: bx's default, 250us; negative: event-driven)")
+	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics on HOST:PORT")
+	fs.Float64Var(&o.rate, "rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
+	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
 	if _, err := parseGetopt(fs, args); err != nil {
-		return err
+		return nil, err
 	}
-	if err := checkDepth(*depth, *workload, *rate); err != nil {
-		return err
+	if err := checkDepth(o.depth, o.workload, o.rate); err != nil {
+		return nil, err
 	}
-	if err := checkMetricsAddr(*metricsAddr); err != nil {
-		return err
+	if err := checkMetricsAddr(o.metricsAddr); err != nil {
+		return nil, err
 	}
-	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
-		return usageError("--rate %v: want steps per second >= 0", *rate)
+	if o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0) {
+		return nil, usageError("--rate %v: want steps per second >= 0", o.rate)
 	}
-	servers := strings.Split(*addrs, ",")
-	w, err := psWorkloadOf(*workload, len(servers))
+	o.servers = strings.Split(*addrs, ",")
+	w, err := psWorkloadOf(o.workload, len(o.servers))
 	if err != nil {
-		return usageError("%v", err)
+		return nil, usageError("%v", err)
 	}
-	c, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: servers, Device: *device, Token: psToken(), BX: bx.Config{Spin: *spin}})
+	o.w = w
+	return o, nil
+}
+
+// psWorker is one worker process of `ps bench`: it warms up, says it is
+// ready, waits for the parent's go (a line on stdin), steps for the
+// duration while it reports progress, and reports its result, each a
+// JSON line on stdout.
+func psWorker(args []string, stdout, stderr io.Writer) error {
+	o, err := parsePSWorker(args, stderr)
+	if err != nil {
+		return err
+	}
+	c, err := ps.Dial(ps.ClientConfig{Transport: o.transport, Servers: o.servers, Device: o.device, Token: psToken(), BX: bx.Config{Spin: o.spin}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	ready := map[string]any{"ready": true}
-	if *metricsAddr != "" {
-		mc := metrics.NewCollector()
-		if ep := c.Endpoint(); ep != nil {
-			if err := mc.AddBX(ep); err != nil {
-				return err
-			}
-		}
-		if err := mc.AddPSClient(c); err != nil {
-			return err
-		}
-		url, stop, err := startMetrics(*metricsAddr, mc, nil)
+	if o.metricsAddr != "" {
+		url, stop, err := serveClientMetrics(c, o.metricsAddr, nil)
 		if err != nil {
 			return err
 		}
@@ -526,44 +544,74 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	}
 	out := json.NewEncoder(stdout)
 	ctx := context.Background()
-	res := workerResult{Pull: hist.NewFine(), Push: hist.NewFine()}
 	var ops atomic.Int64
-	steppers := make([]*psStepper, *workers)
+	steppers, err := o.steppers(ctx, c, &ops)
+	if err != nil {
+		return err
+	}
+	out.Encode(ready)
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for go: %w", err)
+	}
+	res := o.drive(ctx, steppers, &ops, out)
+	return out.Encode(map[string]any{"result": res})
+}
+
+// serveClientMetrics serves c's metrics (its bx endpoint's, if it has
+// one, and the ps client's) with extra gatherers on addr.
+func serveClientMetrics(c *ps.Client, addr string, labels prometheus.Labels, extra ...prometheus.Gatherer) (url string, stop func(), err error) {
+	mc := metrics.NewCollector()
+	if ep := c.Endpoint(); ep != nil {
+		if err := mc.AddBX(ep); err != nil {
+			return "", nil, err
+		}
+	}
+	if err := mc.AddPSClient(c); err != nil {
+		return "", nil, err
+	}
+	return startMetrics(addr, mc, labels, extra...)
+}
+
+// steppers makes a stepper per worker goroutine and warms each up
+// (connections, buffers, the servers' first touch).
+func (o *psWorkerOpts) steppers(ctx context.Context, c *ps.Client, ops *atomic.Int64) ([]*psStepper, error) {
+	steppers := make([]*psStepper, o.workers)
 	for i := range steppers {
-		steppers[i] = &psStepper{c: c, w: w, rng: mrand.New(mrand.NewPCG(*seed, uint64(i))), keys: make([]uint64, 128),
+		steppers[i] = &psStepper{c: c, w: o.w, rng: mrand.New(mrand.NewPCG(o.seed, uint64(i))), keys: make([]uint64, 128),
 			rows: make([]float32, 128*embDim), small: make([]float32, 4096), large: make([]float32, 65536),
-			incast: make([]float32, 16384), pull: hist.NewFine(), push: hist.NewFine(), ops: &ops, incastNm: incastTensor(len(servers))}
-		if *depth > 1 {
-			steppers[i].slots = make([]pullSlot, *depth)
+			incast: make([]float32, 16384), pull: hist.NewFine(), push: hist.NewFine(), ops: ops, incastNm: incastTensor(len(o.servers))}
+		if o.depth > 1 {
+			steppers[i].slots = make([]pullSlot, o.depth)
 			for j := range steppers[i].slots {
 				steppers[i].slots[j] = pullSlot{keys: make([]uint64, 32), rows: make([]float32, 32*embDim)}
 			}
 		}
-		// Warm up: connections, buffers, the servers' first touch.
 		for range 3 {
 			if err := steppers[i].step(ctx, false); err != nil {
-				return fmt.Errorf("warm-up: %w", err)
+				return nil, fmt.Errorf("warm-up: %w", err)
 			}
 		}
 	}
-	out.Encode(ready)
-	// Wait for the parent's go (a line on stdin).
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return fmt.Errorf("waiting for go: %w", err)
-	}
+	return steppers, nil
+}
+
+// drive runs the steppers for the duration, a goroutine each, writes
+// the operations done so far to out every second, and returns what they
+// measured. Closed loop: each worker goroutine steps again as soon as
+// its step is done. Open loop (--rate): arrivals come on a schedule
+// whatever the completions, and a free worker goroutine takes the next
+// one.
+func (o *psWorkerOpts) drive(ctx context.Context, steppers []*psStepper, ops *atomic.Int64, out *json.Encoder) workerResult {
 	u0, s0 := ps.CPUTime()
 	t0 := time.Now()
-	end := t0.Add(*duration)
+	end := t0.Add(o.duration)
 	var wg sync.WaitGroup
 	var errs atomic.Int64
 	var firstErr atomic.Value
 	var steps atomic.Int64 // closed loop: steps done in the measured time
-	// Closed loop: each worker goroutine steps again as soon as its step
-	// is done. Open loop (--rate): arrivals come on a schedule whatever
-	// the completions, and a free worker goroutine takes the next one.
 	var arr *arrivals
-	if *rate > 0 {
-		arr = &arrivals{next: t0, end: end, rate: *rate, rng: mrand.New(mrand.NewPCG(*seed, 1<<32))}
+	if o.rate > 0 {
+		arr = &arrivals{next: t0, end: end, rate: o.rate, rng: mrand.New(mrand.NewPCG(o.seed, 1<<32))}
 	}
 	for _, st := range steppers {
 		wg.Add(1)
@@ -614,6 +662,7 @@ loop:
 			out.Encode(map[string]any{"progress": ops.Load()})
 		}
 	}
+	res := workerResult{Pull: hist.NewFine(), Push: hist.NewFine()}
 	if arr != nil {
 		res.Steps, res.Late = arr.count()
 	} else {
@@ -630,7 +679,7 @@ loop:
 	if e, ok := firstErr.Load().(string); ok {
 		res.FirstErr = e
 	}
-	return out.Encode(map[string]any{"result": res})
+	return res
 }
 
 // benchResult is bench's --json output.
@@ -679,385 +728,477 @@ type benchOp struct {
 
 type rdmaCounter map[string]uint64
 
-func psBench(args []string, stdout, stderr io.Writer) error {
+// psBenchOpts are `goverbs ps bench`'s flags, checked.
+type psBenchOpts struct {
+	transport, workload      string
+	workers, servers, procs  int
+	duration                 time.Duration
+	json                     bool
+	addrs, device, srvDevice string
+	spin                     time.Duration
+	sharedTargets            bool
+	metricsAddr              string
+	depth                    int
+	rates                    []float64 // one run each; 0 is closed loop
+}
+
+// parsePSBench reads and checks bench's flags.
+func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
+	o := &psBenchOpts{}
 	fs := flag.NewFlagSet("goverbs ps bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	transport := fs.String("transport", "rdma", "rdma (ByteExpress) or tcp")
-	workload := fs.String("workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server), pull (inference's pull alone, one worker)")
-	workers := fs.Int("workers", 0, "worker goroutines in all (default: 4, incast 16)")
-	servers := fs.Int("servers", 2, "servers to start")
-	procs := fs.Int("worker-procs", 0, "worker processes (default: one per 8 workers)")
-	duration := fs.Duration("duration", 10*time.Second, "measured time")
-	jsonOut := fs.Bool("json", false, "print one JSON object")
-	addrs := fs.String("addrs", "", "existing servers (IP:PORT,...); default: start --servers children")
-	device := fs.String("device", "", "workers' RDMA device (default: the first ACTIVE one)")
-	srvDevice := fs.String("server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
-	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
-	sharedTargets := fs.Bool("shared-targets", false, "rdma: the servers' bx Config.SharedTargets (one rkey for all rendezvous targets instead of a memory window per transfer)")
-	metricsAddr := fs.String("metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
-	depth := fs.Int("depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
+	fs.StringVar(&o.transport, "transport", "rdma", "rdma (ByteExpress) or tcp")
+	fs.StringVar(&o.workload, "workload", "inference", "inference (pull-heavy, small sparse batches), training (dense and sparse push+pull), incast (all workers push to one server), pull (inference's pull alone, one worker)")
+	fs.IntVar(&o.workers, "workers", 0, "worker goroutines in all (default: 4, incast 16)")
+	fs.IntVar(&o.servers, "servers", 2, "servers to start")
+	fs.IntVar(&o.procs, "worker-procs", 0, "worker processes (default: one per 8 workers)")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object")
+	fs.StringVar(&o.addrs, "addrs", "", "existing servers (IP:PORT,...); default: start --servers children")
+	fs.StringVar(&o.device, "device", "", "workers' RDMA device (default: the first ACTIVE one)")
+	fs.StringVar(&o.srvDevice, "server-device", "", "servers' RDMA device (default: the second ACTIVE one, else the first)")
+	fs.DurationVar(&o.spin, "spin", 0, "rdma: bx Config.Spin of servers and workers (0: bx's default, 250us; negative: event-driven)")
+	fs.BoolVar(&o.sharedTargets, "shared-targets", false, "rdma: the servers' bx Config.SharedTargets (one rkey for all rendezvous targets instead of a memory window per transfer)")
+	fs.StringVar(&o.metricsAddr, "metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
+	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
-		return err
+		return nil, err
 	}
-	rateList := []float64{*rate}
+	o.rates = []float64{*rate}
 	if *rates != "" {
 		if *rate != 0 {
-			return usageError("--rate and --rates: give one")
+			return nil, usageError("--rate and --rates: give one")
 		}
-		rateList = rateList[:0]
+		o.rates = o.rates[:0]
 		for _, f := range strings.Split(*rates, ",") {
 			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 			if err != nil || r <= 0 || math.IsInf(r, 0) {
-				return usageError("--rates %q: %q is not a rate (steps per second > 0)", *rates, f)
+				return nil, usageError("--rates %q: %q is not a rate (steps per second > 0)", *rates, f)
 			}
-			rateList = append(rateList, r)
+			o.rates = append(o.rates, r)
 		}
 	}
 	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
-		return usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
+		return nil, usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
 	}
-	if err := checkDepth(*depth, *workload, *rate+float64(len(*rates))); err != nil {
-		return err
+	if err := checkDepth(o.depth, o.workload, *rate+float64(len(*rates))); err != nil {
+		return nil, err
 	}
-	if *metricsAddr != "" && len(rateList) > 1 {
-		return usageError("--metrics serves one run: not with --rates")
+	if o.metricsAddr != "" && len(o.rates) > 1 {
+		return nil, usageError("--metrics serves one run: not with --rates")
 	}
-	if *transport != "rdma" && *transport != "tcp" {
-		return usageError("--transport %q: want rdma or tcp", *transport)
+	if o.transport != "rdma" && o.transport != "tcp" {
+		return nil, usageError("--transport %q: want rdma or tcp", o.transport)
 	}
-	if err := checkMetricsAddr(*metricsAddr); err != nil {
-		return err
+	if err := checkMetricsAddr(o.metricsAddr); err != nil {
+		return nil, err
 	}
-	// With --metrics every child serves its own on a loopback port and
-	// this process serves them all, each labelled with its process.
-	var childMetrics []prometheus.Gatherer
-	childArgs := func(args ...string) []string {
-		if *metricsAddr != "" {
-			args = append(args, "--metrics", "127.0.0.1:0")
-		}
-		return args
-	}
-	addChild := func(name, url string) error {
-		if *metricsAddr == "" {
-			return nil
-		}
-		if url == "" {
-			return fmt.Errorf("%s did not report its metrics endpoint", name)
-		}
-		g, err := metrics.Scraped(url, map[string]string{"process": name})
-		if err != nil {
-			return err
-		}
-		childMetrics = append(childMetrics, g)
-		return nil
-	}
-	w, err := psWorkloadOf(*workload, max(*servers, 1))
+	w, err := psWorkloadOf(o.workload, max(o.servers, 1))
 	if err != nil {
-		return usageError("%v", err)
+		return nil, usageError("%v", err)
 	}
-	if *workers <= 0 {
-		*workers = w.workers
+	if o.workers <= 0 {
+		o.workers = w.workers
 	}
-	if *procs <= 0 {
-		*procs = (*workers + 7) / 8
+	if o.procs <= 0 {
+		o.procs = (o.workers + 7) / 8
 	}
-	*procs = min(*procs, *workers)
-	self, err := os.Executable()
+	o.procs = min(o.procs, o.workers)
+	return o, nil
+}
+
+// psBencher runs bench: its server and worker children, its own control
+// client, and the metrics the children serve.
+type psBencher struct {
+	o      *psBenchOpts
+	stderr io.Writer
+	self   string // this executable, run as the children
+
+	srvIP, cliDev, srvDev string
+	list                  []string // the servers' addresses
+	children              []*exec.Cmd
+	childMetrics          []prometheus.Gatherer
+	ctl                   *ps.Client
+}
+
+func psBench(args []string, stdout, stderr io.Writer) error {
+	o, err := parsePSBench(args, stderr)
 	if err != nil {
 		return err
 	}
-	// Devices: servers on the second ACTIVE device and its IP, workers on
-	// the first; tcp uses the same addresses (so its traffic crosses the
-	// same link), or loopback without devices.
-	devs, _ := ps.ActiveDevices()
-	srvIP, cliDev, srvDev := "127.0.0.1", *device, *srvDevice
-	if len(devs) > 0 {
-		s := devs[len(devs)-1]
-		if len(devs) > 1 {
-			s = devs[1]
-		}
-		if srvDev != "" {
-			for _, d := range devs {
-				if d.Name == srvDev {
-					s = d
-				}
-			}
-		}
-		srvDev, srvIP = s.Name, s.IP.String()
-		if cliDev == "" {
-			cliDev = devs[0].Name
-		}
+	b := &psBencher{o: o, stderr: stderr}
+	if b.self, err = os.Executable(); err != nil {
+		return err
 	}
-	if *transport == "rdma" && cliDev == "" {
-		return errors.New("no ACTIVE RDMA device for rdma (run it through scripts/vm, or use --transport tcp)")
+	if err := b.placeDevices(); err != nil {
+		return err
 	}
 	if os.Getenv(psTokenEnv) == "" {
-		var b [16]byte
-		rand.Read(b[:])
-		os.Setenv(psTokenEnv, hex.EncodeToString(b[:]))
+		var t [16]byte
+		rand.Read(t[:])
+		os.Setenv(psTokenEnv, hex.EncodeToString(t[:]))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var list []string
-	var children []*exec.Cmd
-	defer func() {
-		for _, c := range children {
-			c.Process.Signal(syscall.SIGTERM)
-		}
-		for _, c := range children {
-			done := make(chan struct{})
-			go func() { c.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				c.Process.Kill()
-				<-done
-			}
-		}
-	}()
-	if *addrs != "" {
-		list = strings.Split(*addrs, ",")
-	} else {
-		for i := range *servers {
-			cmd := exec.Command(self, childArgs("ps", "serve", "--transport", *transport, "--listen", srvIP+":0", "--device", srvDev, "--spin", spin.String(), "--shared-targets="+strconv.FormatBool(*sharedTargets))...)
-			cmd.Stderr = stderr
-			out, _ := cmd.StdoutPipe()
-			if err := cmd.Start(); err != nil {
-				return err
-			}
-			children = append(children, cmd)
-			var hello struct{ Addr, Metrics string }
-			line, err := bufio.NewReader(out).ReadBytes('\n')
-			if err == nil {
-				err = json.Unmarshal(line, &hello)
-			}
-			if err != nil || hello.Addr == "" {
-				return fmt.Errorf("server child did not start: %q %v", line, err)
-			}
-			list = append(list, hello.Addr)
-			if err := addChild(fmt.Sprintf("server%d", i), hello.Metrics); err != nil {
-				return err
-			}
-		}
-	}
-	w, _ = psWorkloadOf(*workload, len(list))
-	// The parent's own client: defines the parameters, reads server CPU.
-	// Event-driven (Spin < 0): a polling endpoint registers its process
-	// as a poller (bx/pollers.go), and a third poller on a two-CPU guest
-	// turned every server and worker endpoint to events.
-	ctl, err := ps.Dial(ps.ClientConfig{Transport: *transport, Servers: list, Device: cliDev, Token: psToken(), BX: bx.Config{Spin: -1}})
-	if err != nil {
+	defer b.stopChildren()
+	if err := b.startServers(); err != nil {
 		return err
 	}
-	defer ctl.Close()
-	if err := ctl.Define(ctx, w.specs...); err != nil {
+	if err := b.dialControl(ctx); err != nil {
 		return err
 	}
-	// run runs the workers once: in closed loop (rate 0) or at rate steps
-	// per second in all, split over the worker processes by their
-	// goroutines.
-	run := func(rate float64) (benchResult, error) {
-		type wproc struct {
-			cmd   *exec.Cmd
-			in    io.WriteCloser
-			lines *bufio.Scanner
-			prog  atomic.Int64
-			res   *workerResult
-			err   error
-		}
-		var wps []*wproc
-		for i := range *procs {
-			n := *workers / *procs
-			if i < *workers%*procs {
-				n++
-			}
-			cmd := exec.Command(self, childArgs("ps", "worker", "--transport", *transport, "--addrs", strings.Join(list, ","), "--workload", *workload,
-				"--workers", strconv.Itoa(n), "--duration", duration.String(), "--device", cliDev, "--seed", strconv.Itoa(i+1), "--spin", spin.String(),
-				"--rate", strconv.FormatFloat(rate*float64(n)/float64(*workers), 'g', -1, 64), "--depth", strconv.Itoa(*depth))...)
-			cmd.Stderr = stderr
-			in, _ := cmd.StdinPipe()
-			out, _ := cmd.StdoutPipe()
-			if err := cmd.Start(); err != nil {
-				return benchResult{}, err
-			}
-			children = append(children, cmd)
-			sc := bufio.NewScanner(out)
-			sc.Buffer(make([]byte, 1<<20), 16<<20)
-			wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
-		}
-		for i, p := range wps {
-			var ready struct {
-				Ready   bool
-				Metrics string
-			}
-			if !p.lines.Scan() || json.Unmarshal(p.lines.Bytes(), &ready) != nil || !ready.Ready {
-				return benchResult{}, fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
-			}
-			if err := addChild(fmt.Sprintf("worker%d", i), ready.Metrics); err != nil {
-				return benchResult{}, err
-			}
-		}
-		if *metricsAddr != "" {
-			// The parent's own client (Define, server CPU) is process="bench".
-			mc := metrics.NewCollector()
-			if ep := ctl.Endpoint(); ep != nil {
-				if err := mc.AddBX(ep); err != nil {
-					return benchResult{}, err
-				}
-			}
-			if err := mc.AddPSClient(ctl); err != nil {
-				return benchResult{}, err
-			}
-			url, stop, err := startMetrics(*metricsAddr, mc, prometheus.Labels{"process": "bench"}, childMetrics...)
-			if err != nil {
-				return benchResult{}, err
-			}
-			defer stop()
-			fmt.Fprintf(stderr, "ps bench: metrics of %d processes on %s\n", len(childMetrics)+1, url)
-		}
-		before, err := ctl.Stats(ctx)
-		if err != nil {
-			return benchResult{}, err
-		}
-		c0 := readRDMACounters()
-		for _, p := range wps {
-			io.WriteString(p.in, "go\n")
-		}
-		var wg sync.WaitGroup
-		for _, p := range wps {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for p.lines.Scan() {
-					var m struct {
-						Progress *int64
-						Result   *workerResult
-					}
-					if err := json.Unmarshal(p.lines.Bytes(), &m); err != nil {
-						continue
-					}
-					if m.Progress != nil {
-						p.prog.Store(*m.Progress)
-					}
-					if m.Result != nil {
-						p.res = m.Result
-					}
-				}
-				p.err = p.cmd.Wait()
-			}()
-		}
-		start := time.Now()
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		tick := time.NewTicker(2 * time.Second)
-		defer tick.Stop()
-		progress := *duration >= 4*time.Second
-	wait:
-		for {
-			select {
-			case <-done:
-				break wait
-			case <-tick.C:
-				if progress {
-					var n int64
-					for _, p := range wps {
-						n += p.prog.Load()
-					}
-					fmt.Fprintf(stderr, "ps bench %s %s: %.0fs/%v, %d ops\n", *transport, *workload, time.Since(start).Seconds(), *duration, n)
-				}
-			}
-		}
-		after, err := ctl.Stats(ctx)
-		if err != nil {
-			return benchResult{}, err
-		}
-		c1 := readRDMACounters()
-		res := benchResult{Transport: *transport, Workload: *workload, Workers: *workers, Servers: len(list), WorkerProcs: *procs}
-		if *depth > 1 {
-			res.Depth = *depth
-		}
-		pull, push := hist.NewFine(), hist.NewFine()
-		var wall int64
-		for i, p := range wps {
-			if p.res == nil {
-				return benchResult{}, fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
-			}
-			pull.Merge(p.res.Pull)
-			push.Merge(p.res.Push)
-			res.WorkerCPU += float64(p.res.CPUns) / 1e9
-			res.Errors += p.res.Errors
-			if p.res.FirstErr != "" {
-				fmt.Fprintf(stderr, "ps bench: worker %d: %d errors, first: %s\n", i, p.res.Errors, p.res.FirstErr)
-			}
-			wall = max(wall, p.res.Wallns)
-		}
-		for i := range after {
-			res.ServerCPU += (after[i].User + after[i].System - before[i].User - before[i].System).Seconds()
-		}
-		res.CPU = res.ServerCPU + res.WorkerCPU
-		res.Duration = float64(wall) / 1e9
-		total := pull.N + push.N
-		for _, o := range []struct {
-			name string
-			h    *hist.Fine
-		}{{"pull", pull}, {"push", push}} {
-			if o.h.N == 0 {
-				continue
-			}
-			op := benchOp{Op: o.name, Count: o.h.N, Mean: o.h.Mean() / 1e3, P50: o.h.Quantile(0.5) / 1e3, P99: o.h.Quantile(0.99) / 1e3,
-				P999: o.h.Quantile(0.999) / 1e3, OpsPerSec: float64(o.h.N) / res.Duration, Hist: o.h.Buckets()}
-			if total > 0 {
-				op.CPUPerKop = res.CPU / (float64(total) / 1000)
-			}
-			res.Ops = append(res.Ops, op)
-		}
-		if c0 != nil && c1 != nil {
-			res.Counters = rdmaCounter{}
-			for k, v := range c1 {
-				res.Counters[k] = v - c0[k]
-			}
-			var rnr uint64
-			for k, v := range res.Counters {
-				if strings.Contains(k, "rnr") {
-					rnr += v
-				}
-			}
-			res.RNR = &rnr
-		}
-		var steps, late int64
-		for _, p := range wps {
-			steps += p.res.Steps
-			late += p.res.Late
-		}
-		if res.Duration > 0 {
-			res.Achieved = float64(steps-late) / res.Duration
-		}
-		if rate > 0 {
-			res.Offered = rate
-			res.Late = late
-		}
-		res.MTU, res.IBMTU = linkMTU(srvDev)
-		return res, nil
-	}
+	defer b.ctl.Close()
 	var all []benchResult
-	for _, rate := range rateList {
-		res, err := run(rate)
+	for _, rate := range o.rates {
+		res, err := b.run(ctx, rate)
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
+		if o.json {
 			if err := json.NewEncoder(stdout).Encode(res); err != nil {
 				return err
 			}
 		}
 		all = append(all, res)
 	}
-	if !*jsonOut {
+	if !o.json {
 		printBench(stdout, all)
 	}
 	return nil
+}
+
+// placeDevices puts the servers on the second ACTIVE device and its IP,
+// the workers on the first; tcp uses the same addresses (so its traffic
+// crosses the same link), or loopback without devices.
+func (b *psBencher) placeDevices() error {
+	devs, _ := ps.ActiveDevices()
+	b.srvIP, b.cliDev, b.srvDev = "127.0.0.1", b.o.device, b.o.srvDevice
+	if len(devs) > 0 {
+		s := devs[len(devs)-1]
+		if len(devs) > 1 {
+			s = devs[1]
+		}
+		if b.srvDev != "" {
+			for _, d := range devs {
+				if d.Name == b.srvDev {
+					s = d
+				}
+			}
+		}
+		b.srvDev, b.srvIP = s.Name, s.IP.String()
+		if b.cliDev == "" {
+			b.cliDev = devs[0].Name
+		}
+	}
+	if b.o.transport == "rdma" && b.cliDev == "" {
+		return errors.New("no ACTIVE RDMA device for rdma (run it through scripts/vm, or use --transport tcp)")
+	}
+	return nil
+}
+
+// childArgs are a child's arguments: with --metrics every child serves
+// its own on a loopback port and this process serves them all, each
+// labelled with its process.
+func (b *psBencher) childArgs(args ...string) []string {
+	if b.o.metricsAddr != "" {
+		args = append(args, "--metrics", "127.0.0.1:0")
+	}
+	return args
+}
+
+// addChild scrapes the metrics a child reported serving at url.
+func (b *psBencher) addChild(name, url string) error {
+	if b.o.metricsAddr == "" {
+		return nil
+	}
+	if url == "" {
+		return fmt.Errorf("%s did not report its metrics endpoint", name)
+	}
+	g, err := metrics.Scraped(url, map[string]string{"process": name})
+	if err != nil {
+		return err
+	}
+	b.childMetrics = append(b.childMetrics, g)
+	return nil
+}
+
+// stopChildren ends every child: SIGTERM, then SIGKILL after 5 s.
+func (b *psBencher) stopChildren() {
+	for _, c := range b.children {
+		c.Process.Signal(syscall.SIGTERM)
+	}
+	for _, c := range b.children {
+		done := make(chan struct{})
+		go func() { c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			c.Process.Kill()
+			<-done
+		}
+	}
+}
+
+// startServers starts --servers `ps serve` children and reads each one's
+// address, or takes the servers of --addrs.
+func (b *psBencher) startServers() error {
+	o := b.o
+	if o.addrs != "" {
+		b.list = strings.Split(o.addrs, ",")
+		return nil
+	}
+	for i := range o.servers {
+		cmd := exec.Command(b.self, b.childArgs("ps", "serve", "--transport", o.transport, "--listen", b.srvIP+":0", "--device", b.srvDev, "--spin", o.spin.String(), "--shared-targets="+strconv.FormatBool(o.sharedTargets))...)
+		cmd.Stderr = b.stderr
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		b.children = append(b.children, cmd)
+		var hello struct{ Addr, Metrics string }
+		line, err := bufio.NewReader(out).ReadBytes('\n')
+		if err == nil {
+			err = json.Unmarshal(line, &hello)
+		}
+		if err != nil || hello.Addr == "" {
+			return fmt.Errorf("server child did not start: %q %v", line, err)
+		}
+		b.list = append(b.list, hello.Addr)
+		if err := b.addChild(fmt.Sprintf("server%d", i), hello.Metrics); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dialControl dials the parent's own client, which defines the
+// parameters and reads the servers' CPU. It is event-driven (Spin < 0):
+// a polling endpoint registers its process as a poller (bx/pollers.go),
+// and a third poller on a two-CPU guest turned every server and worker
+// endpoint to events.
+func (b *psBencher) dialControl(ctx context.Context) error {
+	w, _ := psWorkloadOf(b.o.workload, len(b.list))
+	ctl, err := ps.Dial(ps.ClientConfig{Transport: b.o.transport, Servers: b.list, Device: b.cliDev, Token: psToken(), BX: bx.Config{Spin: -1}})
+	if err != nil {
+		return err
+	}
+	if err := ctl.Define(ctx, w.specs...); err != nil {
+		ctl.Close()
+		return err
+	}
+	b.ctl = ctl
+	return nil
+}
+
+// wproc is one `ps worker` child of a run and what it reported.
+type wproc struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines *bufio.Scanner
+	prog  atomic.Int64
+	res   *workerResult
+	err   error
+}
+
+// run runs the workers once: in closed loop (rate 0) or at rate steps
+// per second in all, split over the worker processes by their
+// goroutines.
+func (b *psBencher) run(ctx context.Context, rate float64) (benchResult, error) {
+	wps, err := b.startWorkers(rate)
+	if err != nil {
+		return benchResult{}, err
+	}
+	if b.o.metricsAddr != "" {
+		stop, err := b.serveMetrics()
+		if err != nil {
+			return benchResult{}, err
+		}
+		defer stop()
+	}
+	before, err := b.ctl.Stats(ctx)
+	if err != nil {
+		return benchResult{}, err
+	}
+	c0 := readRDMACounters()
+	for _, p := range wps {
+		io.WriteString(p.in, "go\n")
+	}
+	b.wait(wps)
+	after, err := b.ctl.Stats(ctx)
+	if err != nil {
+		return benchResult{}, err
+	}
+	c1 := readRDMACounters()
+	return b.result(rate, wps, before, after, c0, c1)
+}
+
+// startWorkers starts the worker processes of a run, each with its share
+// of the workers and of the rate, and waits until each is ready.
+func (b *psBencher) startWorkers(rate float64) ([]*wproc, error) {
+	o := b.o
+	var wps []*wproc
+	for i := range o.procs {
+		n := o.workers / o.procs
+		if i < o.workers%o.procs {
+			n++
+		}
+		cmd := exec.Command(b.self, b.childArgs("ps", "worker", "--transport", o.transport, "--addrs", strings.Join(b.list, ","), "--workload", o.workload,
+			"--workers", strconv.Itoa(n), "--duration", o.duration.String(), "--device", b.cliDev, "--seed", strconv.Itoa(i+1), "--spin", o.spin.String(),
+			"--rate", strconv.FormatFloat(rate*float64(n)/float64(o.workers), 'g', -1, 64), "--depth", strconv.Itoa(o.depth))...)
+		cmd.Stderr = b.stderr
+		in, _ := cmd.StdinPipe()
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		b.children = append(b.children, cmd)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		wps = append(wps, &wproc{cmd: cmd, in: in, lines: sc})
+	}
+	for i, p := range wps {
+		var ready struct {
+			Ready   bool
+			Metrics string
+		}
+		if !p.lines.Scan() || json.Unmarshal(p.lines.Bytes(), &ready) != nil || !ready.Ready {
+			return nil, fmt.Errorf("worker %d did not get ready: %q", i, p.lines.Text())
+		}
+		if err := b.addChild(fmt.Sprintf("worker%d", i), ready.Metrics); err != nil {
+			return nil, err
+		}
+	}
+	return wps, nil
+}
+
+// serveMetrics serves every child's metrics and the parent's own client's
+// (as process="bench") on --metrics.
+func (b *psBencher) serveMetrics() (stop func(), err error) {
+	url, stop, err := serveClientMetrics(b.ctl, b.o.metricsAddr, prometheus.Labels{"process": "bench"}, b.childMetrics...)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(b.stderr, "ps bench: metrics of %d processes on %s\n", len(b.childMetrics)+1, url)
+	return stop, nil
+}
+
+// wait reads the workers' progress and results until every one has
+// exited, printing the progress every 2 s in runs of 4 s or more.
+func (b *psBencher) wait(wps []*wproc) {
+	var wg sync.WaitGroup
+	for _, p := range wps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p.lines.Scan() {
+				var m struct {
+					Progress *int64
+					Result   *workerResult
+				}
+				if err := json.Unmarshal(p.lines.Bytes(), &m); err != nil {
+					continue
+				}
+				if m.Progress != nil {
+					p.prog.Store(*m.Progress)
+				}
+				if m.Result != nil {
+					p.res = m.Result
+				}
+			}
+			p.err = p.cmd.Wait()
+		}()
+	}
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	progress := b.o.duration >= 4*time.Second
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+			if progress {
+				var n int64
+				for _, p := range wps {
+					n += p.prog.Load()
+				}
+				fmt.Fprintf(b.stderr, "ps bench %s %s: %.0fs/%v, %d ops\n", b.o.transport, b.o.workload, time.Since(start).Seconds(), b.o.duration, n)
+			}
+		}
+	}
+}
+
+// result merges the workers' reports, the servers' CPU (Stats before and
+// after) and the RDMA counters into a run's row.
+func (b *psBencher) result(rate float64, wps []*wproc, before, after []ps.ServerStats, c0, c1 map[string]uint64) (benchResult, error) {
+	o := b.o
+	res := benchResult{Transport: o.transport, Workload: o.workload, Workers: o.workers, Servers: len(b.list), WorkerProcs: o.procs}
+	if o.depth > 1 {
+		res.Depth = o.depth
+	}
+	pull, push := hist.NewFine(), hist.NewFine()
+	var wall, steps, late int64
+	for i, p := range wps {
+		if p.res == nil {
+			return benchResult{}, fmt.Errorf("worker %d reported nothing (%v)", i, p.err)
+		}
+		pull.Merge(p.res.Pull)
+		push.Merge(p.res.Push)
+		res.WorkerCPU += float64(p.res.CPUns) / 1e9
+		res.Errors += p.res.Errors
+		if p.res.FirstErr != "" {
+			fmt.Fprintf(b.stderr, "ps bench: worker %d: %d errors, first: %s\n", i, p.res.Errors, p.res.FirstErr)
+		}
+		wall = max(wall, p.res.Wallns)
+		steps += p.res.Steps
+		late += p.res.Late
+	}
+	for i := range after {
+		res.ServerCPU += (after[i].User + after[i].System - before[i].User - before[i].System).Seconds()
+	}
+	res.CPU = res.ServerCPU + res.WorkerCPU
+	res.Duration = float64(wall) / 1e9
+	total := pull.N + push.N
+	for _, op := range []struct {
+		name string
+		h    *hist.Fine
+	}{{"pull", pull}, {"push", push}} {
+		if op.h.N == 0 {
+			continue
+		}
+		row := benchOp{Op: op.name, Count: op.h.N, Mean: op.h.Mean() / 1e3, P50: op.h.Quantile(0.5) / 1e3, P99: op.h.Quantile(0.99) / 1e3,
+			P999: op.h.Quantile(0.999) / 1e3, OpsPerSec: float64(op.h.N) / res.Duration, Hist: op.h.Buckets()}
+		if total > 0 {
+			row.CPUPerKop = res.CPU / (float64(total) / 1000)
+		}
+		res.Ops = append(res.Ops, row)
+	}
+	if c0 != nil && c1 != nil {
+		res.Counters = rdmaCounter{}
+		for k, v := range c1 {
+			res.Counters[k] = v - c0[k]
+		}
+		var rnr uint64
+		for k, v := range res.Counters {
+			if strings.Contains(k, "rnr") {
+				rnr += v
+			}
+		}
+		res.RNR = &rnr
+	}
+	if res.Duration > 0 {
+		res.Achieved = float64(steps-late) / res.Duration
+	}
+	if rate > 0 {
+		res.Offered = rate
+		res.Late = late
+	}
+	res.MTU, res.IBMTU = linkMTU(b.srvDev)
+	return res, nil
 }
 
 // linkMTU is the MTU of the network device under RDMA device dev and
