@@ -103,6 +103,21 @@ var perfUnknownVendors = map[uint32]string{0xffffff: "rxe", 0x626d74: "siw"}
 // setup opens the device and builds CQs, QPs and buffers; QPs end in INIT
 // (RC) or RTS (UD). With -R the QPs are left to cmConnect.
 func (r *perfRun) setup(stderr io.Writer) error {
+	if err := r.openDevice(stderr); err != nil {
+		return err
+	}
+	if err := r.limits(stderr); err != nil {
+		return err
+	}
+	if err := r.queues(); err != nil {
+		return err
+	}
+	return r.buffers()
+}
+
+// openDevice opens -d (or the first ACTIVE device) and reads its port,
+// the GID to use and the path MTU.
+func (r *perfRun) openDevice(stderr io.Writer) error {
 	o := r.o
 	name, err := pickDevice(o.dev)
 	if err != nil {
@@ -136,7 +151,13 @@ func (r *perfRun) setup(stderr io.Writer) error {
 			r.mtu = m
 		}
 	}
+	return nil
+}
 
+// limits fits the sizes, inline data, outstanding reads and queue depths
+// to the device, as perftest does.
+func (r *perfRun) limits(stderr io.Writer) error {
+	o, name, attr := r.o, r.o.dev, r.ctx.Attr()
 	// Sizes against the device: UD messages fit the MTU (-a stops there,
 	// as perftest's size_max_pow), and nothing exceeds the port's limit.
 	if o.conn == "UD" {
@@ -188,7 +209,13 @@ func (r *perfRun) setup(stderr io.Writer) error {
 	if n := int(attr.MaxQPWR); n > 0 && (o.txDepth > n || o.rxDepth > n) {
 		return usageError("-t %d / -r %d: %s takes at most %d work requests per queue", o.txDepth, o.rxDepth, name, n)
 	}
+	return nil
+}
 
+// queues makes the PD and the CQs.
+func (r *perfRun) queues() error {
+	o := r.o
+	var err error
 	if r.pd, err = r.ctx.AllocPD(); err != nil {
 		return fmt.Errorf("couldn't allocate PD: %v", err)
 	}
@@ -207,7 +234,17 @@ func (r *perfRun) setup(stderr io.Writer) error {
 		r.waitCtx = context.Background()
 	}
 	r.wc = make([]cq.WC, 16)
+	return nil
+}
 
+// buffers makes each QP's registered buffer (two halves: sends from the
+// first, receives into the second), its QP (unless rdma_cm makes it) and
+// its work requests.
+func (r *perfRun) buffers() error {
+	o := r.o
+	maxSize := o.sizes[len(o.sizes)-1]
+	nq := o.qps
+	var err error
 	grh := 0
 	if o.conn == "UD" {
 		grh = qp.GRHSize
@@ -682,45 +719,9 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		r.info = stderr
 	}
 	defer r.close()
-	waiting := func() {
-		if !r.client {
-			fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
-		}
-	}
-
-	var link ptLink
-	if o.rdmaCM {
-		// The exchange's connection first: rdma_cm picks the device.
-		waiting()
-		l, err := r.perfCMExchange(stderr)
-		if err != nil {
-			return err
-		}
-		link = l
-		if err := r.setup(stderr); err != nil {
-			l.Close()
-			return err
-		}
-	} else {
-		if err := r.setup(stderr); err != nil {
-			return err
-		}
-		var c net.Conn
-		if r.client {
-			pc, err := perfDial(o.server, o.port)
-			if err != nil {
-				return err
-			}
-			c = pc.c
-		} else {
-			waiting()
-			pc, err := perfListen(o.port)
-			if err != nil {
-				return err
-			}
-			c = pc.c
-		}
-		link = &ptTCP{c: c}
+	link, err := r.openLink(stderr)
+	if err != nil {
+		return err
 	}
 	p := &ptConn{l: link, client: r.client, gid: r.port.LinkLayer == 2 || o.gidx >= 0, rdma: o.rdmaCM, gidx: r.gid.Index}
 	defer p.Close()
@@ -732,36 +733,104 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-
-	my := r.myInfo()
-	var rem []perfQPInfo
-	h1 := func() error { _, err := p.handshake(my[0], r.outReads); return err }
-	hAll := func() error {
-		got := make([]perfQPInfo, len(my))
-		for i := range my {
-			a, err := p.handshake(my[i], r.outReads)
-			if err != nil {
-				return err
-			}
-			got[i] = a
-		}
-		if rem == nil {
-			rem = got
-		}
-		return nil
+	s := &perfShake{r: r, p: p, my: r.myInfo()}
+	if err := s.beforeMeasure(); err != nil {
+		return err
 	}
-	closeConn := func() error { return p.closeConn(my[0], r.outReads) }
-
+	r.printHeader(s.my, s.rem)
+	rep := r.newReport()
+	// A passive server (write_bw, read_*, atomic_*): the client does it
+	// all; perftest's bw server prints the client's results, its latency
+	// server none.
 	k := o.kind
-	sendTest := k.verb == verbSend
-	// The handshakes before the measurement: send_lat and send_bw shake
-	// once per QP, connect, then once more and once per QP again; the
-	// others shake once (latency tests only), once per QP, connect, once
-	// per QP and once more.
-	connect := func() error { return r.connect(rem) }
-	steps := []func() error{hAll, connect, h1, hAll}
-	if !sendTest {
-		steps = []func() error{h1, hAll, connect, hAll, h1}
+	if active := r.client || k.verb == verbSend || (!k.bw && k.verb == verbWrite); !active {
+		return r.passive(s, &rep, stdout)
+	}
+	return r.active(s, &rep, stdout)
+}
+
+// waiting prints perftest's banner on a server that waits for its client.
+func (r *perfRun) waiting() {
+	if !r.client {
+		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+	}
+}
+
+// openLink sets up the verbs objects and the connection perftest's
+// exchange runs on: TCP (to --server, or accepted on --port), or with
+// --rdma_cm an rdma_cm connection made first, since rdma_cm picks the
+// device.
+func (r *perfRun) openLink(stderr io.Writer) (ptLink, error) {
+	o := r.o
+	if o.rdmaCM {
+		r.waiting()
+		l, err := r.perfCMExchange(stderr)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.setup(stderr); err != nil {
+			l.Close()
+			return nil, err
+		}
+		return l, nil
+	}
+	if err := r.setup(stderr); err != nil {
+		return nil, err
+	}
+	var pc *perfConn
+	var err error
+	if r.client {
+		pc, err = perfDial(o.server, o.port)
+	} else {
+		r.waiting()
+		pc, err = perfListen(o.port)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &ptTCP{c: pc.c}, nil
+}
+
+// perfShake is perftest's handshakes over the exchange's connection:
+// this side's QPs (my) and, after the first exchange of all, the peer's
+// (rem).
+type perfShake struct {
+	r       *perfRun
+	p       *ptConn
+	my, rem []perfQPInfo
+}
+
+// one shakes once, with the first QP's information.
+func (s *perfShake) one() error { _, err := s.p.handshake(s.my[0], s.r.outReads); return err }
+
+// all shakes once per QP; the first time it keeps the peer's QPs.
+func (s *perfShake) all() error {
+	got := make([]perfQPInfo, len(s.my))
+	for i := range s.my {
+		a, err := s.p.handshake(s.my[i], s.r.outReads)
+		if err != nil {
+			return err
+		}
+		got[i] = a
+	}
+	if s.rem == nil {
+		s.rem = got
+	}
+	return nil
+}
+
+// close is perftest's closing handshake.
+func (s *perfShake) close() error { return s.p.closeConn(s.my[0], s.r.outReads) }
+
+// beforeMeasure runs the handshakes before the measurement and connects
+// the QPs: send_lat and send_bw shake once per QP, connect, then once
+// more and once per QP again; the others shake once (latency tests
+// only), once per QP, connect, once per QP and once more.
+func (s *perfShake) beforeMeasure() error {
+	connect := func() error { return s.r.connect(s.rem) }
+	steps := []func() error{s.all, connect, s.one, s.all}
+	if k := s.r.o.kind; k.verb != verbSend {
+		steps = []func() error{s.one, s.all, connect, s.all, s.one}
 		if k.bw {
 			steps = steps[1:]
 		}
@@ -771,36 +840,38 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	r.printHeader(my, rem)
+	return nil
+}
 
-	rep := r.newReport()
-	// A passive server (write_bw, read_*, atomic_*): the client does it
-	// all; perftest's bw server prints the client's results, its latency
-	// server none.
-	active := r.client || sendTest || (!k.bw && k.verb == verbWrite)
-	if !active {
-		// The next step waits for the client's whole measurement.
-		p.bound = r.measureBound()
-		if k.bw {
-			if err := h1(); err != nil {
-				return err
-			}
-			peer, err := p.bwReport(perfBWResult{})
-			if err != nil {
-				return err
-			}
-			rep.MeasuredBy = "client"
-			rep.Bandwidth = append(rep.Bandwidth, peer)
-			if !o.json {
-				rep.printLast(stdout)
-			}
-		}
-		if err := closeConn(); err != nil {
+// passive is a passive server's part: it waits for the client's whole
+// measurement and, in a bw test, prints the results the client gives it.
+func (r *perfRun) passive(s *perfShake, rep *perfReport, stdout io.Writer) error {
+	// The next step waits for the client's whole measurement.
+	s.p.bound = r.measureBound()
+	if r.o.kind.bw {
+		if err := s.one(); err != nil {
 			return err
 		}
-		return r.finish(&rep, stdout)
+		peer, err := s.p.bwReport(perfBWResult{})
+		if err != nil {
+			return err
+		}
+		rep.MeasuredBy = "client"
+		rep.Bandwidth = append(rep.Bandwidth, peer)
+		if !r.o.json {
+			rep.printLast(stdout)
+		}
 	}
+	if err := s.close(); err != nil {
+		return err
+	}
+	return r.finish(rep, stdout)
+}
 
+// active measures each size and ends the exchange as perftest does.
+func (r *perfRun) active(s *perfShake, rep *perfReport, stdout io.Writer) error {
+	o, k := r.o, r.o.kind
+	sendTest := k.verb == verbSend
 	stopProf, err := startCPUProfile(o.cpuprof)
 	if err != nil {
 		return err
@@ -815,28 +886,14 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		// send_lat and send_bw shake after posting the receives, so that
 		// no message comes before its receive.
 		if sendTest {
-			if err := h1(); err != nil {
+			if err := s.one(); err != nil {
 				return err
 			}
 		}
-		r.base = time.Now()
-		var err error
-		switch {
-		case k.bw && !r.client:
-			err = r.bwServer()
-		case k.bw:
-			err = r.bwClient()
-		case k.verb == verbSend:
-			err = r.sendLat()
-		case k.verb == verbWrite:
-			err = r.writeLat(size)
-		default:
-			err = r.oneSidedLat()
-		}
-		if err != nil {
+		if err := r.measure(size); err != nil {
 			return err
 		}
-		r.result(size, &rep)
+		r.result(size, rep)
 		if k.bw {
 			last = rep.Bandwidth[len(rep.Bandwidth)-1]
 		}
@@ -845,7 +902,7 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 		}
 		// send_bw shakes after each size of -a.
 		if sendTest && k.bw && o.all {
-			if err := h1(); err != nil {
+			if err := s.one(); err != nil {
 				return err
 			}
 		}
@@ -853,23 +910,42 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 	switch {
 	case k.bw && !sendTest:
 		// The client gives its results to the passive server.
-		if err := h1(); err != nil {
+		if err := s.one(); err != nil {
 			return err
 		}
-		if _, err := p.bwReport(last); err != nil {
+		if _, err := s.p.bwReport(last); err != nil {
 			return err
 		}
-		if err := closeConn(); err != nil {
+		if err := s.close(); err != nil {
 			return err
 		}
 	case !k.bw && k.verb == verbWrite:
 		// write_lat ends without closing.
 	default:
-		if err := closeConn(); err != nil {
+		if err := s.close(); err != nil {
 			return err
 		}
 	}
-	return r.finish(&rep, stdout)
+	return r.finish(rep, stdout)
+}
+
+// measure runs one size's measurement: the test's loop, timed from
+// r.base.
+func (r *perfRun) measure(size int) error {
+	k := r.o.kind
+	r.base = time.Now()
+	switch {
+	case k.bw && !r.client:
+		return r.bwServer()
+	case k.bw:
+		return r.bwClient()
+	case k.verb == verbSend:
+		return r.sendLat()
+	case k.verb == verbWrite:
+		return r.writeLat(size)
+	default:
+		return r.oneSidedLat()
+	}
 }
 
 // measureBound is how long a passive side's exchange waits for the peer's
