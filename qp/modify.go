@@ -311,20 +311,8 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 		}
 		av.IsGlobal, av.DGID, av.SGIDIndex = true, remote.GID.To16(), uint8(g.Index)
 	}
-	switch q.State() {
-	case Init:
-		// Receives may already be posted (rdma-core's pingpong posts them
-		// in INIT): keep the QP and them.
-	default:
-		if err := q.Modify(&Attr{State: Reset}, MaskState); err != nil {
-			return err
-		}
-		fallthrough
-	case Reset:
-		if err := q.Modify(&Attr{State: Init, Port: o.Port, Access: o.Access},
-			MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags); err != nil {
-			return err
-		}
+	if err := q.toInit(&Attr{Port: o.Port, Access: o.Access}, MaskPKeyIndex|MaskPort|MaskAccessFlags); err != nil {
+		return err
 	}
 	mask := MaskState | MaskAV | MaskPathMTU | MaskDestQPN | MaskRQPSN
 	if q.cfg.Type == RC {
@@ -354,3 +342,21 @@ func (q *QP) Init(port uint8, access mr.Access) error {
 // ToError moves the QP to ERR: outstanding work requests complete with
 // flush errors.
 func (q *QP) ToError() error { return q.Modify(&Attr{State: Err}, MaskState) }
+
+// toInit brings q to INIT with attr (mask: what of it to set besides the
+// state): from RESET at once, from another state through RESET. A QP
+// already in INIT stays as it is, and so do receives posted to it there
+// (rdma-core's ping-pongs post them in INIT).
+func (q *QP) toInit(attr *Attr, mask AttrMask) error {
+	switch q.State() {
+	case Init:
+		return nil
+	case Reset:
+	default:
+		if err := q.Modify(&Attr{State: Reset}, MaskState); err != nil {
+			return err
+		}
+	}
+	attr.State = Init
+	return q.Modify(attr, MaskState|mask)
+}

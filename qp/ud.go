@@ -30,17 +30,8 @@ func (q *QP) ToRTS(o UDOptions) error {
 	if err != nil {
 		return err
 	}
-	switch q.State() {
-	case Init:
-	default:
-		if err := q.Modify(&Attr{State: Reset}, MaskState); err != nil {
-			return err
-		}
-		fallthrough
-	case Reset:
-		if err := q.Modify(&Attr{State: Init, Port: o.Port, QKey: o.QKey}, MaskState|MaskPKeyIndex|MaskPort|MaskQKey); err != nil {
-			return err
-		}
+	if err := q.toInit(&Attr{Port: o.Port, QKey: o.QKey}, MaskPKeyIndex|MaskPort|MaskQKey); err != nil {
+		return err
 	}
 	if err := q.Modify(&Attr{State: RTR}, MaskState); err != nil {
 		return err
