@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -97,7 +96,7 @@ func (o *ppOptions) validate() error {
 // pingpong is one side's verbs resources.
 type pingpong struct {
 	o      *ppOptions
-	ctx    *uverbs.Context
+	dev    *ppDevice
 	mem    *mr.Memory
 	mr     *mr.MR
 	cq     *cq.CQ
@@ -111,8 +110,6 @@ type pingpong struct {
 	wc     []cq.WC
 	routs  int
 	pend   int
-	port   uverbs.PortAttr
-	sgid   int // -1: no GID
 	mtu    uverbs.MTU
 }
 
@@ -134,17 +131,9 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	var lid uint16 = pp.port.LID
-	if pp.port.LinkLayer != 2 && lid == 0 {
-		return errors.New("couldn't get local LID (InfiniBand port without a LID: is a subnet manager running?)")
-	}
-	my := dest{LID: lid, QPN: pp.qp.QPN(), PSN: rand.Uint32() & 0xffffff}
-	if pp.sgid >= 0 {
-		g, err := pp.ctx.GID(o.ibPort, pp.sgid)
-		if err != nil {
-			return fmt.Errorf("can't read sgid of index %d: %v", pp.sgid, err)
-		}
-		copy(my.GID[:], g.GID.To16())
+	my, err := pp.dev.localDest(o.ibPort, pp.qp.QPN(), rand.Uint32()&0xffffff)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(info, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
 
@@ -210,40 +199,21 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 // QP in INIT, rx_depth receives posted.
 func (pp *pingpong) init(stderr io.Writer) error {
 	o := pp.o
-	name, err := pickDevice(o.dev)
-	if err != nil {
+	var err error
+	if pp.dev, err = openPPDevice("rc-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
 		return err
 	}
-	if pp.ctx, err = uverbs.Open(name); err != nil {
-		return fmt.Errorf("couldn't get context for %s: %v", name, err)
-	}
-	if o.ibPort > int(pp.ctx.Attr().PhysPortCnt) {
-		return fmt.Errorf("-i %d: %s has ports 1..%d", o.ibPort, name, pp.ctx.Attr().PhysPortCnt)
-	}
-	if pp.port, err = pp.ctx.QueryPort(o.ibPort); err != nil {
-		return fmt.Errorf("couldn't get port info: %v", err)
-	}
-	if pp.port.MaxMsgSize != 0 && uint64(o.size) > uint64(pp.port.MaxMsgSize) {
-		return usageError("-s %d: larger than the port's max message size %d", o.size, pp.port.MaxMsgSize)
+	port := pp.dev.port
+	if port.MaxMsgSize != 0 && uint64(o.size) > uint64(port.MaxMsgSize) {
+		return usageError("-s %d: larger than the port's max message size %d", o.size, port.MaxMsgSize)
 	}
 	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
-	if a := pp.port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
-		fmt.Fprintf(stderr, "goverbs rc-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, name, o.ibPort, a.Bytes(), a.Bytes())
+	if a := port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
+		fmt.Fprintf(stderr, "goverbs rc-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())
 		pp.mtu = a
 	}
-	pp.sgid = o.gidx
-	if pp.sgid < 0 && pp.port.LinkLayer == 2 {
-		// ibv_rc_pingpong sends a zero GID without -g, which cannot work
-		// on RoCE; pick the GID an application most likely wants.
-		g, err := pp.ctx.DefaultGID(o.ibPort)
-		if err != nil {
-			return fmt.Errorf("no -g given and no usable GID on %s port %d: %v", name, o.ibPort, err)
-		}
-		pp.sgid = g.Index
-		fmt.Fprintf(stderr, "goverbs rc-pingpong: RoCE port and no -g: using GID index %d (%s, %s)\n", g.Index, g.GID, g.Type)
-	}
 
-	pd, err := pp.ctx.AllocPD()
+	pd, err := pp.dev.ctx.AllocPD()
 	if err != nil {
 		return fmt.Errorf("couldn't allocate PD: %v", err)
 	}
@@ -257,7 +227,7 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	if pp.mr, err = mr.Register(pd, pp.buf, mr.LocalWrite); err != nil {
 		return fmt.Errorf("couldn't register MR: %v", err)
 	}
-	if pp.cq, err = newPingpongCQ(pp.ctx, o.rxDepth+1, o.events); err != nil {
+	if pp.cq, err = newPingpongCQ(pp.dev.ctx, o.rxDepth+1, o.events); err != nil {
 		return fmt.Errorf("couldn't create CQ: %v", err)
 	}
 	pp.poller = newCQPoller(pp.cq, o.events)
@@ -289,8 +259,8 @@ func (pp *pingpong) init(stderr io.Writer) error {
 }
 
 func (pp *pingpong) close() {
-	if pp.ctx != nil {
-		pp.ctx.Close() // destroys QP, CQ, MR and PD, newest first
+	if pp.dev != nil {
+		pp.dev.ctx.Close() // destroys QP, CQ, MR and PD, newest first
 	}
 	if pp.mem != nil {
 		pp.mem.Close()
@@ -299,7 +269,7 @@ func (pp *pingpong) close() {
 
 // connect is pp_connect_ctx: INIT -> RTR -> RTS with rc_pingpong's values.
 func (pp *pingpong) connect(myPSN uint32, rem dest) error {
-	return rcConnect(pp.qp, pp.o.ibPort, pp.o.sl, pp.sgid, pp.mtu, myPSN, rem)
+	return rcConnect(pp.qp, pp.o.ibPort, pp.o.sl, pp.dev.sgid, pp.mtu, myPSN, rem)
 }
 
 // loop is rc_pingpong's main loop: poll the CQ two completions at a time,
