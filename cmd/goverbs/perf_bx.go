@@ -229,223 +229,350 @@ type perfCaller interface {
 	call(req []byte) ([]byte, func(), error)
 }
 
+// perfBXMain runs one side of a bx_*, tcp_* or grpc_* test: the steps
+// below, each a method of perfBXRun. Whatever a step opens is closed when
+// perfBXMain returns, the last opened first.
 func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
-	info := stdout
-	if o.json {
-		info = stderr
+	r := newPerfBXRun(o, stdout, stderr)
+	defer r.close()
+	if err := r.connect(); err != nil {
+		return err
 	}
-	params := perfParams{Version: perfWireVersion, Test: o.test, Conn: "RC", Sizes: []int{o.size}, Iters: o.iters, QPs: 1, PostList: 1, TxDepth: o.window}
-	var pc *perfConn
+	if err := r.openEndpoint(); err != nil {
+		return err
+	}
+	if err := r.startDataPlane(); err != nil {
+		return err
+	}
+	if err := r.warmUp(); err != nil {
+		return err
+	}
+	if err := r.startBarrier(); err != nil {
+		return err
+	}
+	mine, peerB, err := r.measure()
+	if err != nil {
+		return err
+	}
+	peer, err := r.exchangeResults(mine, peerB)
+	if err != nil {
+		return err
+	}
+	return r.print(r.report(mine, peer))
+}
+
+// perfBXRun is one side of a run of perfBXMain and what its steps set up.
+type perfBXRun struct {
+	o        *perfBXOptions
+	stdout   io.Writer
+	info     io.Writer // the human messages: stdout, or stderr with --json
+	client   bool
+	params   perfParams
+	req      []byte             // the client's request payload
+	pc       *perfConn          // the exchange, on --port
+	ep       *bx.Endpoint       // bx tests (and grpc_* over bx); nil for TCP
+	caller   perfCaller         // the client's, on --port + 1
+	idleCPU  *float64           // with --idle: the client's CPU, percent of a core
+	counts   map[string]float64 // bx's counts per measured call (bx tests)
+	cleanups []func()           // what close runs, the last added first
+}
+
+// newPerfBXRun is the run of o, before any step.
+func newPerfBXRun(o *perfBXOptions, stdout, stderr io.Writer) *perfBXRun {
+	r := &perfBXRun{o: o, stdout: stdout, info: stdout, client: o.server != "",
+		params: perfParams{Version: perfWireVersion, Test: o.test, Conn: "RC", Sizes: []int{o.size}, Iters: o.iters, QPs: 1, PostList: 1, TxDepth: o.window}}
+	if o.json {
+		r.info = stderr
+	}
+	r.req = make([]byte, o.size)
+	for i := range r.req {
+		r.req[i] = byte(i)
+	}
+	return r
+}
+
+// atClose has close call f, before the functions given to it earlier.
+func (r *perfBXRun) atClose(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// close closes what the steps opened, the last opened first.
+func (r *perfBXRun) close() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+// fail tells the peer about err, through the exchange, and returns it.
+func (r *perfBXRun) fail(err error) error { r.pc.fail(err); return err }
+
+// connect opens the exchange (the client dials, the server waits for it)
+// and agrees on the parameters.
+func (r *perfBXRun) connect() error {
 	var err error
-	client := o.server != ""
-	if client {
-		pc, err = perfDial(o.server, o.port)
+	if r.client {
+		r.pc, err = perfDial(r.o.server, r.o.port)
 	} else {
-		fmt.Fprintf(info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
-		pc, err = perfListen(o.port)
+		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		r.pc, err = perfListen(r.o.port)
 	}
 	if err != nil {
 		return err
 	}
-	defer pc.Close()
-	fail := func(err error) error { pc.fail(err); return err }
-	if client {
-		if err := pc.send(perfMsg{Params: &params}); err != nil {
-			return fmt.Errorf("couldn't send the parameters: %v", err)
-		}
-		if _, err := pc.recv(); err != nil {
-			return err
-		}
-	} else {
-		if _, err := pc.clientParams(params); err != nil {
-			return err
-		}
+	pc := r.pc
+	r.atClose(func() { pc.Close() })
+	if !r.client {
+		_, err := pc.clientParams(r.params)
+		return err
 	}
-	dataAddr := net.JoinHostPort(o.server, strconv.Itoa(o.port+1))
-	var caller perfCaller
-	var ep *bx.Endpoint
+	if err := pc.send(perfMsg{Params: &r.params}); err != nil {
+		return fmt.Errorf("couldn't send the parameters: %v", err)
+	}
+	_, err = pc.recv()
+	return err
+}
+
+// openEndpoint opens the bx endpoint of a test over bx; the server's
+// answers the calls.
+func (r *perfBXRun) openEndpoint() error {
+	o := r.o
+	if o.tcp {
+		return nil
+	}
 	token := []byte(perfToken)
 	if t := os.Getenv("GOVERBS_PERF_TOKEN"); t != "" {
 		token = []byte(t)
 	}
-	if !o.tcp {
-		ep, err = bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, MaxMessage: max(4<<20, o.size, o.resp),
-			LaneMsgs: int64(max(64, 2*o.window))})
+	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, MaxMessage: max(4<<20, o.size, o.resp),
+		LaneMsgs: int64(max(64, 2*o.window))})
+	if err != nil {
+		return r.fail(err)
+	}
+	r.ep = ep
+	r.atClose(func() { ep.Close() })
+	// Only the server answers: a client endpoint with a handler
+	// would wake its progress goroutine after every Call (requests
+	// may arrive between Calls), which a client of bx does not pay.
+	switch fixed := perfRespPayload(o); {
+	case r.client:
+	case fixed != nil:
+		// Read-only: every call may return it at once.
+		ep.HandleInline(1, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return fixed, nil })
+	default:
+		ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+	}
+	return nil
+}
+
+// startDataPlane connects the client's caller on --port + 1, or has the
+// server listen there, send the parameters and accept the client.
+func (r *perfBXRun) startDataPlane() error {
+	if r.client {
+		return r.dialDataPlane()
+	}
+	return r.serveDataPlane()
+}
+
+// dialDataPlane connects the client's caller: gRPC, TCP or a bx peer.
+func (r *perfBXRun) dialDataPlane() error {
+	o := r.o
+	dataAddr := net.JoinHostPort(o.server, strconv.Itoa(o.port+1))
+	// The server listens before it answers the hello.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if o.grpc {
+		gc, closeGC, err := perfGRPC.caller(r.ep, dataAddr, o.size)
 		if err != nil {
-			return fail(err)
+			return r.fail(err)
 		}
-		defer ep.Close()
-		// Only the server answers: a client endpoint with a handler
-		// would wake its progress goroutine after every Call (requests
-		// may arrive between Calls), which a client of bx does not pay.
-		switch fixed := perfRespPayload(o); {
-		case client:
-		case fixed != nil:
-			// Read-only: every call may return it at once.
-			ep.HandleInline(1, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return fixed, nil })
-		default:
-			ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
+		r.atClose(func() { closeGC() })
+		r.caller = gc
+	} else if o.tcp {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", dataAddr)
+		if err != nil {
+			return r.fail(err)
 		}
-	}
-	var tl net.Listener
-	if client {
-		// The server listens before it answers the hello.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if o.grpc {
-			gc, closeGC, err := perfGRPC.caller(ep, dataAddr, o.size)
-			if err != nil {
-				cancel()
-				return fail(err)
-			}
-			defer closeGC()
-			caller = gc
-		} else if o.tcp {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "tcp", dataAddr)
-			if err != nil {
-				cancel()
-				return fail(err)
-			}
-			defer c.Close()
-			caller = &perfTCPCaller{t: newPerfTCP(c)}
-		} else {
-			p, err := ep.Dial(ctx, dataAddr)
-			if err != nil {
-				cancel()
-				return fail(err)
-			}
-			caller = newPerfBXCaller(p)
-		}
-		cancel()
+		r.atClose(func() { c.Close() })
+		r.caller = &perfTCPCaller{t: newPerfTCP(c)}
 	} else {
-		laddr := ":" + strconv.Itoa(o.port+1)
-		if o.grpc {
-			stop, err := perfGRPC.serve(ep, laddr, o.size)
-			if err != nil {
-				return fail(err)
-			}
-			defer stop()
-		} else if o.tcp {
-			if tl, err = net.Listen("tcp", laddr); err != nil {
-				return fail(err)
-			}
-			defer tl.Close()
-			go perfTCPEcho(tl, perfRespPayload(o))
-		} else if _, err := ep.Listen(laddr); err != nil {
-			return fail(err)
+		p, err := r.ep.Dial(ctx, dataAddr)
+		if err != nil {
+			return r.fail(err)
 		}
-		if err := pc.send(perfMsg{Params: &params}); err != nil {
-			return fmt.Errorf("couldn't send the parameters: %v", err)
+		r.caller = newPerfBXCaller(p)
+	}
+	return nil
+}
+
+// serveDataPlane starts the server's echo (gRPC, TCP or bx), then sends
+// the parameters, the client's go-ahead, and accepts its bx peer.
+func (r *perfBXRun) serveDataPlane() error {
+	o := r.o
+	laddr := ":" + strconv.Itoa(o.port+1)
+	if o.grpc {
+		stop, err := perfGRPC.serve(r.ep, laddr, o.size)
+		if err != nil {
+			return r.fail(err)
 		}
-	}
-	if !client {
-		// bx: the peer is accepted (its handshake done) before the start.
-		if ep != nil && !o.grpc {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_, err := ep.Accept(ctx)
-			cancel()
-			if err != nil {
-				return fail(err)
-			}
+		r.atClose(stop)
+	} else if o.tcp {
+		tl, err := net.Listen("tcp", laddr)
+		if err != nil {
+			return r.fail(err)
 		}
+		r.atClose(func() { tl.Close() })
+		go perfTCPEcho(tl, perfRespPayload(o))
+	} else if _, err := r.ep.Listen(laddr); err != nil {
+		return r.fail(err)
 	}
-	req := make([]byte, o.size)
-	for i := range req {
-		req[i] = byte(i)
+	if err := r.pc.send(perfMsg{Params: &r.params}); err != nil {
+		return fmt.Errorf("couldn't send the parameters: %v", err)
 	}
-	if client {
-		// A few calls so that both ends have their buffers and
-		// connections in steady state; not measured.
-		for range 10 {
-			_, done, err := caller.call(req)
-			if err != nil {
-				return fail(err)
-			}
-			done()
+	// bx: the peer is accepted (its handshake done) before the start.
+	if r.ep != nil && !o.grpc {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := r.ep.Accept(ctx)
+		cancel()
+		if err != nil {
+			return r.fail(err)
 		}
 	}
-	var idleCPU *float64
-	if client && o.idle > 0 {
+	return nil
+}
+
+// warmUp makes the client's unmeasured calls, then with --idle measures
+// its CPU time while connected and idle.
+func (r *perfBXRun) warmUp() error {
+	if !r.client {
+		return nil
+	}
+	// A few calls so that both ends have their buffers and
+	// connections in steady state; not measured.
+	for range 10 {
+		_, done, err := r.caller.call(r.req)
+		if err != nil {
+			return r.fail(err)
+		}
+		done()
+	}
+	if r.o.idle > 0 {
 		// Both endpoints connected, nothing to do: what does it cost?
 		// (The server waits for the start barrier meanwhile.)
 		c0, t0 := cpuNow(), time.Now()
-		time.Sleep(o.idle)
+		time.Sleep(r.o.idle)
 		pct := 100 * float64(cpuNow()-c0) / float64(time.Since(t0))
-		idleCPU = &pct
+		r.idleCPU = &pct
 	}
-	stopProf, err := startCPUProfile(o.cpuprof)
+	return nil
+}
+
+// startBarrier starts the --cpuprofile profile and meets the peer at the
+// start barrier.
+func (r *perfBXRun) startBarrier() error {
+	stopProf, err := startCPUProfile(r.o.cpuprof)
 	if err != nil {
-		return fail(err)
+		return r.fail(err)
 	}
-	defer stopProf()
-	if _, err := pc.barrier("start", nil); err != nil {
+	r.atClose(stopProf)
+	if _, err := r.pc.barrier("start", nil); err != nil {
 		return err
 	}
+	return nil
+}
+
+// measure is this process's measured share (the client's calls, or the
+// server's wait for the client's end barrier, whose results are peerB)
+// with its CPU time and bx counts per call.
+func (r *perfBXRun) measure() (mine perfBXResult, peerB json.RawMessage, err error) {
 	var before bx.Snapshot
-	if ep != nil {
-		before = ep.Snapshot()
+	if r.ep != nil {
+		before = r.ep.Snapshot()
 	}
 	cpu0 := cpuNow()
+	if r.client {
+		mine, err = r.measuredCalls()
+	} else {
+		peerB, err = r.awaitClientEnd()
+	}
+	if err != nil {
+		return mine, nil, err
+	}
+	mine.CPU = float64(cpuNow()-cpu0) / 1e3 / float64(r.o.iters)
+	if r.ep != nil {
+		r.counts = perfBXCounts(before, r.ep.Snapshot(), r.o.iters)
+	}
+	return mine, peerB, nil
+}
+
+// measuredCalls is the client's measured loop: perfBXBW's, or one call at
+// a time with a timestamp before each.
+func (r *perfBXRun) measuredCalls() (perfBXResult, error) {
 	var mine perfBXResult
-	if client {
-		if o.bw {
-			res, err := perfBXBW(caller, req, o.iters, o.window)
-			if err != nil {
-				return fail(err)
-			}
-			mine.Bandwidth = &res
-		} else {
-			t := make([]int64, o.iters+1)
-			base := time.Now()
-			for i := range o.iters {
-				t[i] = int64(time.Since(base))
-				resp, done, err := caller.call(req)
-				if err != nil {
-					return fail(fmt.Errorf("call %d: %v", i, err))
-				}
-				if len(resp) != o.resp {
-					return fail(fmt.Errorf("call %d: response of %d bytes, want %d", i, len(resp), o.resp))
-				}
-				done()
-			}
-			t[o.iters] = int64(time.Since(base))
-			res := latStats(t, o.size, 1)
-			res.Iterations = o.iters
-			mine.Latency = &res
-		}
-	}
-	var peerB json.RawMessage
-	if !client {
-		// The server's share ends when the client is done: wait for its
-		// end of the barrier, then answer with ours.
-		m, err := pc.recv()
+	o, caller, req := r.o, r.caller, r.req
+	if o.bw {
+		res, err := perfBXBW(caller, req, o.iters, o.window)
 		if err != nil {
-			return fmt.Errorf("barrier \"end\": %v", err)
+			return mine, r.fail(err)
 		}
-		if m.Sync != "end" {
-			return fmt.Errorf("barrier \"end\": the peer is at %q", m.Sync)
+		mine.Bandwidth = &res
+		return mine, nil
+	}
+	t := make([]int64, o.iters+1)
+	base := time.Now()
+	for i := range o.iters {
+		t[i] = int64(time.Since(base))
+		resp, done, err := caller.call(req)
+		if err != nil {
+			return mine, r.fail(fmt.Errorf("call %d: %v", i, err))
 		}
-		peerB = m.Results
-	}
-	mine.CPU = float64(cpuNow()-cpu0) / 1e3 / float64(o.iters)
-	var counts map[string]float64
-	if ep != nil {
-		counts = perfBXCounts(before, ep.Snapshot(), o.iters)
-	}
-	b, _ := json.Marshal(mine)
-	if client {
-		if peerB, err = pc.barrier("end", b); err != nil {
-			return err
+		if len(resp) != o.resp {
+			return mine, r.fail(fmt.Errorf("call %d: response of %d bytes, want %d", i, len(resp), o.resp))
 		}
-	} else if err := pc.send(perfMsg{Sync: "end", Results: b}); err != nil {
-		return fmt.Errorf("barrier \"end\": %v", err)
+		done()
 	}
+	t[o.iters] = int64(time.Since(base))
+	res := latStats(t, o.size, 1)
+	res.Iterations = o.iters
+	mine.Latency = &res
+	return mine, nil
+}
+
+// awaitClientEnd is the server's share: it ends when the client is done.
+// It waits for the client's end of the barrier and returns its results.
+func (r *perfBXRun) awaitClientEnd() (json.RawMessage, error) {
+	m, err := r.pc.recv()
+	if err != nil {
+		return nil, fmt.Errorf("barrier \"end\": %v", err)
+	}
+	if m.Sync != "end" {
+		return nil, fmt.Errorf("barrier \"end\": the peer is at %q", m.Sync)
+	}
+	return m.Results, nil
+}
+
+// exchangeResults gives the peer mine at the end barrier and returns the
+// peer's (the server has them already, in peerB).
+func (r *perfBXRun) exchangeResults(mine perfBXResult, peerB json.RawMessage) (perfBXResult, error) {
 	var peer perfBXResult
-	if err := json.Unmarshal(peerB, &peer); err != nil {
-		return fmt.Errorf("the peer's results %q: %v", peerB, err)
+	b, _ := json.Marshal(mine)
+	if r.client {
+		var err error
+		if peerB, err = r.pc.barrier("end", b); err != nil {
+			return peer, err
+		}
+	} else if err := r.pc.send(perfMsg{Sync: "end", Results: b}); err != nil {
+		return peer, fmt.Errorf("barrier \"end\": %v", err)
 	}
-	rep := perfBXReport{Test: o.test, Role: "server", MeasuredBy: "client", Device: o.dev, Transport: "bx", Window: o.window, Counts: counts, IdleCPU: idleCPU}
-	if idleCPU != nil {
+	if err := json.Unmarshal(peerB, &peer); err != nil {
+		return peer, fmt.Errorf("the peer's results %q: %v", peerB, err)
+	}
+	return peer, nil
+}
+
+// report is the run's report: the client's measurement, both CPU times.
+func (r *perfBXRun) report(mine, peer perfBXResult) perfBXReport {
+	o := r.o
+	rep := perfBXReport{Test: o.test, Role: "server", MeasuredBy: "client", Device: o.dev, Transport: "bx", Window: o.window, Counts: r.counts, IdleCPU: r.idleCPU}
+	if r.idleCPU != nil {
 		rep.Idle = o.idle.String()
 	}
 	if o.tcp {
@@ -460,7 +587,7 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 		rep.Transport = "grpc over " + rep.Transport
 	}
 	meas := peer
-	if client {
+	if r.client {
 		rep.Role = "client"
 		meas = mine
 		rep.CPU = perfBXCPU{Client: mine.CPU, Server: peer.CPU}
@@ -478,6 +605,12 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 			rep.Latency = []perfLatResult{*meas.Latency}
 		}
 	}
+	return rep
+}
+
+// print writes rep to stdout: one JSON object with --json, else text.
+func (r *perfBXRun) print(rep perfBXReport) error {
+	o, stdout := r.o, r.stdout
 	if o.json {
 		b, err := json.Marshal(rep)
 		if err != nil {
@@ -495,8 +628,8 @@ func perfBXMain(o *perfBXOptions, stdout, stderr io.Writer) error {
 	pr.printLast(stdout)
 	fmt.Fprint(stdout, perfLine)
 	fmt.Fprintf(stdout, " CPU per call [usec]: client %.2f, server %.2f\n", rep.CPU.Client, rep.CPU.Server)
-	if idleCPU != nil {
-		fmt.Fprintf(stdout, " idle for %v, connected: client CPU %.2f%% of a core\n", o.idle, *idleCPU)
+	if rep.IdleCPU != nil {
+		fmt.Fprintf(stdout, " idle for %v, connected: client CPU %.2f%% of a core\n", o.idle, *rep.IdleCPU)
 	}
 	return nil
 }
