@@ -41,8 +41,8 @@ func TestMain(m *testing.M) {
 		addr, mode, _ := strings.Cut(addr, ",") // mode "cm": Config.LaneSetup CM
 		os.Exit(childServer(dev, addr, mode == "cm"))
 	}
-	hang.OnDump(bx.DumpState) // a hang's report shows credits and windows
-	os.Exit(m.Run())
+	hang.OnDump(bx.DumpState)      // a hang's report shows credits and windows
+	os.Exit(rxetest.RunChecked(m)) // and no kernel object or fd left behind
 }
 
 func childServer(dev, addr string, cm bool) int {

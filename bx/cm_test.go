@@ -38,48 +38,14 @@ func needCM(t *testing.T) {
 	}
 }
 
-// cmIDs counts the kernel's rdma_cm IDs (`rdma resource show cm_id`), -1
-// when the tool cannot tell (as cm's tests count them).
-func cmIDs() int {
-	out, err := exec.Command("rdma", "resource", "show", "cm_id").Output()
-	if err != nil {
-		return -1
-	}
-	n := 0
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "cm-idn") || strings.HasPrefix(strings.TrimSpace(l), "link ") {
-			n++
-		}
-	}
-	return n
-}
-
-// checkCMIDs makes the test fail unless the cm_id count at its end (after
-// every Cleanup registered later, the endpoints' Close among them) is the
-// count at its start. It returns the start count.
-func checkCMIDs(t *testing.T) int {
-	t.Helper()
-	before := cmIDs()
-	if before < 0 {
-		t.Fatal("cannot count cm_ids: `rdma resource show cm_id` failed")
-	}
-	t.Cleanup(func() {
-		// DESTROY_ID is synchronous: the count is back at once or never.
-		if after := cmIDs(); after != before {
-			out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
-			t.Errorf("cm_id count %d at the start, %d after Close:\n%s", before, after, out)
-		} else {
-			t.Logf("cm_ids: %d at the start and after Close", after)
-		}
-	})
-	return before
-}
-
 // wantCMIDs checks the count while the peers are connected: the
 // listener and one ID per lane on each side.
 func wantCMIDs(t *testing.T, base, lanes int) {
 	t.Helper()
-	if n := cmIDs(); n != base+1+2*lanes {
+	if base < 0 {
+		return // no count (rxetest.CheckCMIDs)
+	}
+	if n := rxetest.CMIDs(); n != base+1+2*lanes {
 		out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
 		t.Fatalf("%d cm_ids with %d lanes connected, want %d (%d + listener + 2 per lane):\n%s", n, lanes, base+1+2*lanes, base, out)
 	}
@@ -95,7 +61,7 @@ func TestCMCalls(t *testing.T) {
 
 func cmCalls(t *testing.T, mod func(*bx.Config)) {
 	needCM(t)
-	base := checkCMIDs(t)
+	base := rxetest.CheckCMIDs(t)
 	srv, _, p, sp := pair(t, mod)
 	wantCMIDs(t, base, p.LaneCountForTest())
 	// The connection manager moved the QPs with the parameters bx asked
@@ -172,7 +138,7 @@ func cmCalls(t *testing.T, mod func(*bx.Config)) {
 // lanes' IDs are gone.
 func TestCMRecovery(t *testing.T) {
 	needCM(t)
-	base := checkCMIDs(t)
+	base := rxetest.CheckCMIDs(t)
 	_, cli, p, sp := pair(t, cmOn)
 	ctx, wd := hang.For(t, "", 90*time.Second) // a hang bound (no progress), not a speed bound
 	numberedAcrossBreak(t, ctx, wd, p, sp, 400)
@@ -193,7 +159,7 @@ func TestCMRecovery(t *testing.T) {
 // acceptor confirms its new lanes and windows, ctlLanesUp).
 func TestCMRecoveryMidRendezvous(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	recoveryMidRendezvous(t, func(c *bx.Config) { cmOn(c); windowsOn(c) })
 }
 
@@ -203,7 +169,7 @@ func TestCMRecoveryMidRendezvous(t *testing.T) {
 // lane connected. Each is rejected; the connected peer goes on calling.
 func TestCMForgedConnect(t *testing.T) {
 	needCM(t)
-	base := checkCMIDs(t)
+	base := rxetest.CheckCMIDs(t)
 	srv, _, p, sp := pair(t, cmOn)
 	srv.Handle(7, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
 	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
@@ -272,7 +238,7 @@ func TestCMForgedConnect(t *testing.T) {
 // handshake fails on both sides within the bound, nothing stays behind.
 func TestCMMismatch(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	da, db := rxetest.Pair(t)
 	for _, cmServer := range []bool{true, false} {
 		srvMod, cliMod := cmOn, func(*bx.Config) {}
@@ -309,7 +275,7 @@ func TestCMSetupTime(t *testing.T) {
 		t.Skip("set GOVERBS_BX_SETUP_TIMES=N to measure N setups each way")
 	}
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	da, db := rxetest.Pair(t)
 	type mode struct {
 		name       string

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -32,35 +30,7 @@ var (
 // TestMain checks that the suite leaves no kernel object (`rdma resource
 // show`: pd, cq, qp, mr, ctx and cm_id counts per device) and no file
 // descriptor behind.
-func TestMain(m *testing.M) {
-	before, haveRdma := resources()
-	fdsBefore := openFDs()
-	code := m.Run()
-	if code == 0 && haveRdma {
-		if after, _ := resources(); after != before {
-			fmt.Fprintf(os.Stderr, "kernel objects leaked:\nbefore: %s\nafter:  %s\n", before, after)
-			code = 1
-		}
-		if n := openFDs(); n > fdsBefore {
-			fmt.Fprintf(os.Stderr, "file descriptors leaked: %d before, %d after\n", fdsBefore, n)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func resources() (string, bool) {
-	out, err := exec.Command("rdma", "resource", "show").Output()
-	if err != nil || len(out) == 0 {
-		return "", false
-	}
-	return strings.TrimSpace(string(out)), true
-}
-
-func openFDs() int {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	return len(ents)
-}
+func TestMain(m *testing.M) { os.Exit(rxetest.RunChecked(m)) }
 
 // needCM skips (or fails under GOVERBS_RXE=required) without two devices
 // and the rdma_cm device.
@@ -73,54 +43,6 @@ func needCM(t *testing.T) {
 		}
 		t.Skipf("no rdma_cm: %v", err)
 	}
-}
-
-// cmIDs counts the kernel's rdma_cm IDs (`rdma resource show cm_id`), or
-// returns -1 when the tool cannot tell.
-func cmIDs(t *testing.T) int {
-	t.Helper()
-	out, err := exec.Command("rdma", "resource", "show", "cm_id").Output()
-	if err != nil {
-		return -1
-	}
-	n := 0
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "cm-idn") || strings.HasPrefix(strings.TrimSpace(l), "link ") {
-			n++
-		}
-	}
-	return n
-}
-
-// checkCMIDs makes the test fail unless the cm_id count is back to the
-// count at its start when it ends.
-func checkCMIDs(t *testing.T) {
-	t.Helper()
-	before := cmIDs(t)
-	if before < 0 {
-		if rxetest.Required() {
-			t.Fatal("cannot count cm_ids: `rdma resource show cm_id` failed")
-		}
-		return
-	}
-	t.Logf("%d cm_ids at the start", before)
-	t.Cleanup(func() {
-		// DESTROY_ID is synchronous; poll only to print what is left.
-		deadline := time.Now().Add(hang.Scale(5 * time.Second))
-		for {
-			after := cmIDs(t)
-			if after == before {
-				t.Logf("%d cm_ids at the end", after)
-				return
-			}
-			if time.Now().After(deadline) {
-				out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
-				t.Errorf("cm_id count %d at the start, %d at the end:\n%s", before, after, out)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
 }
 
 func port() uint16 { return uint16(20000 + rand.IntN(20000)) }
@@ -235,7 +157,7 @@ func TestConnect(t *testing.T) {
 }
 
 func testConnect(t *testing.T, ps cm.PortSpace) {
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	T := time.Now()
 	t.Cleanup(func() { step(t, T, "cleanup done") })
@@ -253,7 +175,7 @@ func testConnect(t *testing.T, ps cm.PortSpace) {
 	}
 	defer lis.Close()
 	step(t, T, "listening")
-	if n := cmIDs(t); n < 1 {
+	if n := rxetest.CMIDs(); n < 1 {
 		t.Fatalf("rdma resource show cm_id counts %d IDs with a listener open", n)
 	}
 
@@ -381,7 +303,7 @@ func TestUD(t *testing.T) {
 }
 
 func testUD(t *testing.T, ps cm.PortSpace) {
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	lis, err := ch.CreateIDType(ps, qp.UD)
@@ -475,7 +397,7 @@ func must(g qp.SGE, err error) qp.SGE {
 // carries reason 28 and the data.
 func TestReject(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	lis := newID(t, ch, cm.TCP)
@@ -517,7 +439,7 @@ func TestReject(t *testing.T) {
 // reason 8 (invalid service ID), ErrConnRefused.
 func TestRefused(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	cli := newID(t, ch, cm.TCP)
@@ -540,7 +462,7 @@ func TestRefused(t *testing.T) {
 // Resolution ends within the context's deadline with an address error.
 func TestUnreachable(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ch := openChannel(t)
 	cli := newID(t, ch, cm.TCP)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
@@ -571,7 +493,7 @@ func TestUnreachable(t *testing.T) {
 // TestDestroyDuringResolve closes an ID while its resolve waits.
 func TestDestroyDuringResolve(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ch := openChannel(t)
 	cli, err := ch.CreateID(cm.TCP)
 	if err != nil {
@@ -604,7 +526,7 @@ func TestDestroyDuringResolve(t *testing.T) {
 // TestBadInput: errors before the kernel.
 func TestBadInput(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	if _, err := ch.CreateID(cm.PortSpace(7)); err == nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
 // helperEnv makes the test binary a peer process that dies without
@@ -71,7 +72,7 @@ func peer(mode string, port uint16) int {
 // (the client sees DISCONNECTED); no cm_id is left behind.
 func TestPeerKilled(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	for _, mode := range []string{"request", "established"} {
 		t.Run(mode, func(t *testing.T) {
 			p := port()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/qp"
 )
 
@@ -70,7 +71,7 @@ func (e *end) pollFor(t *testing.T, d time.Duration) bool {
 // leaves rxe0's membership.
 func TestMulticast(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	group := netip.MustParseAddr("239.1.7.1")
@@ -202,7 +203,7 @@ func TestMulticast(t *testing.T) {
 // waits; no group and no cm_id stays behind.
 func TestMulticastBadInput(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	group := netip.MustParseAddr("239.1.7.2")
@@ -296,7 +297,7 @@ func TestMulticastBadInput(t *testing.T) {
 // member (rxe1); rxe0 gets no copy of them.
 func TestMulticastSendOnly(t *testing.T) {
 	needCM(t)
-	checkCMIDs(t)
+	rxetest.CheckCMIDs(t)
 	ctx := testCtx(t)
 	ch := openChannel(t)
 	group := netip.MustParseAddr("239.1.7.3")

@@ -2,10 +2,7 @@ package qp_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,45 +16,7 @@ import (
 
 // TestMain checks that the suite leaves no kernel object behind: the
 // resource counts `rdma resource show` reports are the same before and after.
-func TestMain(m *testing.M) {
-	before, haveRdma := resources()
-	fdsBefore := openFDs()
-	code := m.Run()
-	if code == 0 && haveRdma {
-		after, _ := resources()
-		if before != after {
-			fmt.Fprintf(os.Stderr, "kernel objects leaked:\nbefore: %s\nafter:  %s\n", before, after)
-			code = 1
-		}
-		if n := openFDs(); n > fdsBefore {
-			fmt.Fprintf(os.Stderr, "file descriptors leaked: %d before, %d after\n", fdsBefore, n)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// resources returns `rdma resource show` output (one line per device with
-// pd, cq, qp, mr and ctx counts), or false when there is no rdma tool or no
-// device.
-func resources() (string, bool) {
-	out, err := exec.Command("rdma", "resource", "show").Output()
-	if err != nil || len(out) == 0 {
-		return "", false
-	}
-	return strings.TrimSpace(string(out)), true
-}
-
-func openFDs() int {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	if os.Getenv("GOVERBS_DEBUG_FDS") != "" {
-		for _, e := range ents {
-			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-			fmt.Fprintln(os.Stderr, e.Name(), l)
-		}
-	}
-	return len(ents)
-}
+func TestMain(m *testing.M) { os.Exit(rxetest.RunChecked(m)) }
 
 // side is one end of a connection: device, PD, a registered buffer, a CQ
 // and a QP.

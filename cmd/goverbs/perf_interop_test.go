@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -71,21 +70,8 @@ func perfRunPair(t *testing.T, po perfPairOpts, test string, cli, srv, host stri
 func waitCMListenPort(t *testing.T, port int, done <-chan struct{}) {
 	t.Helper()
 	re := regexp.MustCompile(fmt.Sprintf(`src-addr \S+:%d( |$)`, port))
-	deadline := time.Now().Add(hang.Scale(30 * time.Second))
-	for time.Now().Before(deadline) {
-		out, _ := exec.Command("rdma", "resource", "show", "cm_id").Output()
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, "LISTEN") && re.MatchString(l) {
-				return
-			}
-		}
-		select {
-		case <-done:
-			return // the server exited; its result tells why
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("no rdma_cm listener on port %d after %v", port, hang.Scale(30*time.Second))
+	// false: the server exited; its result tells why.
+	rxetest.WaitCMListen(t, fmt.Sprintf("port %d", port), re.MatchString, done)
 }
 
 // perfResultLine finds the first result line under the report's header:

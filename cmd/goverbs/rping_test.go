@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
 
@@ -36,21 +35,9 @@ func rpingData(i, size int) string {
 func waitCMListen(t *testing.T, addr string, port int, done <-chan struct{}) {
 	t.Helper()
 	want := fmt.Sprintf("src-addr %s:%d", addr, port)
-	deadline := time.Now().Add(hang.Scale(30 * time.Second))
-	for time.Now().Before(deadline) {
-		out, _ := exec.Command("rdma", "resource", "show", "cm_id").Output()
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, "LISTEN") && strings.Contains(l, want) {
-				return
-			}
-		}
-		select {
-		case <-done:
-			t.Fatal("the server exited before it listened")
-		case <-time.After(20 * time.Millisecond):
-		}
+	if !rxetest.WaitCMListen(t, fmt.Sprintf("%s:%d", addr, port), func(l string) bool { return strings.Contains(l, want) }, done) {
+		t.Fatal("the server exited before it listened")
 	}
-	t.Fatalf("no listener on %s:%d after %v", addr, port, hang.Scale(30*time.Second))
 }
 
 // TestRpingInterop runs goverbs rping against rdma-core's rping (rdmacm-utils)
