@@ -571,290 +571,442 @@ type chaosVerifyRes struct {
 	Incarnation string   `json:"incarnation"`
 }
 
+// chaosDrive is the drive command: it loads the server with retried unique
+// ids for --duration, then checks the invariants and reports them.
 func chaosDrive(args []string, stdout, stderr io.Writer) error {
-	fs, ef := chaosFlags("drive", "rxe0", stderr)
-	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
-	duration := fs.Duration("duration", 20*time.Second, "how long new ids are started")
-	conc := fs.Int("concurrency", 8, "calls in flight")
-	rate := fs.Float64("rate", 0, "calls per second over all workers (0: as fast as they return)")
-	payload := fs.Int("payload", 64, "request payload bytes (at least 12)")
-	bigEvery := fs.Int("big-every", 0, "every Nth id carries --big-size bytes (rendezvous); 0: never")
-	bigSize := fs.Int("big-size", 256<<10, "size of the big requests")
-	callTimeout := fs.Duration("call-timeout", 10*time.Second, "bound of one attempt")
-	giveUp := fs.Duration("give-up", 60*time.Second, "an id is retried until this long after its first attempt")
-	journal := fs.String("journal", "", "append acknowledged ids (id, server incarnation: 2 little-endian uint64) to this file")
-	every := fs.Duration("report-every", 0, "print a progress line and verify the ids acknowledged since the last one this often (soak)")
-	maxRSS := fs.Int64("max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded)")
-	if _, err := cli.ParseGetopt(fs, args); err != nil {
+	o, ef, err := chaosDriveFlags(args, stderr)
+	if err != nil {
 		return err
-	}
-	if *payload < chaosReqHeader {
-		*payload = chaosReqHeader
 	}
 	e, err := bx.New(ef.config())
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	runID := rand.Uint64() & 0xffffffff00000000
-	sum := chaosDriveSummary{Run: fmt.Sprintf("%08x", runID>>32), Errors: map[string]uint64{}}
-	sum.Idle = chaosProcStats(e, true)
-	conn := &chaosConn{e: e, addr: *peer}
-	var jw *bufio.Writer
-	var jmu sync.Mutex
-	if *journal != "" {
-		f, err := os.OpenFile(*journal, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		jw = bufio.NewWriter(f)
-		defer func() { jmu.Lock(); jw.Flush(); jmu.Unlock() }()
+	d := newChaosDriver(o, e, stdout, stderr)
+	closeJournal, err := d.openJournal()
+	if err != nil {
+		return err
 	}
+	defer closeJournal()
 
-	var (
-		seq, idsStarted, idsReturned, idsAcked, idsFailed atomic.Uint64
-		attStarted, attReturned, retries, wrong           atomic.Uint64
-		inflight                                          atomic.Int64
-		emu                                               sync.Mutex
-		lastErr                                           string
-		acks                                              []chaosAck
-		lat                                               []time.Duration
-		incs                                              = map[uint64]bool{}
-		progressViolations                                []string
-	)
-	countErr := func(err error) {
-		k := "other"
-		switch {
-		case errors.Is(err, bx.ErrPeerGone):
-			k = "peer_gone"
-		case errors.Is(err, bx.ErrRecovering):
-			k = "recovering"
-		case errors.Is(err, bx.ErrClosed):
-			k = "closed"
-		case errors.Is(err, mr.ErrAllocatorFull):
-			k = "allocator_full"
-		case bx.IsRemote(err):
-			k = "remote"
-		case errors.Is(err, context.DeadlineExceeded):
-			k = "timeout"
-		case strings.Contains(err.Error(), "dial"):
-			k = "dial"
-		}
-		emu.Lock()
-		sum.Errors[k]++
-		lastErr = err.Error()
-		emu.Unlock()
+	elapsed := d.runLoad()
+	d.collectCounts(elapsed)
+	d.checkCounts()
+	d.verifyServer()
+	d.dumpStateOnViolation()
+	d.checkOwnLeaks()
+	return d.report()
+}
+
+// chaosDriveOpts are drive's own command-line options.
+type chaosDriveOpts struct {
+	peer        string
+	duration    time.Duration
+	conc        int
+	rate        float64
+	payload     int
+	bigEvery    int
+	bigSize     int
+	callTimeout time.Duration
+	giveUp      time.Duration
+	journal     string
+	every       time.Duration
+	maxRSS      int64
+}
+
+// chaosDriveFlags parses drive's command line into its options and the endpoint's.
+func chaosDriveFlags(args []string, stderr io.Writer) (chaosDriveOpts, chaosEndpointFlags, error) {
+	fs, ef := chaosFlags("drive", "rxe0", stderr)
+	var o chaosDriveOpts
+	fs.StringVar(&o.peer, "peer", "10.99.0.2:18900", "the server's control-plane address")
+	fs.DurationVar(&o.duration, "duration", 20*time.Second, "how long new ids are started")
+	fs.IntVar(&o.conc, "concurrency", 8, "calls in flight")
+	fs.Float64Var(&o.rate, "rate", 0, "calls per second over all workers (0: as fast as they return)")
+	fs.IntVar(&o.payload, "payload", 64, "request payload bytes (at least 12)")
+	fs.IntVar(&o.bigEvery, "big-every", 0, "every Nth id carries --big-size bytes (rendezvous); 0: never")
+	fs.IntVar(&o.bigSize, "big-size", 256<<10, "size of the big requests")
+	fs.DurationVar(&o.callTimeout, "call-timeout", 10*time.Second, "bound of one attempt")
+	fs.DurationVar(&o.giveUp, "give-up", 60*time.Second, "an id is retried until this long after its first attempt")
+	fs.StringVar(&o.journal, "journal", "", "append acknowledged ids (id, server incarnation: 2 little-endian uint64) to this file")
+	fs.DurationVar(&o.every, "report-every", 0, "print a progress line and verify the ids acknowledged since the last one this often (soak)")
+	fs.Int64Var(&o.maxRSS, "max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded)")
+	if _, err := cli.ParseGetopt(fs, args); err != nil {
+		return o, ef, err
 	}
+	if o.payload < chaosReqHeader {
+		o.payload = chaosReqHeader
+	}
+	return o, ef, nil
+}
+
+// chaosDriver is one drive run: its options, endpoint and connection, the
+// counters its workers keep and the summary it builds.
+type chaosDriver struct {
+	o      chaosDriveOpts
+	e      *bx.Endpoint
+	conn   *chaosConn
+	stdout io.Writer
+	stderr io.Writer
+	runID  uint64 // the random prefix of every id, in the high 32 bits
+	sum    chaosDriveSummary
+
+	jw  *bufio.Writer // the --journal, nil without one
+	jmu sync.Mutex    // guards jw
+
+	start   time.Time
+	stopAt  time.Time       // no new id is started after it
+	hardCtx context.Context // the hard end: every id has had its give-up time
+
+	seq, idsStarted, idsReturned, idsAcked, idsFailed atomic.Uint64
+	attStarted, attReturned, retries, wrong           atomic.Uint64
+	inflight                                          atomic.Int64
+
+	emu                sync.Mutex // guards sum.Errors and the fields below
+	lastErr            string
+	acks               []chaosAck
+	lat                []time.Duration
+	incs               map[uint64]bool // server incarnations that acknowledged
+	progressViolations []string
+	verified           int // acks[:verified] were checked already
+}
+
+// newChaosDriver makes a run with a fresh id prefix and records e's idle resources.
+func newChaosDriver(o chaosDriveOpts, e *bx.Endpoint, stdout, stderr io.Writer) *chaosDriver {
+	d := &chaosDriver{o: o, e: e, stdout: stdout, stderr: stderr, incs: map[uint64]bool{}}
+	d.runID = rand.Uint64() & 0xffffffff00000000
+	d.sum = chaosDriveSummary{Run: fmt.Sprintf("%08x", d.runID>>32), Errors: map[string]uint64{}}
+	d.sum.Idle = chaosProcStats(e, true)
+	d.conn = &chaosConn{e: e, addr: o.peer}
+	return d
+}
+
+// openJournal opens --journal, if any, for appending; the func it returns flushes and closes it.
+func (d *chaosDriver) openJournal() (func(), error) {
+	if d.o.journal == "" {
+		return func() {}, nil
+	}
+	f, err := os.OpenFile(d.o.journal, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	d.jw = bufio.NewWriter(f)
+	return func() {
+		d.flushJournal()
+		f.Close()
+	}, nil
+}
+
+// flushJournal writes the buffered journal records out (nothing without --journal).
+func (d *chaosDriver) flushJournal() {
+	if d.jw == nil {
+		return
+	}
+	d.jmu.Lock()
+	d.jw.Flush()
+	d.jmu.Unlock()
+}
+
+// runLoad runs the workers and the background loop until every id has
+// returned or the hard end has come, and returns how long that took.
+func (d *chaosDriver) runLoad() time.Duration {
 	var tick <-chan time.Time
-	if *rate > 0 {
-		t := time.NewTicker(time.Duration(float64(time.Second) / *rate))
+	if d.o.rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / d.o.rate))
 		defer t.Stop()
 		tick = t.C
 	}
-	start := time.Now()
-	stopAt := start.Add(*duration)
+	d.start = time.Now()
+	d.stopAt = d.start.Add(d.o.duration)
 	// The hard end: every id has had its give-up time; anything still
 	// running then is a call that did not return.
-	hardCtx, hardCancel := context.WithDeadline(context.Background(), stopAt.Add(*giveUp+30*time.Second))
+	hardCtx, hardCancel := context.WithDeadline(context.Background(), d.stopAt.Add(d.o.giveUp+30*time.Second))
 	defer hardCancel()
+	d.hardCtx = hardCtx
 
-	oneID := func(n uint64) {
-		id := runID | n
-		size := *payload
-		if *bigEvery > 0 && n%uint64(*bigEvery) == 0 {
-			size = *bigSize
-		}
-		req := make([]byte, size)
-		binary.LittleEndian.PutUint64(req, id)
-		idsStarted.Add(1)
-		first := time.Now()
-		for attempt := uint32(0); ; attempt++ {
-			if attempt > 0 {
-				retries.Add(1)
-			}
-			binary.LittleEndian.PutUint32(req[8:], attempt)
-			p, err := conn.get(hardCtx)
-			if err == nil {
-				attStarted.Add(1)
-				inflight.Add(1)
-				t0 := time.Now()
-				cctx, cancel := context.WithTimeout(hardCtx, *callTimeout)
-				var m *bx.Msg
-				m, err = p.Call(cctx, chaosStreamApply, req)
-				cancel()
-				inflight.Add(-1)
-				attReturned.Add(1)
-				if err == nil {
-					d := m.Data()
-					okReply := len(d) == 9 && binary.LittleEndian.Uint64(d) == id
-					m.Release()
-					if !okReply {
-						wrong.Add(1)
-						err = fmt.Errorf("call for id %x answered %x", id, d)
-					} else {
-						inc := p.ID()
-						idsAcked.Add(1)
-						idsReturned.Add(1)
-						emu.Lock()
-						acks = append(acks, chaosAck{id, inc})
-						lat = append(lat, time.Since(t0))
-						incs[inc] = true
-						emu.Unlock()
-						if jw != nil {
-							var rec [16]byte
-							binary.LittleEndian.PutUint64(rec[:], id)
-							binary.LittleEndian.PutUint64(rec[8:], inc)
-							jmu.Lock()
-							jw.Write(rec[:])
-							jmu.Unlock()
-						}
-						return
-					}
-				}
-				conn.drop(p)
-			}
-			countErr(err)
-			if time.Since(first) > *giveUp || hardCtx.Err() != nil {
-				idsFailed.Add(1)
-				idsReturned.Add(1)
-				return
-			}
-			select {
-			case <-time.After(time.Duration(50+rand.IntN(150)) * time.Millisecond):
-			case <-hardCtx.Done():
-			}
-		}
-	}
 	var wg sync.WaitGroup
-	for range *conc {
+	for range d.o.conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(stopAt) {
-				if tick != nil {
-					select {
-					case <-tick:
-					case <-time.After(time.Until(stopAt)):
-						return
-					}
-				}
-				oneID(seq.Add(1))
-			}
+			d.worker(tick)
 		}()
 	}
 	// Journal flushes and, for soaks, periodic progress and verification.
 	done := make(chan struct{})
-	var verified int // acks[:verified] were checked already
 	var bgwg sync.WaitGroup
 	bgwg.Add(1)
 	go func() {
 		defer bgwg.Done()
-		flush := time.NewTicker(200 * time.Millisecond)
-		defer flush.Stop()
-		var rep <-chan time.Time
-		if *every > 0 {
-			t := time.NewTicker(*every)
-			defer t.Stop()
-			rep = t.C
-		}
-		lastN, lastT := uint64(0), time.Now()
-		for {
-			select {
-			case <-done:
-				return
-			case <-flush.C:
-				if jw != nil {
-					jmu.Lock()
-					jw.Flush()
-					jmu.Unlock()
-				}
-			case now := <-rep:
-				emu.Lock()
-				batch := append([]chaosAck(nil), acks[verified:]...)
-				emu.Unlock()
-				line := map[string]any{"t_s": int(now.Sub(start).Seconds()), "acked": idsAcked.Load(), "failed": idsFailed.Load(),
-					"retries": retries.Load(), "calls_per_sec": float64(idsAcked.Load()-lastN) / now.Sub(lastT).Seconds(),
-					"proc": chaosProcStats(e, true)}
-				lastN, lastT = idsAcked.Load(), now
-				vctx, cancel := context.WithTimeout(hardCtx, 30*time.Second)
-				if p, err := conn.get(vctx); err == nil {
-					vr, err := chaosVerify(vctx, p, batch)
-					if err == nil {
-						line["verify"] = vr
-						emu.Lock()
-						verified += len(batch)
-						emu.Unlock()
-					} else {
-						line["verify_error"] = err.Error()
-					}
-					if st, err := chaosServerStatsOf(vctx, p); err == nil {
-						line["server"] = st
-					}
-				}
-				cancel()
-				var pv []string
-				if vr, ok := line["verify"].(*chaosVerifyRes); ok && vr.NotApplied > 0 {
-					pv = append(pv, fmt.Sprintf("%d acknowledged ids not applied (e.g. %v)", vr.NotApplied, vr.Examples))
-				}
-				if st, ok := line["server"].(*chaosServerStats); ok && st.TransportDups > 0 {
-					pv = append(pv, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
-				}
-				if pr := line["proc"].(chaosProc); *maxRSS > 0 && pr.RSSKiB > *maxRSS {
-					pv = append(pv, fmt.Sprintf("driver: RSS %d KiB above %d KiB", pr.RSSKiB, *maxRSS))
-				}
-				if st, ok := line["server"].(*chaosServerStats); ok && *maxRSS > 0 && st.Proc.RSSKiB > *maxRSS {
-					pv = append(pv, fmt.Sprintf("server: RSS %d KiB above %d KiB", st.Proc.RSSKiB, *maxRSS))
-				}
-				line["violations"] = pv
-				if len(pv) > 0 {
-					emu.Lock()
-					progressViolations = append(progressViolations, pv...)
-					emu.Unlock()
-				}
-				b, _ := json.Marshal(line)
-				fmt.Fprintf(stdout, "progress %s\n", b)
-				// A markdown table row for docs/reliability.md.
-				pr := line["proc"].(chaosProc)
-				vr, _ := line["verify"].(*chaosVerifyRes)
-				if vr == nil {
-					vr = &chaosVerifyRes{}
-				}
-				st, _ := line["server"].(*chaosServerStats)
-				if st == nil {
-					st = &chaosServerStats{}
-				}
-				fmt.Fprintf(stdout, "soakrow | %d | %.0f | %d | %d (%d once) | %d | %d / %d | %d / %d | %d / %d | %d |\n",
-					line["t_s"].(int)/60, line["calls_per_sec"].(float64), idsAcked.Load(), vr.Checked, vr.Applied,
-					retries.Load(), pr.RSSKiB, st.Proc.RSSKiB, pr.Goroutines, st.Proc.Goroutines,
-					pr.RDMA["qp"], st.Proc.RDMA["qp"], len(pv))
-			}
-		}
+		d.background(done)
 	}()
 	wgDone := make(chan struct{})
 	go func() { wg.Wait(); close(wgDone) }()
 	select {
 	case <-wgDone:
 	case <-hardCtx.Done():
-		sum.HungAttemptsAtEnd = inflight.Load()
-		sum.Violations = append(sum.Violations, fmt.Sprintf("%d calls did not return within give-up + 30 s", inflight.Load()))
+		d.sum.HungAttemptsAtEnd = d.inflight.Load()
+		d.sum.Violations = append(d.sum.Violations, fmt.Sprintf("%d calls did not return within give-up + 30 s", d.inflight.Load()))
 	}
 	close(done)
 	bgwg.Wait()
-	elapsed := time.Since(start)
+	return time.Since(d.start)
+}
+
+// worker starts one id after the other (each tick with --rate) until stopAt.
+func (d *chaosDriver) worker(tick <-chan time.Time) {
+	for time.Now().Before(d.stopAt) {
+		if tick != nil {
+			select {
+			case <-tick:
+			case <-time.After(time.Until(d.stopAt)):
+				return
+			}
+		}
+		d.oneID(d.seq.Add(1))
+	}
+}
+
+// oneID calls with id number n, retrying with the same id, until it is acknowledged or given up.
+func (d *chaosDriver) oneID(n uint64) {
+	id := d.runID | n
+	size := d.o.payload
+	if d.o.bigEvery > 0 && n%uint64(d.o.bigEvery) == 0 {
+		size = d.o.bigSize
+	}
+	req := make([]byte, size)
+	binary.LittleEndian.PutUint64(req, id)
+	d.idsStarted.Add(1)
+	first := time.Now()
+	for attempt := uint32(0); ; attempt++ {
+		if attempt > 0 {
+			d.retries.Add(1)
+		}
+		binary.LittleEndian.PutUint32(req[8:], attempt)
+		err := d.callOnce(id, req)
+		if err == nil {
+			return
+		}
+		d.countErr(err)
+		if time.Since(first) > d.o.giveUp || d.hardCtx.Err() != nil {
+			d.idsFailed.Add(1)
+			d.idsReturned.Add(1)
+			return
+		}
+		select {
+		case <-time.After(time.Duration(50+rand.IntN(150)) * time.Millisecond):
+		case <-d.hardCtx.Done():
+		}
+	}
+}
+
+// callOnce makes one call for id; nil means the server acknowledged it and the ack is recorded.
+func (d *chaosDriver) callOnce(id uint64, req []byte) error {
+	p, err := d.conn.get(d.hardCtx)
+	if err != nil {
+		return err
+	}
+	d.attStarted.Add(1)
+	d.inflight.Add(1)
+	t0 := time.Now()
+	cctx, cancel := context.WithTimeout(d.hardCtx, d.o.callTimeout)
+	m, err := p.Call(cctx, chaosStreamApply, req)
+	cancel()
+	d.inflight.Add(-1)
+	d.attReturned.Add(1)
+	if err == nil {
+		data := m.Data()
+		okReply := len(data) == 9 && binary.LittleEndian.Uint64(data) == id
+		m.Release()
+		if okReply {
+			d.recordAck(id, p.ID(), t0)
+			return nil
+		}
+		d.wrong.Add(1)
+		err = fmt.Errorf("call for id %x answered %x", id, data)
+	}
+	d.conn.drop(p)
+	return err
+}
+
+// recordAck counts id as acknowledged by server incarnation inc (its call started at t0) and journals it.
+func (d *chaosDriver) recordAck(id, inc uint64, t0 time.Time) {
+	d.idsAcked.Add(1)
+	d.idsReturned.Add(1)
+	d.emu.Lock()
+	d.acks = append(d.acks, chaosAck{id, inc})
+	d.lat = append(d.lat, time.Since(t0))
+	d.incs[inc] = true
+	d.emu.Unlock()
+	if d.jw != nil {
+		var rec [16]byte
+		binary.LittleEndian.PutUint64(rec[:], id)
+		binary.LittleEndian.PutUint64(rec[8:], inc)
+		d.jmu.Lock()
+		d.jw.Write(rec[:])
+		d.jmu.Unlock()
+	}
+}
+
+// countErr counts a failed attempt's error by kind and keeps it as the last error.
+func (d *chaosDriver) countErr(err error) {
+	k := chaosErrKind(err)
+	d.emu.Lock()
+	d.sum.Errors[k]++
+	d.lastErr = err.Error()
+	d.emu.Unlock()
+}
+
+// chaosErrKind is the summary's "errors" key for err.
+func chaosErrKind(err error) string {
+	switch {
+	case errors.Is(err, bx.ErrPeerGone):
+		return "peer_gone"
+	case errors.Is(err, bx.ErrRecovering):
+		return "recovering"
+	case errors.Is(err, bx.ErrClosed):
+		return "closed"
+	case errors.Is(err, mr.ErrAllocatorFull):
+		return "allocator_full"
+	case bx.IsRemote(err):
+		return "remote"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case strings.Contains(err.Error(), "dial"):
+		return "dial"
+	}
+	return "other"
+}
+
+// background flushes the journal every 200 ms and, with --report-every,
+// reports progress, until done is closed.
+func (d *chaosDriver) background(done <-chan struct{}) {
+	flush := time.NewTicker(200 * time.Millisecond)
+	defer flush.Stop()
+	var rep <-chan time.Time
+	if d.o.every > 0 {
+		t := time.NewTicker(d.o.every)
+		defer t.Stop()
+		rep = t.C
+	}
+	lastN, lastT := uint64(0), time.Now()
+	for {
+		select {
+		case <-done:
+			return
+		case <-flush.C:
+			d.flushJournal()
+		case now := <-rep:
+			lastN, lastT = d.progress(now, lastN, lastT)
+		}
+	}
+}
+
+// progress prints a soak's "progress" and "soakrow" lines at now, verifying
+// the acks since the last report, and returns the count and time the next
+// report's rate starts from (lastN acks at lastT: this one's).
+func (d *chaosDriver) progress(now time.Time, lastN uint64, lastT time.Time) (uint64, time.Time) {
+	d.emu.Lock()
+	batch := append([]chaosAck(nil), d.acks[d.verified:]...)
+	d.emu.Unlock()
+	line := map[string]any{"t_s": int(now.Sub(d.start).Seconds()), "acked": d.idsAcked.Load(), "failed": d.idsFailed.Load(),
+		"retries": d.retries.Load(), "calls_per_sec": float64(d.idsAcked.Load()-lastN) / now.Sub(lastT).Seconds(),
+		"proc": chaosProcStats(d.e, true)}
+	nextN := d.idsAcked.Load()
+	d.verifyBatch(line, batch)
+	pv := chaosProgressViolations(line, d.o.maxRSS)
+	line["violations"] = pv
+	if len(pv) > 0 {
+		d.emu.Lock()
+		d.progressViolations = append(d.progressViolations, pv...)
+		d.emu.Unlock()
+	}
+	b, _ := json.Marshal(line)
+	fmt.Fprintf(d.stdout, "progress %s\n", b)
+	d.printSoakRow(line, len(pv))
+	return nextN, now
+}
+
+// verifyBatch checks batch at the server and adds the result ("verify" or
+// "verify_error") and the server's stats ("server") to the progress line.
+func (d *chaosDriver) verifyBatch(line map[string]any, batch []chaosAck) {
+	vctx, cancel := context.WithTimeout(d.hardCtx, 30*time.Second)
+	defer cancel()
+	p, err := d.conn.get(vctx)
+	if err != nil {
+		return
+	}
+	vr, err := chaosVerify(vctx, p, batch)
+	if err == nil {
+		line["verify"] = vr
+		d.emu.Lock()
+		d.verified += len(batch)
+		d.emu.Unlock()
+	} else {
+		line["verify_error"] = err.Error()
+	}
+	if st, err := chaosServerStatsOf(vctx, p); err == nil {
+		line["server"] = st
+	}
+}
+
+// chaosProgressViolations are the invariants a progress line shows broken (nil: none).
+func chaosProgressViolations(line map[string]any, maxRSS int64) []string {
+	var pv []string
+	if vr, ok := line["verify"].(*chaosVerifyRes); ok && vr.NotApplied > 0 {
+		pv = append(pv, fmt.Sprintf("%d acknowledged ids not applied (e.g. %v)", vr.NotApplied, vr.Examples))
+	}
+	if st, ok := line["server"].(*chaosServerStats); ok && st.TransportDups > 0 {
+		pv = append(pv, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
+	}
+	if pr := line["proc"].(chaosProc); maxRSS > 0 && pr.RSSKiB > maxRSS {
+		pv = append(pv, fmt.Sprintf("driver: RSS %d KiB above %d KiB", pr.RSSKiB, maxRSS))
+	}
+	if st, ok := line["server"].(*chaosServerStats); ok && maxRSS > 0 && st.Proc.RSSKiB > maxRSS {
+		pv = append(pv, fmt.Sprintf("server: RSS %d KiB above %d KiB", st.Proc.RSSKiB, maxRSS))
+	}
+	return pv
+}
+
+// printSoakRow prints a progress line as a "soakrow" markdown table row for docs/reliability.md.
+func (d *chaosDriver) printSoakRow(line map[string]any, violations int) {
+	pr := line["proc"].(chaosProc)
+	vr, _ := line["verify"].(*chaosVerifyRes)
+	if vr == nil {
+		vr = &chaosVerifyRes{}
+	}
+	st, _ := line["server"].(*chaosServerStats)
+	if st == nil {
+		st = &chaosServerStats{}
+	}
+	fmt.Fprintf(d.stdout, "soakrow | %d | %.0f | %d | %d (%d once) | %d | %d / %d | %d / %d | %d / %d | %d |\n",
+		line["t_s"].(int)/60, line["calls_per_sec"].(float64), d.idsAcked.Load(), vr.Checked, vr.Applied,
+		d.retries.Load(), pr.RSSKiB, st.Proc.RSSKiB, pr.Goroutines, st.Proc.Goroutines,
+		pr.RDMA["qp"], st.Proc.RDMA["qp"], violations)
+}
+
+// collectCounts copies the counters, the last error and the latency percentiles into the summary.
+func (d *chaosDriver) collectCounts(elapsed time.Duration) {
+	sum := &d.sum
 	sum.Seconds = elapsed.Seconds()
-	sum.IDsStarted, sum.IDsReturned, sum.IDsAcked, sum.IDsFailed = idsStarted.Load(), idsReturned.Load(), idsAcked.Load(), idsFailed.Load()
-	sum.AttemptsStarted, sum.AttemptsReturned, sum.Retries = attStarted.Load(), attReturned.Load(), retries.Load()
-	sum.Dials, sum.DialErrors, sum.WrongReplies = conn.dials.Load(), conn.dialErr.Load(), wrong.Load()
+	sum.IDsStarted, sum.IDsReturned, sum.IDsAcked, sum.IDsFailed = d.idsStarted.Load(), d.idsReturned.Load(), d.idsAcked.Load(), d.idsFailed.Load()
+	sum.AttemptsStarted, sum.AttemptsReturned, sum.Retries = d.attStarted.Load(), d.attReturned.Load(), d.retries.Load()
+	sum.Dials, sum.DialErrors, sum.WrongReplies = d.conn.dials.Load(), d.conn.dialErr.Load(), d.wrong.Load()
 	sum.CallsPerSec = float64(sum.IDsAcked) / elapsed.Seconds()
-	sum.LastError = lastErr
-	sum.Incarnations = len(incs)
-	if len(lat) > 0 {
+	sum.LastError = d.lastErr
+	sum.Incarnations = len(d.incs)
+	if lat := d.lat; len(lat) > 0 {
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		sum.P99ms = float64(lat[len(lat)*99/100]) / 1e6
 		sum.MaxMs = float64(lat[len(lat)-1]) / 1e6
 	}
-	sum.Violations = append(sum.Violations, progressViolations...)
+}
+
+// checkCounts adds the progress reports' violations and those of the counts
+// (every id and call returned, no wrong reply, something acknowledged).
+func (d *chaosDriver) checkCounts() {
+	sum := &d.sum
+	sum.Violations = append(sum.Violations, d.progressViolations...)
 	if sum.IDsStarted != sum.IDsReturned {
 		sum.Violations = append(sum.Violations, fmt.Sprintf("%d ids started, %d returned", sum.IDsStarted, sum.IDsReturned))
 	}
@@ -867,62 +1019,103 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 	if sum.IDsAcked == 0 {
 		sum.Violations = append(sum.Violations, "no call was acknowledged")
 	}
-	// Verify the acknowledged ids not verified yet, then the server's view.
+}
+
+// verifyServer verifies the acknowledged ids not verified yet, then the server's view (no duplicates).
+func (d *chaosDriver) verifyServer() {
+	sum := &d.sum
 	vctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	p, err := d.reachServer(vctx)
+	if err != nil {
+		sum.Violations = append(sum.Violations, "cannot reach the server to verify: "+err.Error())
+		return
+	}
+	vr, err := chaosVerify(vctx, p, d.acks[d.verified:])
+	if err != nil {
+		sum.Violations = append(sum.Violations, "verify: "+err.Error())
+	} else {
+		sum.Verify = vr
+		if vr.NotApplied > 0 {
+			sum.Violations = append(sum.Violations, fmt.Sprintf("%d acknowledged ids not applied by the server (e.g. %v)", vr.NotApplied, vr.Examples))
+		}
+	}
+	if st, err := chaosServerStatsOf(vctx, p); err != nil {
+		sum.Violations = append(sum.Violations, "server stats: "+err.Error())
+	} else {
+		sum.Server = st
+		if st.TransportDups > 0 {
+			sum.Violations = append(sum.Violations, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
+		}
+	}
+}
+
+// reachServer gets a peer to the server, trying up to 20 times half a second apart.
+func (d *chaosDriver) reachServer(ctx context.Context) (*bx.Peer, error) {
 	var p *bx.Peer
+	var err error
 	for i := 0; i < 20; i++ {
-		if p, err = conn.get(vctx); err == nil {
+		if p, err = d.conn.get(ctx); err == nil {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if err != nil {
-		sum.Violations = append(sum.Violations, "cannot reach the server to verify: "+err.Error())
-	} else {
-		vr, err := chaosVerify(vctx, p, acks[verified:])
-		if err != nil {
-			sum.Violations = append(sum.Violations, "verify: "+err.Error())
-		} else {
-			sum.Verify = vr
-			if vr.NotApplied > 0 {
-				sum.Violations = append(sum.Violations, fmt.Sprintf("%d acknowledged ids not applied by the server (e.g. %v)", vr.NotApplied, vr.Examples))
-			}
-		}
-		if st, err := chaosServerStatsOf(vctx, p); err != nil {
-			sum.Violations = append(sum.Violations, "server stats: "+err.Error())
-		} else {
-			sum.Server = st
-			if st.TransportDups > 0 {
-				sum.Violations = append(sum.Violations, fmt.Sprintf("server saw %d requests delivered twice", st.TransportDups))
-			}
-		}
+	return p, err
+}
+
+// dumpStateOnViolation writes, if an invariant is broken so far, bx's view
+// of the peer (lanes, credits, windows, sequence numbers) to stderr while
+// the peer still exists, for the log.
+func (d *chaosDriver) dumpStateOnViolation() {
+	if len(d.sum.Violations) > 0 {
+		fmt.Fprintf(d.stderr, "bx state at the violation (%s):\n", strings.Join(d.sum.Violations, "; "))
+		bx.DumpState(d.stderr)
 	}
-	// A violation so far: bx's view of the peer (lanes, credits, windows,
-	// sequence numbers) while it still exists, for the log.
-	if len(sum.Violations) > 0 {
-		fmt.Fprintf(stderr, "bx state at the violation (%s):\n", strings.Join(sum.Violations, "; "))
-		bx.DumpState(stderr)
-	}
-	// Our own leaks, with no peer left: QPs gone, buffers back to what the
-	// idle endpoint holds (its posted receives), goroutines and fds back.
-	conn.close()
+}
+
+// checkOwnLeaks closes the peer and checks the driver's own leaks: QPs
+// gone, buffers back to what the idle endpoint holds (its posted
+// receives), goroutines and fds back.
+func (d *chaosDriver) checkOwnLeaks() {
+	sum := &d.sum
+	d.conn.close()
 	time.Sleep(300 * time.Millisecond)
-	sum.Final = chaosProcStats(e, false)
+	sum.Final = chaosProcStats(d.e, false)
 	for i := 0; i < 20 && (sum.Final.ownGoroutines() > sum.Idle.ownGoroutines()+1 || sum.Final.Eager != sum.Idle.Eager); i++ {
 		time.Sleep(250 * time.Millisecond)
-		sum.Final = chaosProcStats(e, false)
+		sum.Final = chaosProcStats(d.e, false)
 	}
 	sum.Final.RDMA = chaosRDMAObjects(os.Getpid())
 	sum.MaxRSSKiB = sum.Final.RSSKiB
-	sum.Violations = append(sum.Violations, chaosLeaks("driver", sum.Idle, sum.Final, *maxRSS)...)
+	sum.Violations = append(sum.Violations, chaosLeaks("driver", sum.Idle, sum.Final, d.o.maxRSS)...)
+}
+
+// report prints the "summary" (JSON), "row" and "violations" lines and
+// returns exit status 3 if any invariant is violated.
+func (d *chaosDriver) report() error {
+	sum := &d.sum
 	sum.OK = len(sum.Violations) == 0
 	if sum.Violations == nil {
 		sum.Violations = []string{}
 	}
-	b, _ := json.Marshal(sum)
-	fmt.Fprintf(stdout, "summary %s\n", b)
+	b, _ := json.Marshal(d.sum)
+	fmt.Fprintf(d.stdout, "summary %s\n", b)
 	// The same, flat, for shell scripts (the guest has no fast JSON tool).
+	row := sum.row()
+	fmt.Fprintf(d.stdout, "row acked=%d failed=%d retries=%d dedup=%d dials=%d recoveries=%d lost=%d p99=%.1f max=%.1f alloc_fail=%d srv_alloc_fail=%d ok=%v\n",
+		row.Acked, row.Failed, row.Retries, row.Dedup, row.Dials, row.Recoveries, row.Lost, row.P99, row.Max,
+		row.AllocFails, row.SrvAllocFails, row.OK)
+	if len(sum.Violations) > 0 {
+		fmt.Fprintf(d.stdout, "violations %s\n", strings.Join(sum.Violations, "; "))
+	}
+	if !sum.OK {
+		return &cli.ExitError{Code: 3, Msg: "invariants violated: " + strings.Join(sum.Violations, "; ")}
+	}
+	return nil
+}
+
+// row is the summary's flat "row" line, driver and server counts added up.
+func (sum *chaosDriveSummary) row() chaosDriveRow {
 	row := chaosDriveRow{Acked: sum.IDsAcked, Failed: sum.IDsFailed, Retries: sum.Retries, Dials: sum.Dials,
 		Recoveries: sum.Final.Recoveries, P99: sum.P99ms, Max: sum.MaxMs, OK: sum.OK,
 		AllocFails: sum.Final.AllocFails}
@@ -934,16 +1127,7 @@ func chaosDrive(args []string, stdout, stderr io.Writer) error {
 	if sum.Verify != nil {
 		row.Lost = sum.Verify.RestartLost
 	}
-	fmt.Fprintf(stdout, "row acked=%d failed=%d retries=%d dedup=%d dials=%d recoveries=%d lost=%d p99=%.1f max=%.1f alloc_fail=%d srv_alloc_fail=%d ok=%v\n",
-		row.Acked, row.Failed, row.Retries, row.Dedup, row.Dials, row.Recoveries, row.Lost, row.P99, row.Max,
-		row.AllocFails, row.SrvAllocFails, row.OK)
-	if len(sum.Violations) > 0 {
-		fmt.Fprintf(stdout, "violations %s\n", strings.Join(sum.Violations, "; "))
-	}
-	if !sum.OK {
-		return &cli.ExitError{Code: 3, Msg: "invariants violated: " + strings.Join(sum.Violations, "; ")}
-	}
-	return nil
+	return row
 }
 
 type chaosDriveRow struct {
