@@ -300,6 +300,19 @@ type chaosServerStats struct {
 	Idle          chaosProc `json:"idle"` // the process right after it started listening
 }
 
+// chaosServer is `chaosload serve`: the ledger of applied requests, the
+// connected peers and the stall SIGUSR1 sets.
+type chaosServer struct {
+	e          *bx.Endpoint
+	l          *chaosLedger
+	stall      time.Duration
+	stallUntil atomic.Int64
+	stalls     atomic.Uint64
+	pmu        sync.Mutex
+	peers      map[*bx.Peer]struct{}
+	idle       chaosProc // the process right after it started listening
+}
+
 func chaosServe(args []string, stdout, stderr io.Writer) error {
 	fs, ef := chaosFlags("serve", "rxe1", stderr)
 	listen := fs.String("listen", "10.99.0.2:18900", "control-plane address")
@@ -311,121 +324,138 @@ func chaosServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	l := &chaosLedger{ids: map[uint64]*chaosEntry{}}
-	var stallUntil atomic.Int64
-	var stalls atomic.Uint64
-	var pmu sync.Mutex
-	peers := map[*bx.Peer]struct{}{}
-	e.Handle(chaosStreamApply, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-		d := req.Data()
-		if len(d) < chaosReqHeader {
-			l.mu.Lock()
-			l.badRequests++
-			l.mu.Unlock()
-			return nil, fmt.Errorf("apply request of %d bytes", len(d))
-		}
-		// A stalled receiver: the request (its receive buffer, and the
-		// credit it stands for) is held, not released.
-		if until := stallUntil.Load(); until > 0 {
-			if w := time.Until(time.Unix(0, until)); w > 0 {
-				select {
-				case <-time.After(w):
-				case <-ctx.Done():
-				}
-			}
-		}
-		id := binary.LittleEndian.Uint64(d)
-		first := l.apply(id, binary.LittleEndian.Uint32(d[8:]))
-		resp := make([]byte, 9)
-		binary.LittleEndian.PutUint64(resp, id)
-		if !first {
-			resp[8] = 1
-		}
-		return resp, nil
-	})
-	var idle chaosProc
-	e.Handle(chaosStreamStats, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-		pmu.Lock()
-		np := len(peers)
-		pmu.Unlock()
-		l.mu.Lock()
-		st := chaosServerStats{Incarnation: fmt.Sprintf("%016x", e.ID()), Applied: l.applied, Deliveries: l.deliveries,
-			RetryDups: l.retryDups, TransportDups: l.transportDups, BadRequests: l.badRequests, Peers: np,
-			Stalls: stalls.Load(), Idle: idle}
-		l.mu.Unlock()
-		st.Proc = chaosProcStats(e, true)
-		return json.Marshal(st)
-	})
-	e.Handle(chaosStreamCheck, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
-		d := req.Data()
-		if len(d)%8 != 0 {
-			return nil, fmt.Errorf("check request of %d bytes", len(d))
-		}
-		resp := make([]byte, len(d)/8*2)
-		l.mu.Lock()
-		for i := 0; i < len(d)/8; i++ {
-			if en := l.ids[binary.LittleEndian.Uint64(d[8*i:])]; en != nil {
-				resp[2*i] = 1
-				resp[2*i+1] = byte(min(en.deliveries, 255))
-			}
-		}
-		l.mu.Unlock()
-		return resp, nil
-	})
+	s := &chaosServer{e: e, l: &chaosLedger{ids: map[uint64]*chaosEntry{}}, stall: *stall, peers: map[*bx.Peer]struct{}{}}
+	e.Handle(chaosStreamApply, s.apply)
+	e.Handle(chaosStreamStats, s.stats)
+	e.Handle(chaosStreamCheck, s.check)
 	// The idle baseline, before any peer can connect.
-	idle = chaosProcStats(e, true)
+	s.idle = chaosProcStats(e, true)
 	addr, err := e.Listen(*listen)
 	if err != nil {
 		e.Close()
 		return err
 	}
-	idle.FDs = chaosFDs() // the listening socket and the netpoller's descriptors
+	s.idle.FDs = chaosFDs() // the listening socket and the netpoller's descriptors
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		for {
-			p, err := e.Accept(ctx)
-			if err != nil {
-				return
-			}
-			pmu.Lock()
-			peers[p] = struct{}{}
-			pmu.Unlock()
-			go func() {
-				<-p.Done()
-				pmu.Lock()
-				delete(peers, p)
-				pmu.Unlock()
-			}()
-		}
-	}()
+	go s.accept(ctx)
 	fmt.Fprintf(stdout, "ready %s pid %d incarnation %016x\n", addr, os.Getpid(), e.ID())
-	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
-	for s := range sig {
-		if s == syscall.SIGUSR2 {
-			n, err := chaosModifyQPs(qp.Err)
-			fmt.Fprintf(stdout, "forced %d QPs to ERR (%v)\n", n, err)
-			continue
-		}
-		if s == syscall.SIGHUP {
-			n, err := chaosModifyQPs(qp.SQD)
-			fmt.Fprintf(stdout, "moved %d QPs to SQD (%v)\n", n, err)
-			continue
-		}
-		if s == syscall.SIGUSR1 {
-			stalls.Add(1)
-			stallUntil.Store(time.Now().Add(*stall).UnixNano())
-			fmt.Fprintf(stdout, "stalling apply handlers for %v\n", *stall)
-			continue
-		}
-		break
-	}
+	s.signals(stdout)
 	cancel()
+	l := s.l
 	l.mu.Lock()
 	fmt.Fprintf(stdout, "exit: applied %d deliveries %d retry_dups %d transport_dups %d\n", l.applied, l.deliveries, l.retryDups, l.transportDups)
 	l.mu.Unlock()
 	return e.Close()
+}
+
+// apply is the apply stream's handler: it records the request's id in
+// the ledger and answers the id and whether it was a repeat.
+func (s *chaosServer) apply(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+	d := req.Data()
+	if len(d) < chaosReqHeader {
+		s.l.mu.Lock()
+		s.l.badRequests++
+		s.l.mu.Unlock()
+		return nil, fmt.Errorf("apply request of %d bytes", len(d))
+	}
+	// A stalled receiver: the request (its receive buffer, and the
+	// credit it stands for) is held, not released.
+	if until := s.stallUntil.Load(); until > 0 {
+		if w := time.Until(time.Unix(0, until)); w > 0 {
+			select {
+			case <-time.After(w):
+			case <-ctx.Done():
+			}
+		}
+	}
+	id := binary.LittleEndian.Uint64(d)
+	first := s.l.apply(id, binary.LittleEndian.Uint32(d[8:]))
+	resp := make([]byte, 9)
+	binary.LittleEndian.PutUint64(resp, id)
+	if !first {
+		resp[8] = 1
+	}
+	return resp, nil
+}
+
+// stats is the stats stream's handler: the ledger's counts, the peers,
+// the stalls and the process's resources, as JSON.
+func (s *chaosServer) stats(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+	s.pmu.Lock()
+	np := len(s.peers)
+	s.pmu.Unlock()
+	l := s.l
+	l.mu.Lock()
+	st := chaosServerStats{Incarnation: fmt.Sprintf("%016x", s.e.ID()), Applied: l.applied, Deliveries: l.deliveries,
+		RetryDups: l.retryDups, TransportDups: l.transportDups, BadRequests: l.badRequests, Peers: np,
+		Stalls: s.stalls.Load(), Idle: s.idle}
+	l.mu.Unlock()
+	st.Proc = chaosProcStats(s.e, true)
+	return json.Marshal(st)
+}
+
+// check is the check stream's handler: for each 8-byte id of the
+// request, whether the ledger has it and how often it was delivered.
+func (s *chaosServer) check(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+	d := req.Data()
+	if len(d)%8 != 0 {
+		return nil, fmt.Errorf("check request of %d bytes", len(d))
+	}
+	resp := make([]byte, len(d)/8*2)
+	s.l.mu.Lock()
+	for i := 0; i < len(d)/8; i++ {
+		if en := s.l.ids[binary.LittleEndian.Uint64(d[8*i:])]; en != nil {
+			resp[2*i] = 1
+			resp[2*i+1] = byte(min(en.deliveries, 255))
+		}
+	}
+	s.l.mu.Unlock()
+	return resp, nil
+}
+
+// accept accepts peers until ctx ends, keeping the set of those
+// connected.
+func (s *chaosServer) accept(ctx context.Context) {
+	for {
+		p, err := s.e.Accept(ctx)
+		if err != nil {
+			return
+		}
+		s.pmu.Lock()
+		s.peers[p] = struct{}{}
+		s.pmu.Unlock()
+		go func() {
+			<-p.Done()
+			s.pmu.Lock()
+			delete(s.peers, p)
+			s.pmu.Unlock()
+		}()
+	}
+}
+
+// signals runs the faults the signals ask for (SIGUSR2: every QP to ERR;
+// SIGHUP: to SQD; SIGUSR1: stall the apply handlers) until SIGTERM or an
+// interrupt.
+func (s *chaosServer) signals(stdout io.Writer) {
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
+	for sg := range sig {
+		switch sg {
+		case syscall.SIGUSR2:
+			n, err := chaosModifyQPs(qp.Err)
+			fmt.Fprintf(stdout, "forced %d QPs to ERR (%v)\n", n, err)
+		case syscall.SIGHUP:
+			n, err := chaosModifyQPs(qp.SQD)
+			fmt.Fprintf(stdout, "moved %d QPs to SQD (%v)\n", n, err)
+		case syscall.SIGUSR1:
+			s.stalls.Add(1)
+			s.stallUntil.Store(time.Now().Add(s.stall).UnixNano())
+			fmt.Fprintf(stdout, "stalling apply handlers for %v\n", s.stall)
+		default:
+			return
+		}
+	}
 }
 
 // chaosModifyQPs moves every QP of this process to state st the way an
