@@ -54,6 +54,12 @@ func (p *Peer) SendRndvForTest(stream uint32, n uint32) error {
 // not released: while any is, Close leaves its pools mapped.
 func (e *Endpoint) LiveMsgsForTest() int64 { return e.liveMsgs.Load() }
 
+// TeardownsDoneForTest waits until every peer shutdown under way has
+// torn its lanes down (as Close does before it unmaps the pools): a
+// peer's Done is closed before that, and the transfers it had pending
+// stop counting as live messages only then.
+func (e *Endpoint) TeardownsDoneForTest() { e.downs.Wait() }
+
 // SendFinForTest sends a FIN for lane sequence ref, whether or not it names
 // a rendezvous.
 func (p *Peer) SendFinForTest(stream uint32, ref uint64) error {

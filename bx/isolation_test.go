@@ -49,12 +49,16 @@ func newTrio(t *testing.T) *trio {
 	tr.fp, tr.vf = dial(tr.f)
 	// Every message delivered was released by the test: none may count
 	// as held when the endpoints close (a count left over keeps their
-	// pools mapped for good).
+	// pools mapped for good). Close counts after the teardowns of peers
+	// already gone, and so does this check: the forger's Done comes
+	// before its lanes are torn down and its pending transfer dropped
+	// (under load the test could get here first).
 	t.Cleanup(func() {
 		for _, e := range []struct {
 			name string
 			e    *bx.Endpoint
 		}{{"victim", tr.v}, {"honest", tr.h}, {"forger", tr.f}} {
+			e.e.TeardownsDoneForTest()
 			if n := e.e.LiveMsgsForTest(); n != 0 {
 				t.Errorf("%s endpoint: %d received messages still counted as held at the end", e.name, n)
 			}
@@ -175,36 +179,30 @@ func TestWindowIsolation(t *testing.T) {
 		tr.forgeWhileHeld(t, g[0], uint32(g[1]), release)
 	})
 	t.Run("another peer's target through its own window", func(t *testing.T) {
-		tr := newTrio(t)
+		forgeThroughOwnWindow(t, newTrio(t))
+	})
+	t.Run("the same, the victim's teardown of the forger slowed", func(t *testing.T) {
+		// The forger's Done comes before the victim has torn its lanes
+		// down and dropped its pending transfer; with that teardown
+		// slow, the test reaches its end first, and its count of held
+		// messages must wait for it, as Close does (a full run under
+		// load once counted the transfer as still held).
 		var mu sync.Mutex
-		var hg, fg [2]uint64
-		release := make(chan struct{})
-		both := make(chan struct{}, 2)
-		hold := func(dst *[2]uint64) func(addr uint64, rkey, _ uint32) {
-			return func(addr uint64, rkey, _ uint32) {
-				mu.Lock()
-				*dst = [2]uint64{addr, uint64(rkey)}
-				mu.Unlock()
-				both <- struct{}{}
-				<-release
+		var vf *bx.Peer
+		bx.OnTeardownForTest(func(p *bx.Peer) {
+			mu.Lock()
+			slow := p == vf
+			mu.Unlock()
+			if slow {
+				time.Sleep(2 * time.Second)
 			}
-		}
-		tr.h.BeforeFinForTest(hold(&hg))
-		tr.f.BeforeFinForTest(hold(&fg))
-		go tr.hp.Stream(1).Send(tr.ctx, tr.honest)
-		go tr.fp.Stream(1).Send(tr.ctx, tr.honest)
-		for range 2 {
-			select {
-			case <-both:
-			case <-tr.ctx.Done():
-				t.Fatal("the two transfers were never granted")
-			}
-		}
+		})
+		t.Cleanup(func() { bx.OnTeardownForTest(nil) })
+		tr := newTrio(t)
 		mu.Lock()
-		addr, rkey := hg[0], uint32(fg[1])
+		vf = tr.vf
 		mu.Unlock()
-		// The forger's own open window, pointed at the honest target.
-		tr.forgeWhileHeld(t, addr, rkey, release)
+		forgeThroughOwnWindow(t, tr)
 	})
 	t.Run("its own target after FIN", func(t *testing.T) {
 		tr := newTrio(t)
@@ -226,6 +224,41 @@ func TestWindowIsolation(t *testing.T) {
 		}
 		tr.carriesOn(t)
 	})
+}
+
+// forgeThroughOwnWindow holds the honest peer's and the forger's
+// transfers, both granted, before their WRITEs, and makes the forger
+// WRITE to the honest target through its own open window.
+func forgeThroughOwnWindow(t *testing.T, tr *trio) {
+	var mu sync.Mutex
+	var hg, fg [2]uint64
+	release := make(chan struct{})
+	both := make(chan struct{}, 2)
+	hold := func(dst *[2]uint64) func(addr uint64, rkey, _ uint32) {
+		return func(addr uint64, rkey, _ uint32) {
+			mu.Lock()
+			*dst = [2]uint64{addr, uint64(rkey)}
+			mu.Unlock()
+			both <- struct{}{}
+			<-release
+		}
+	}
+	tr.h.BeforeFinForTest(hold(&hg))
+	tr.f.BeforeFinForTest(hold(&fg))
+	go tr.hp.Stream(1).Send(tr.ctx, tr.honest)
+	go tr.fp.Stream(1).Send(tr.ctx, tr.honest)
+	for range 2 {
+		select {
+		case <-both:
+		case <-tr.ctx.Done():
+			t.Fatal("the two transfers were never granted")
+		}
+	}
+	mu.Lock()
+	addr, rkey := hg[0], uint32(fg[1])
+	mu.Unlock()
+	// The forger's own open window, pointed at the honest target.
+	tr.forgeWhileHeld(t, addr, rkey, release)
 }
 
 // TestWindowsRecycled: a window closed by its FIN serves the next
