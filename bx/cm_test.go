@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,8 +45,7 @@ func wantCMIDs(t *testing.T, base, lanes int) {
 		return // no count (rxetest.CheckCMIDs)
 	}
 	if n := rxetest.CMIDs(); n != base+1+2*lanes {
-		out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
-		t.Fatalf("%d cm_ids with %d lanes connected, want %d (%d + listener + 2 per lane):\n%s", n, lanes, base+1+2*lanes, base, out)
+		t.Fatalf("%d cm_ids with %d lanes connected, want %d (%d + listener + 2 per lane):\n%s", n, lanes, base+1+2*lanes, base, rxetest.CMIDTable())
 	}
 }
 

@@ -311,7 +311,7 @@ func (r *perfBXRun) connect() error {
 	if r.client {
 		r.pc, err = perfDial(r.o.server, r.o.port)
 	} else {
-		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		printWaiting(r.info)
 		r.pc, err = perfListen(r.o.port)
 	}
 	if err != nil {

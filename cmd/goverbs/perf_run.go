@@ -749,10 +749,16 @@ func perfMain(o *perfOptions, stdout, stderr io.Writer) error {
 	return r.active(s, &rep, stdout)
 }
 
-// waiting prints perftest's banner on a server that waits for its client.
+// printWaiting prints perftest's banner on a server that waits for its
+// client.
+func printWaiting(w io.Writer) {
+	fmt.Fprintf(w, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+}
+
+// waiting prints the banner on a server.
 func (r *perfRun) waiting() {
 	if !r.client {
-		fmt.Fprintf(r.info, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		printWaiting(r.info)
 	}
 }
 

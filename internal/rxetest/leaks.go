@@ -56,15 +56,28 @@ func OpenFDs() int {
 	return len(ents)
 }
 
+// cmIDLines returns the lines of `rdma resource show cm_id`.
+func cmIDLines() ([]string, error) {
+	out, err := exec.Command("rdma", "resource", "show", "cm_id").Output()
+	return strings.Split(string(out), "\n"), err
+}
+
+// CMIDTable is what `rdma resource show cm_id` prints (its errors too),
+// for a failure's message.
+func CMIDTable() string {
+	out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
+	return string(out)
+}
+
 // CMIDs counts the kernel's rdma_cm IDs (`rdma resource show cm_id`), or
 // returns -1 when the tool cannot tell.
 func CMIDs() int {
-	out, err := exec.Command("rdma", "resource", "show", "cm_id").Output()
+	lines, err := cmIDLines()
 	if err != nil {
 		return -1
 	}
 	n := 0
-	for _, l := range strings.Split(string(out), "\n") {
+	for _, l := range lines {
 		if strings.Contains(l, "cm-idn") || strings.HasPrefix(strings.TrimSpace(l), "link ") {
 			n++
 		}
@@ -97,8 +110,7 @@ func CheckCMIDs(t testing.TB) int {
 				return
 			}
 			if time.Now().After(deadline) {
-				out, _ := exec.Command("rdma", "resource", "show", "cm_id").CombinedOutput()
-				t.Errorf("cm_id count %d at the start, %d at the end:\n%s", before, after, out)
+				t.Errorf("cm_id count %d at the start, %d at the end:\n%s", before, after, CMIDTable())
 				return
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -116,8 +128,8 @@ func WaitCMListen(t testing.TB, what string, matches func(line string) bool, don
 	wait := hang.Scale(30 * time.Second)
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		out, _ := exec.Command("rdma", "resource", "show", "cm_id").Output()
-		for _, l := range strings.Split(string(out), "\n") {
+		lines, _ := cmIDLines()
+		for _, l := range lines {
 			if strings.Contains(l, "LISTEN") && matches(l) {
 				return true
 			}
