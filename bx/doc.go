@@ -36,10 +36,14 @@
 //     (GOVERBS_BX_YIELD=N sets N; 0 never yields, measured worse), and
 //     its CPU to the kernel's other runnable threads (sched_yield) once
 //     the CQ has been empty for 100 usec and every 100 usec after
-//     (GOVERBS_BX_OSYIELD=usec; 0 never). That buys a loaded parameter
-//     server its tail and costs a ping-pong whose waits pass 100 usec
-//     (a 4 KiB bx_lat under TCG: 1.4x; docs/perf.md, "Twenty-eighth
-//     session"). After the CQ has been empty
+//     (GOVERBS_BX_OSYIELD=usec; 0 never), but only while something else
+//     of its endpoint waits (a second Call or Recv, or a blocking
+//     handler on the worker pool): that buys a loaded parameter server
+//     its tail, while a lone ping-pong, whose yield only woke the
+//     process's own idle thread, keeps its CPU (a 4 KiB bx_lat under
+//     TCG paid 1.4x for it; docs/perf.md, "Twenty-eighth session" and
+//     "Thirty-first session"; GOVERBS_BX_OSYIELD_ALWAYS=1 yields as
+//     before). After the CQ has been empty
 //     for the spin window the progress goroutine arms it and sleeps; the
 //     window starts at Config.Spin and doubles after each sleep shorter
 //     than 16 Spins, up to 16 Spins (GOVERBS_BX_SPINGROWTH=N caps it at

@@ -255,6 +255,10 @@ type Endpoint struct {
 	// waiting counts Calls waiting for their response: the progress
 	// goroutine polls while there are any.
 	waiting atomic.Int64
+	// busy counts requests handed to the worker pool and not yet done
+	// (queue, worker): a poller gives its CPU away only while something
+	// of its process may need one (othersWait).
+	busy atomic.Int32
 	// work hands a request for a blocking handler to an idle worker
 	// (unbuffered: a send succeeds only if one waits); backlog holds what
 	// arrives while all Config.Workers are busy. Every queued request holds
@@ -875,7 +879,7 @@ func (e *Endpoint) progress() {
 			if idle.IsZero() {
 				idle = now
 			}
-			osYield(now, idle, &lastYield)
+			e.osYield(now, idle, &lastYield)
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
 			spin := window
@@ -987,13 +991,36 @@ var yieldEvery = envInt("GOVERBS_BX_YIELD", 4)
 var osYieldEvery = time.Duration(envInt("GOVERBS_BX_OSYIELD", 100)) * time.Microsecond
 
 // osYield yields the thread to the kernel's other runnable threads when
-// yieldDue says so.
-func osYield(now, idle time.Time, last *time.Time) {
+// yieldDue says so and othersWait: a poller alone in its process (one
+// Call waiting, handlers inline) hands the CPU only to the thread that its
+// own runtime.Gosched woke to look for work, which finds none and sleeps
+// again, and that cost a 4 KiB ping-pong 40% under TCG (docs/perf.md,
+// "Twenty-eighth session"); the kernel still takes the CPU from it at its
+// tick when another thread waits. GOVERBS_BX_OSYIELD_ALWAYS=1 yields
+// whether others wait or not (the behaviour before the thirty-first
+// session).
+func (e *Endpoint) osYield(now, idle time.Time, last *time.Time) {
 	if !yieldDue(now, idle, *last, osYieldEvery) {
 		return
 	}
 	*last = now
+	if !osYieldAlways && !e.othersWait() {
+		return
+	}
 	unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+}
+
+// osYieldAlways: GOVERBS_BX_OSYIELD_ALWAYS=1, osYield does not ask
+// othersWait.
+var osYieldAlways = os.Getenv("GOVERBS_BX_OSYIELD_ALWAYS") == "1"
+
+// othersWait reports whether a goroutine of the endpoint other than the
+// poller waits for something a poll delivers (a second Call or Recv: it
+// then needs a CPU to run), or a blocking handler runs on the worker
+// pool: what a parameter server's tail waits for while pollers hold every
+// CPU (docs/perf.md, "Twenty-second session").
+func (e *Endpoint) othersWait() bool {
+	return e.waiting.Load() > 1 || e.busy.Load() > 0
 }
 
 // yieldDue reports whether a poller of a CQ empty since idle, which last
@@ -1131,7 +1158,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			} else if now.Sub(idle) >= 10*e.cfg.Spin {
 				return false
 			}
-			osYield(now, idle, &lastYield)
+			e.osYield(now, idle, &lastYield)
 		}
 		y.empty()
 	}
@@ -1254,6 +1281,7 @@ type work struct {
 // Config.Workers, else to the backlog, which the workers drain as they
 // finish (see Endpoint.backlog).
 func (e *Endpoint) queue(w work) {
+	e.busy.Add(1)
 	select {
 	case e.work <- w:
 		return
@@ -1276,6 +1304,7 @@ func (e *Endpoint) worker(w work) {
 		} else {
 			w.p.serve(w.h, w.req)
 		}
+		e.busy.Add(-1)
 		// The backlog first: what waits there queued before anything
 		// that could come through e.work now.
 		select {

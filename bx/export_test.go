@@ -362,3 +362,11 @@ func (p *Peer) ProbedForTest(ns []uint64) bool {
 	}
 	return true
 }
+
+// PoolBusyForTest returns how many requests the worker pool holds (queued
+// or running).
+func (e *Endpoint) PoolBusyForTest() int32 { return e.busy.Load() }
+
+// OthersWaitForTest reports what a poller asks before it gives its CPU
+// away (othersWait).
+func (e *Endpoint) OthersWaitForTest() bool { return e.othersWait() }

@@ -1,0 +1,110 @@
+package bx_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/hang"
+)
+
+// TestOthersWait: a poller gives its CPU to the kernel only while another
+// goroutine of its endpoint waits for what a poll delivers (a second
+// Call) or a blocking handler runs on the pool; the pool's count of what
+// it holds goes back to 0 when the handlers are done, and inline
+// handlers never touch it. A count that leaked would make every poller
+// yield again (docs/perf.md, "Thirty-first session").
+func TestOthersWait(t *testing.T) {
+	srv, cli, p, _ := pair(t, nil)
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	srv.Handle(9, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		started <- struct{}{}
+		<-release
+		return []byte("done"), nil
+	})
+	srv.HandleInline(10, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return req.Data(), nil
+	})
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+
+	for i := range 20 {
+		m, err := p.Call(ctx, 10, []byte{byte(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Release()
+	}
+	if n := srv.PoolBusyForTest(); n != 0 {
+		t.Fatalf("after 20 inline calls the pool holds %d requests, want 0", n)
+	}
+	if srv.OthersWaitForTest() || cli.OthersWaitForTest() {
+		t.Fatalf("idle endpoints: othersWait server %v, client %v, want false", srv.OthersWaitForTest(), cli.OthersWaitForTest())
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	call := func() {
+		defer wg.Done()
+		m, err := p.Call(ctx, 9, []byte("block"))
+		if err == nil {
+			if string(m.Data()) != "done" {
+				t.Errorf("blocking call answered %q", m.Data())
+			}
+			m.Release()
+		}
+		errs <- err
+	}
+	wg.Add(1)
+	go call()
+	waitFor(ctx, t, started)
+	if n := srv.PoolBusyForTest(); n != 1 {
+		t.Errorf("one blocking handler running: the pool holds %d, want 1", n)
+	}
+	if !srv.OthersWaitForTest() {
+		t.Error("server with a blocking handler running: othersWait false, want true")
+	}
+	if cli.OthersWaitForTest() {
+		t.Error("client with one Call waiting: othersWait true, want false (its poller is that Call)")
+	}
+	wg.Add(1)
+	go call()
+	waitFor(ctx, t, started)
+	if n := srv.PoolBusyForTest(); n != 2 {
+		t.Errorf("two blocking handlers running: the pool holds %d, want 2", n)
+	}
+	if !cli.OthersWaitForTest() {
+		t.Error("client with two Calls waiting: othersWait false, want true")
+	}
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(hang.Cause(ctx, err))
+		}
+	}
+	// The worker counts its request done after it sent the response, so
+	// the client may have it first: wait, bounded by the hang bound.
+	for srv.PoolBusyForTest() != 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("handlers done: the pool still holds %d requests, want 0", srv.PoolBusyForTest())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if cli.OthersWaitForTest() || srv.OthersWaitForTest() {
+		t.Errorf("after the calls: othersWait server %v, client %v, want false", srv.OthersWaitForTest(), cli.OthersWaitForTest())
+	}
+}
+
+// waitFor receives from ch, failing the test when ctx ends first.
+func waitFor(ctx context.Context, t *testing.T, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		t.Fatalf("handler did not start: %v", hang.Err(ctx))
+	}
+}
