@@ -879,7 +879,7 @@ func (e *Endpoint) progress() {
 			if idle.IsZero() {
 				idle = now
 			}
-			e.osYield(now, idle, &lastYield)
+			e.osYield(now, idle, &lastYield, 0)
 			// While Calls wait, longer: up to 10 Spins, so that a slow
 			// handler or a recovering peer does not keep a core busy.
 			spin := window
@@ -991,7 +991,7 @@ var yieldEvery = envInt("GOVERBS_BX_YIELD", 4)
 var osYieldEvery = time.Duration(envInt("GOVERBS_BX_OSYIELD", 100)) * time.Microsecond
 
 // osYield yields the thread to the kernel's other runnable threads when
-// yieldDue says so and othersWait: a poller alone in its process (one
+// yieldDue says so and othersWait(self): a poller alone in its process (one
 // Call waiting, handlers inline) hands the CPU only to the thread that its
 // own runtime.Gosched woke to look for work, which finds none and sleeps
 // again, and that cost a 4 KiB ping-pong 40% under TCG (docs/perf.md,
@@ -999,12 +999,12 @@ var osYieldEvery = time.Duration(envInt("GOVERBS_BX_OSYIELD", 100)) * time.Micro
 // tick when another thread waits. GOVERBS_BX_OSYIELD_ALWAYS=1 yields
 // whether others wait or not (the behaviour before the thirty-first
 // session).
-func (e *Endpoint) osYield(now, idle time.Time, last *time.Time) {
+func (e *Endpoint) osYield(now, idle time.Time, last *time.Time, self int64) {
 	if !yieldDue(now, idle, *last, osYieldEvery) {
 		return
 	}
 	*last = now
-	if !osYieldAlways && !e.othersWait() {
+	if !osYieldAlways && !e.othersWait(self) {
 		return
 	}
 	unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
@@ -1015,12 +1015,14 @@ func (e *Endpoint) osYield(now, idle time.Time, last *time.Time) {
 var osYieldAlways = os.Getenv("GOVERBS_BX_OSYIELD_ALWAYS") == "1"
 
 // othersWait reports whether a goroutine of the endpoint other than the
-// poller waits for something a poll delivers (a second Call or Recv: it
-// then needs a CPU to run), or a blocking handler runs on the worker
-// pool: what a parameter server's tail waits for while pollers hold every
-// CPU (docs/perf.md, "Twenty-second session").
-func (e *Endpoint) othersWait() bool {
-	return e.waiting.Load() > 1 || e.busy.Load() > 0
+// poller waits for something a poll delivers (a Call or Recv: it then
+// needs a CPU to run), or a blocking handler runs on the worker pool:
+// what a parameter server's tail waits for while pollers hold every CPU
+// (docs/perf.md, "Twenty-second session"). self is 1 when the poller is
+// a waiting Call or Recv itself (counted in waiting), 0 for the progress
+// goroutine.
+func (e *Endpoint) othersWait(self int64) bool {
+	return e.waiting.Load() > self || e.busy.Load() > 0
 }
 
 // yieldDue reports whether a poller of a CQ empty since idle, which last
@@ -1158,7 +1160,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 			} else if now.Sub(idle) >= 10*e.cfg.Spin {
 				return false
 			}
-			e.osYield(now, idle, &lastYield)
+			e.osYield(now, idle, &lastYield, 1)
 		}
 		y.empty()
 	}

@@ -368,5 +368,11 @@ func (p *Peer) ProbedForTest(ns []uint64) bool {
 func (e *Endpoint) PoolBusyForTest() int32 { return e.busy.Load() }
 
 // OthersWaitForTest reports what a poller asks before it gives its CPU
-// away (othersWait).
-func (e *Endpoint) OthersWaitForTest() bool { return e.othersWait() }
+// away (othersWait): the progress goroutine (callPolls false) or a
+// waiting Call polling for itself (true).
+func (e *Endpoint) OthersWaitForTest(callPolls bool) bool {
+	if callPolls {
+		return e.othersWait(1)
+	}
+	return e.othersWait(0)
+}

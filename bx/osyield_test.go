@@ -40,8 +40,11 @@ func TestOthersWait(t *testing.T) {
 	if n := srv.PoolBusyForTest(); n != 0 {
 		t.Fatalf("after 20 inline calls the pool holds %d requests, want 0", n)
 	}
-	if srv.OthersWaitForTest() || cli.OthersWaitForTest() {
-		t.Fatalf("idle endpoints: othersWait server %v, client %v, want false", srv.OthersWaitForTest(), cli.OthersWaitForTest())
+	for _, self := range []bool{false, true} {
+		if srv.OthersWaitForTest(self) || cli.OthersWaitForTest(self) {
+			t.Fatalf("idle endpoints (a Call polls: %v): othersWait server %v, client %v, want false",
+				self, srv.OthersWaitForTest(self), cli.OthersWaitForTest(self))
+		}
 	}
 
 	var wg sync.WaitGroup
@@ -63,11 +66,14 @@ func TestOthersWait(t *testing.T) {
 	if n := srv.PoolBusyForTest(); n != 1 {
 		t.Errorf("one blocking handler running: the pool holds %d, want 1", n)
 	}
-	if !srv.OthersWaitForTest() {
+	if !srv.OthersWaitForTest(false) {
 		t.Error("server with a blocking handler running: othersWait false, want true")
 	}
-	if cli.OthersWaitForTest() {
-		t.Error("client with one Call waiting: othersWait true, want false (its poller is that Call)")
+	if cli.OthersWaitForTest(true) {
+		t.Error("client with one Call waiting, polling: othersWait true, want false (its poller is that Call)")
+	}
+	if !cli.OthersWaitForTest(false) {
+		t.Error("client with one Call waiting, the progress goroutine polling: othersWait false, want true (the Call waits for it)")
 	}
 	wg.Add(1)
 	go call()
@@ -75,8 +81,8 @@ func TestOthersWait(t *testing.T) {
 	if n := srv.PoolBusyForTest(); n != 2 {
 		t.Errorf("two blocking handlers running: the pool holds %d, want 2", n)
 	}
-	if !cli.OthersWaitForTest() {
-		t.Error("client with two Calls waiting: othersWait false, want true")
+	if !cli.OthersWaitForTest(true) {
+		t.Error("client with two Calls waiting, one polling: othersWait false, want true")
 	}
 	close(release)
 	wg.Wait()
@@ -94,8 +100,8 @@ func TestOthersWait(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if cli.OthersWaitForTest() || srv.OthersWaitForTest() {
-		t.Errorf("after the calls: othersWait server %v, client %v, want false", srv.OthersWaitForTest(), cli.OthersWaitForTest())
+	if cli.OthersWaitForTest(false) || srv.OthersWaitForTest(false) {
+		t.Errorf("after the calls: othersWait server %v, client %v, want false", srv.OthersWaitForTest(false), cli.OthersWaitForTest(false))
 	}
 }
 
