@@ -987,7 +987,8 @@ var yieldEvery = envInt("GOVERBS_BX_YIELD", 4)
 // wait a time slice, which was the tail of a polling parameter server
 // (docs/perf.md, "Twenty-second session": closed-loop pull p99 6.8-9.4 ms
 // without, 2.4-3.6 ms with). A ping-pong whose answer comes within it
-// never yields. GOVERBS_BX_OSYIELD sets it in usec.
+// never yields, nor does a poller that nothing else of its endpoint
+// waits for (osYield). GOVERBS_BX_OSYIELD sets it in usec.
 var osYieldEvery = time.Duration(envInt("GOVERBS_BX_OSYIELD", 100)) * time.Microsecond
 
 // osYield yields the thread to the kernel's other runnable threads when
