@@ -60,12 +60,18 @@ func TestOthersWait(t *testing.T) {
 		}
 		errs <- err
 	}
-	wg.Add(1)
-	go call()
-	waitFor(ctx, t, started)
-	if n := srv.PoolBusyForTest(); n != 1 {
-		t.Errorf("one blocking handler running: the pool holds %d, want 1", n)
+	// start makes one more blocking call and checks that the pool holds
+	// the n handlers then running.
+	start := func(n int32) {
+		t.Helper()
+		wg.Add(1)
+		go call()
+		waitFor(ctx, t, started)
+		if got := srv.PoolBusyForTest(); got != n {
+			t.Errorf("%d blocking handlers running: the pool holds %d", n, got)
+		}
 	}
+	start(1)
 	if !srv.OthersWaitForTest(false) {
 		t.Error("server with a blocking handler running: othersWait false, want true")
 	}
@@ -75,12 +81,7 @@ func TestOthersWait(t *testing.T) {
 	if !cli.OthersWaitForTest(false) {
 		t.Error("client with one Call waiting, the progress goroutine polling: othersWait false, want true (the Call waits for it)")
 	}
-	wg.Add(1)
-	go call()
-	waitFor(ctx, t, started)
-	if n := srv.PoolBusyForTest(); n != 2 {
-		t.Errorf("two blocking handlers running: the pool holds %d, want 2", n)
-	}
+	start(2)
 	if !cli.OthersWaitForTest(true) {
 		t.Error("client with two Calls waiting, one polling: othersWait false, want true")
 	}
