@@ -257,7 +257,7 @@ type Endpoint struct {
 	waiting atomic.Int64
 	// busy counts requests handed to the worker pool and not yet done
 	// (queue, worker): a poller gives its CPU away only while something
-	// of its process may need one (othersWait).
+	// of its endpoint may need one (othersWait).
 	busy atomic.Int32
 	// work hands a request for a blocking handler to an idle worker
 	// (unbuffered: a send succeeds only if one waits); backlog holds what

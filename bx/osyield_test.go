@@ -36,6 +36,7 @@ func TestOthersWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.Release()
+		wd.Progress()
 	}
 	if n := srv.PoolBusyForTest(); n != 0 {
 		t.Fatalf("after 20 inline calls the pool holds %d requests, want 0", n)
@@ -67,6 +68,7 @@ func TestOthersWait(t *testing.T) {
 		wg.Add(1)
 		go call()
 		waitFor(ctx, t, started)
+		wd.Progress()
 		if got := srv.PoolBusyForTest(); got != n {
 			t.Errorf("%d blocking handlers running: the pool holds %d", n, got)
 		}
@@ -87,6 +89,7 @@ func TestOthersWait(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	wd.Progress()
 	close(errs)
 	for err := range errs {
 		if err != nil {
