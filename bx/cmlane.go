@@ -391,9 +391,9 @@ func (l *lane) closeQP() {
 // setQP makes q the lane's QP: routed, and the QP whose receives count.
 // It is not live yet. l.mu is held.
 func (l *lane) setQP(q *qp.QP) {
-	l.qp, l.live = q, false
+	l.qp, l.live, l.sentHdr = q, false, hdrTrack{}
 	l.rmu.Lock()
-	l.rqpn = q.QPN()
+	l.rqpn, l.rcvdHdr = q.QPN(), hdrTrack{}
 	l.rmu.Unlock()
 	e := l.peer.e
 	e.mu.Lock()

@@ -29,7 +29,12 @@
 //     without handlers, when no other Call or Recv waits, it then leaves
 //     the CQ to the next Call instead of waking the progress goroutine,
 //     which looks again on its own after 4 Config.Spin
-//     (GOVERBS_BX_LAZY=0 wakes it every time). Messages
+//     (GOVERBS_BX_LAZY=0 wakes it every time). In steady state a
+//     request, response or stream message goes without its 48-byte
+//     header, whose changes from the last one on the lane ride in the
+//     immediate of a SEND_WITH_IMM (wire.go, "Compact data messages"): a
+//     4 KiB payload is then 4 packets at IB MTU 1024, not 5
+//     (GOVERBS_BX_COMPACT=0 sends every header). Messages
 //     of up to 256 bytes, header included, are posted inline
 //     (GOVERBS_BX_INLINE=0 posts them from their buffers). A polling
 //     goroutine yields its P every 4 polls of an empty CQ

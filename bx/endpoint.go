@@ -352,6 +352,9 @@ type Stats struct {
 	// waiting for its FIN and were copied out of their receive buffers,
 	// which went back at once (a held one would keep a credit).
 	Copied atomic.Uint64
+	// Compact counts data messages sent without their header, which
+	// the immediate stood for (wire.go).
+	Compact atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.
@@ -1433,6 +1436,6 @@ func (e *Endpoint) complete(w *cq.WC) {
 		if w.Flags&wr.WCWithInv != 0 {
 			inv = w.InvRKey
 		}
-		l.peer.received(l, b, int(w.ByteLen), w.QPNum, inv)
+		l.peer.received(l, b, int(w.ByteLen), w.QPNum, inv, w.Imm, w.Flags&wr.WCWithImm != 0)
 	}
 }

@@ -103,6 +103,8 @@ type Counters struct {
 	// Copied: messages copied out of their receive buffers behind a
 	// rendezvous (see Stats).
 	Copied uint64
+	// Compact: data messages sent without their header (see Stats).
+	Compact uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -356,7 +358,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
-		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load()}
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load(), Compact: st.Compact.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

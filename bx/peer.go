@@ -122,6 +122,10 @@ type lane struct {
 	ackSent   atomic.Uint64
 	ackWait   uint64           // the ticker's: 1 + ackSent when it last saw an acknowledgement owed (ackIdle)
 	scratch   [HeaderSize]byte // credit updates, sent inline
+	// The last header posted (under mu) and received (under rmu) on the
+	// QP, behind which a data message may go compact (wire.go); both
+	// start empty with each new QP.
+	sentHdr, rcvdHdr hdrTrack
 }
 
 // out is a sent, unacknowledged message: kept for resending after a QP
@@ -268,7 +272,7 @@ func (e *Endpoint) newLanes(p *Peer) error {
 		if err != nil {
 			return err
 		}
-		p.lanes[i].qp, p.lanes[i].rqpn = q, q.QPN()
+		p.lanes[i].qp, p.lanes[i].rqpn = q, q.QPN() // sentHdr, rcvdHdr: empty
 	}
 	return nil
 }
@@ -611,7 +615,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 		l.targets = nil
 		// A completion still in the CQ is dropped as stale (received),
 		// not added to a pending list no one drains any more.
-		l.rqpn = 0
+		l.rqpn, l.rcvdHdr = 0, hdrTrack{}
 		l.rmu.Unlock()
 		for _, in := range pending {
 			p.dropInbound(in)
@@ -764,7 +768,7 @@ func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
 	l.outs = append(l.outs, o)
 	switch {
 	case l.live && !l.queued.Load():
-		err = p.post(l, h, &l.outs[len(l.outs)-1])
+		err = p.post(l, h, &l.outs[len(l.outs)-1], compactHeaders)
 	case l.live:
 		// Resends wait for credits ahead of it: it goes out behind them.
 		h.encode(o.buf.Bytes()[:HeaderSize])
@@ -801,8 +805,10 @@ func (p *Peer) sendErr(err error) error {
 // window it wrote through), a CTS behind the bind of its window (and the
 // lane's fence ahead of that) when the window is not bound on this QP
 // yet; a CTS names the window its grant has now (recovery may have bound
-// another since it was built). l.mu is held.
-func (p *Peer) post(l *lane, h header, o *out) error {
+// another since it was built). A fresh message (not a resend) may go
+// compact, its header in the immediate (wire.go); the full header is
+// written into its buffer all the same, for a resend. l.mu is held.
+func (p *Peer) post(l *lane, h header, o *out, fresh bool) error {
 	buf := o.buf
 	n := 0
 	var w writeOp
@@ -845,6 +851,12 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 	h.Credit, h.Epoch = p.ret.PiggybackEpoch()
 	l.ackSent.Store(h.Ack)
 	h.encode(buf.Bytes()[:HeaderSize])
+	var imm uint32
+	compact := false
+	if fresh && o.write == nil && n == 0 {
+		imm, compact = l.sentHdr.compact(&h)
+	}
+	l.sentHdr.set(&h)
 	flags := qp.SendFlags(0)
 	l.sends++
 	l.posts++
@@ -862,10 +874,17 @@ func (p *Peer) post(l *lane, h header, o *out) error {
 		return l.qp.PostSend(l.swr[:2])
 	}
 	l.ssge[0] = buf.SGE(buf.Len())
-	if buf.Len() <= inlineMax && inlineSends {
+	op := qp.OpSend
+	if compact {
+		op = qp.OpSendWithImm
+		l.ssge[0].Addr += HeaderSize
+		l.ssge[0].Length -= HeaderSize
+		p.e.stats.Compact.Add(1)
+	}
+	if l.ssge[0].Length <= inlineMax && inlineSends {
 		flags |= qp.Inline
 	}
-	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: l.ssge[0:1]}
+	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: op, Flags: flags, SGEs: l.ssge[0:1], Imm: imm}
 	return l.qp.PostSend(l.swr[:n+1])
 }
 
@@ -1004,6 +1023,7 @@ func (p *Peer) sendUpdate(l *lane) {
 	h.Ack = l.deliveredSeq()
 	h.Credit, h.Epoch = p.ret.PiggybackEpoch()
 	l.ackSent.Store(h.Ack)
+	l.sentHdr.set(&h)
 	h.encode(l.scratch[:])
 	l.ssge[0] = qp.SGE{Addr: uint64(uintptr(unsafe.Pointer(&l.scratch[0]))), Length: HeaderSize}
 	l.swr[0] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: qp.Inline, SGEs: l.ssge[0:1]}
@@ -1021,7 +1041,7 @@ func (p *Peer) sendUpdate(l *lane) {
 // to the message's place in the sequence, so a message of a QP that
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
-func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
+func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, compact bool) {
 	// An acknowledgement or credits to return, sooner or later: the ticker
 	// is poked after every change this makes (Consumed, a control buffer
 	// re-posted, the delivered sequence), never before. Poked first, the
@@ -1051,10 +1071,20 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		}
 		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
 	}
-	if err := h.decode(data); err != nil {
+	// A compact message's payload starts the buffer; its header is the
+	// last one's with the changes its immediate names (wire.go).
+	off := HeaderSize
+	if compact {
+		off = 0
+		if err := l.rcvdHdr.expand(imm, l.delivered+uint64(len(l.pending))+1, n, &h); err != nil {
+			fail(err, false)
+			return
+		}
+	} else if err := h.decode(data); err != nil {
 		fail(err, false)
 		return
 	}
+	l.rcvdHdr.set(&h)
 	if err := p.ret.Consumed(1); err != nil {
 		fail(err, false)
 		return
@@ -1095,7 +1125,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		// an inline handler's response leaves first; a response after it,
 		// so that its caller's next Call finds the window free.
 		m := p.e.newMsg()
-		*m = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+		*m = Msg{p: p, Stream: h.Stream, buf: b, data: data[off:], call: h.CallID, flags: h.Flags}
 		p.e.liveMsgs.Add(1)
 		l.delivered++
 		l.rmu.Unlock()
@@ -1201,7 +1231,7 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32) {
 		return
 	}
 	in.msg = p.e.newMsg()
-	*in.msg = Msg{p: p, Stream: h.Stream, buf: b, data: data[HeaderSize:], call: h.CallID, flags: h.Flags}
+	*in.msg = Msg{p: p, Stream: h.Stream, buf: b, data: data[off:], call: h.CallID, flags: h.Flags}
 	p.e.liveMsgs.Add(1)
 	in.done = true
 	// Behind a rendezvous whose FIN has not come (pending's head), the

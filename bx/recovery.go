@@ -350,9 +350,9 @@ func (p *Peer) rebuild() error {
 		l.closeQP()
 		if e.lcm != nil {
 			// Its new QP comes with its new rdma_cm connection.
-			l.qp, l.live = nil, false
+			l.qp, l.live, l.sentHdr = nil, false, hdrTrack{}
 			l.rmu.Lock()
-			l.rqpn = 0
+			l.rqpn, l.rcvdHdr = 0, hdrTrack{}
 			l.rmu.Unlock()
 			l.mu.Unlock()
 			continue
@@ -445,7 +445,7 @@ func (p *Peer) drainQueued(l *lane) error {
 			}
 		}
 		o.paid = epoch + 1
-		if err := p.post(l, h, o); err != nil {
+		if err := p.post(l, h, o, false); err != nil {
 			l.queuedFrom = o.seq + 1 // queued for the next recovery with the rest
 			return err
 		}

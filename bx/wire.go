@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 )
 
 // HeaderSize is the size of the header in front of every data-plane
@@ -13,8 +14,8 @@ const HeaderSize = 48
 // wireVersion 2: rendezvous by RDMA WRITE (RTS, CTS, FIN) instead of READ.
 // 3: the CTS names a memory window bound for the one transfer, the FIN is a
 // SEND_WITH_INV of it, and a recovery setup carries the new windows of
-// transfers in progress (grant.go).
-const wireVersion = 3
+// transfers in progress (grant.go). 4: compact data messages (below).
+const wireVersion = 4
 
 // Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
 // resent after a QP failure until acknowledged); credit updates are not.
@@ -64,6 +65,149 @@ func (h *header) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[32:], h.CallID)
 	binary.LittleEndian.PutUint32(b[40:], h.Length)
 	binary.LittleEndian.PutUint32(b[44:], h.Epoch)
+}
+
+// Compact data messages. A data message whose header differs from the
+// last header on its lane's QP only in what 32 bits can say goes without
+// the header: a SEND_WITH_IMM of the payload alone, the immediate saying
+// what changed. The header's 48 bytes cost a packet whenever they push a
+// message over a multiple of the path MTU: a 4096-byte payload is 4
+// packets at IB MTU 1024 and 1 at 4096, but 5 and 2 with the header, and
+// under rxe a packet costs about 18 us a leg (docs/perf.md, "Thirty-second
+// session"). The sequence is implied, RC delivers a QP's messages in
+// order, so the receiver knows the next one; its low bits travel as a
+// check. The sender posts one only fresh on a live lane, never as a
+// resend, and only behind a full header on the same QP: each side's
+// record of the headers (hdrTrack) starts empty with every new QP and
+// follows every header posted (post, sendUpdate) or received (received),
+// in the QP's order. The immediate, from bit 31 down:
+//
+//	2 bits   the flags: none (a stream's message, call ID 0), request or
+//	         response; any other flag needs a full header
+//	2 bits   the sequence's low bits
+//	2 bits   the stream: which of the four streams last seen
+//	7 bits   Ack - the last Ack
+//	8 bits   Credit - the last Credit (same epoch)
+//	11 bits  CallID - the last nonzero CallID, signed (0 without flags)
+//
+// The credit epoch is the last header's; the length is the completion's
+// byte count.
+const (
+	immFlagShift   = 30 // 0: no flags, 1: request, 2: response
+	immSeqShift    = 28
+	immSeqMask     = 3
+	immStreamShift = 26
+	immAckShift    = 19
+	immAckMax      = 1<<7 - 1
+	immCredShift   = 11
+	immCredMax     = 1<<8 - 1
+	immCallBits    = 11
+	immCallMask    = 1<<immCallBits - 1
+)
+
+// compactHeaders: GOVERBS_BX_COMPACT=0 sends every header in full (to
+// measure what compact messages save).
+var compactHeaders = os.Getenv("GOVERBS_BX_COMPACT") != "0"
+
+// hdrTrack is one side's record of the headers on a lane's QP.
+type hdrTrack struct {
+	ok          bool      // a full header has passed on this QP
+	streams     [4]uint32 // the streams last seen, the newest first
+	epoch       uint32
+	ack, credit uint64
+	call        uint64 // the last nonzero call ID
+}
+
+// set records h as the last header.
+func (t *hdrTrack) set(h *header) {
+	if !t.ok {
+		t.ok, t.streams = true, [4]uint32{h.Stream, h.Stream, h.Stream, h.Stream}
+	}
+	i := 0
+	for i < 3 && t.streams[i] != h.Stream {
+		i++
+	}
+	copy(t.streams[1:i+1], t.streams[:i])
+	t.streams[0] = h.Stream
+	t.epoch, t.ack, t.credit = h.Epoch, h.Ack, h.Credit
+	if h.CallID != 0 {
+		t.call = h.CallID
+	}
+}
+
+// compact returns the immediate that stands for h behind the last header,
+// or false if h needs the full header.
+func (t *hdrTrack) compact(h *header) (uint32, bool) {
+	if !t.ok || h.Type != typData || h.Epoch != t.epoch {
+		return 0, false
+	}
+	si := 0
+	for si < 4 && t.streams[si] != h.Stream {
+		si++
+	}
+	if si == 4 {
+		return 0, false
+	}
+	var imm uint32
+	dCall := int64(h.CallID - t.call)
+	switch h.Flags {
+	case 0:
+		if h.CallID != 0 {
+			return 0, false
+		}
+		dCall = 0
+	case flagRequest:
+		imm = 1 << immFlagShift
+	case flagResponse:
+		imm = 2 << immFlagShift
+	default:
+		return 0, false
+	}
+	dAck, dCred := h.Ack-t.ack, h.Credit-t.credit
+	if h.Flags != 0 && (h.CallID == 0 || dCall < -(1<<(immCallBits-1)) || dCall >= 1<<(immCallBits-1)) {
+		return 0, false
+	}
+	if dAck > immAckMax || dCred > immCredMax {
+		return 0, false
+	}
+	imm |= uint32(h.Seq&immSeqMask)<<immSeqShift | uint32(si)<<immStreamShift |
+		uint32(dAck)<<immAckShift | uint32(dCred)<<immCredShift | uint32(dCall)&immCallMask
+	return imm, true
+}
+
+// expand fills h from imm, the immediate of a compact message of n
+// payload bytes whose place in the sequence is seq, and the last header.
+func (t *hdrTrack) expand(imm uint32, seq uint64, n int, h *header) error {
+	if !t.ok {
+		return errors.New("bx: compact message before a full header on the QP")
+	}
+	if got := uint64(imm>>immSeqShift) & immSeqMask; got != seq&immSeqMask {
+		return fmt.Errorf("bx: compact message of sequence ...%d (low bits), expected %d", got, seq)
+	}
+	dCall := int64(imm&immCallMask) << (64 - immCallBits) >> (64 - immCallBits)
+	call := t.call + uint64(dCall)
+	var flags uint16
+	switch imm >> immFlagShift {
+	case 0:
+		if dCall != 0 {
+			return fmt.Errorf("bx: compact stream message with a call ID (immediate %#x)", imm)
+		}
+		call = 0
+	case 1:
+		flags = flagRequest
+	case 2:
+		flags = flagResponse
+	default:
+		return fmt.Errorf("bx: compact message with flags code 3 (immediate %#x)", imm)
+	}
+	if flags != 0 && call == 0 {
+		return fmt.Errorf("bx: compact call message of call ID 0 (immediate %#x)", imm)
+	}
+	*h = header{Type: typData, Flags: flags, Stream: t.streams[imm>>immStreamShift&3], Seq: seq,
+		Ack:    t.ack + uint64(imm>>immAckShift&immAckMax),
+		Credit: t.credit + uint64(imm>>immCredShift&immCredMax),
+		CallID: call, Length: uint32(n), Epoch: t.epoch}
+	return nil
 }
 
 var errShortHeader = errors.New("bx: message shorter than its header")
