@@ -648,6 +648,7 @@ func perfBXCounts(a, b bx.Snapshot, iters int) map[string]float64 {
 		"arms":           float64(b.Counters.Arms-a.Counters.Arms) / n,
 		"wakeups":        float64(b.Counters.Wakeups-a.Counters.Wakeups) / n,
 		"ticks":          float64(b.Counters.Ticks-a.Counters.Ticks) / n,
+		"compact":        float64(b.Counters.Compact-a.Counters.Compact) / n,
 	}
 }
 
