@@ -152,6 +152,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"rc-pingpong", "a", "b"}, "at most one HOST"},
 		{[]string{"rc-pingpong", "-d", "nosuchdev9"}, "nosuchdev9"},
 		{[]string{"devices", "-d", "nosuchdev9"}, "nosuchdev9"},
+		{[]string{"perf", "tcp_lat", "--zero-copy"}, "--zero-copy is for bx_lat"},
+		{[]string{"perf", "bx_lat", "--zero-copy", "--resp-size", "8"}, "--zero-copy is for bx_lat"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 	} {
 		r := goverbs(t, time.Minute, tc.args...)

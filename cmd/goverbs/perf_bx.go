@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -51,6 +52,7 @@ type perfBXOptions struct {
 	port    int
 	spin    time.Duration
 	shared  bool // bx Config.SharedTargets
+	zc      bool // --zero-copy: CallBuffer and Reply, no payload copies
 	idle    time.Duration
 	json    bool
 	cpuprof string
@@ -74,6 +76,7 @@ type perfBXReport struct {
 	Window     int               `json:"window"`
 	Spin       string            `json:"spin,omitempty"`
 	Shared     bool              `json:"shared_targets,omitempty"`
+	ZeroCopy   bool              `json:"zero_copy,omitempty"`
 	Units      map[string]string `json:"units"`
 	Latency    []perfLatResult   `json:"latency,omitempty"`
 	Bandwidth  []perfBWResult    `json:"bandwidth,omitempty"`
@@ -116,6 +119,12 @@ Options:
   -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
                          (default 18515)
       --spin=<dur>       bx Config.Spin (default bx's; negative: event-driven)
+      --zero-copy        bx_lat, both sides: the client writes each request
+                         into a buffer from Endpoint.Alloc (its 8-byte count)
+                         and calls CallBuffer; the echo handler builds its
+                         response in place (Msg.Reply) from the request's
+                         first 8 bytes: no payload is copied, as in raw
+                         verbs' send_lat
       --shared-targets   bx Config.SharedTargets: one rkey for all rendezvous
                          targets, no memory window per transfer (the side
                          that receives rendezvous payloads decides)
@@ -162,6 +171,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.resp, "resp-size", -1, "")
 	fs.DurationVar(&o.spin, "spin", 0, "")
 	fs.BoolVar(&o.shared, "shared-targets", false, "")
+	fs.BoolVar(&o.zc, "zero-copy", false, "")
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
@@ -193,6 +203,8 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--resp-size %d: message size must be 0..%d", o.resp, perfMaxSize)
 	case !echo && (o.bw || o.grpc):
 		return usageError("--resp-size is for bx_lat and tcp_lat")
+	case o.zc && (o.test != "bx_lat" || !echo):
+		return usageError("--zero-copy is for bx_lat, with the response as large as the request")
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -356,6 +368,15 @@ func (r *perfBXRun) openEndpoint() error {
 	case fixed != nil:
 		// Read-only: every call may return it at once.
 		ep.HandleInline(1, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) { return fixed, nil })
+	case o.zc:
+		ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+			resp, err := req.Reply(len(req.Data()))
+			if err != nil {
+				return nil, err
+			}
+			copy(resp, req.Data()[:min(8, len(req.Data()))])
+			return resp, nil
+		})
 	default:
 		ep.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
 	}
@@ -398,7 +419,11 @@ func (r *perfBXRun) dialDataPlane() error {
 		if err != nil {
 			return r.fail(err)
 		}
-		r.caller = newPerfBXCaller(p)
+		c := newPerfBXCaller(p)
+		if o := r.o; o.zc {
+			c.ep = r.ep
+		}
+		r.caller = c
 	}
 	return nil
 }
@@ -578,7 +603,7 @@ func (r *perfBXRun) report(mine, peer perfBXResult) perfBXReport {
 	if o.tcp {
 		rep.Transport, rep.Device = "tcp", ""
 	} else {
-		rep.Shared = o.shared
+		rep.Shared, rep.ZeroCopy = o.shared, o.zc
 		if o.spin != 0 {
 			rep.Spin = o.spin.String()
 		}
@@ -705,6 +730,8 @@ type perfBXCaller struct {
 	p   *bx.Peer
 	m   *bx.Msg
 	rel func()
+	ep  *bx.Endpoint // --zero-copy: requests are written into its buffers
+	n   uint64       // --zero-copy: the calls made, each request's first 8 bytes
 }
 
 func newPerfBXCaller(p *bx.Peer) *perfBXCaller {
@@ -717,11 +744,37 @@ func newPerfBXCaller(p *bx.Peer) *perfBXCaller {
 func (c *perfBXCaller) concurrent() perfCaller { return newPerfBXCaller(c.p) }
 
 func (c *perfBXCaller) call(req []byte) ([]byte, func(), error) {
+	if c.ep != nil {
+		return c.callBuffer(len(req))
+	}
 	m, err := c.p.Call(context.Background(), 1, req)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.m = m
+	return m.Data(), c.rel, nil
+}
+
+// callBuffer is call with --zero-copy: the request of n bytes is written
+// where bx sends it from, and the response checked in place.
+func (c *perfBXCaller) callBuffer(n int) ([]byte, func(), error) {
+	b, err := c.ep.Alloc(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.n++
+	var stamp [8]byte
+	binary.LittleEndian.PutUint64(stamp[:], c.n)
+	copy(b.Payload(), stamp[:])
+	m, err := c.p.CallBuffer(context.Background(), 1, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.m = m
+	if d := m.Data(); !bytes.Equal(d[:min(8, len(d))], stamp[:min(8, n)]) {
+		m.Release()
+		return nil, nil, fmt.Errorf("bx_lat --zero-copy: call %d answered %x", c.n, d[:min(8, len(d))])
+	}
 	return m.Data(), c.rel, nil
 }
 

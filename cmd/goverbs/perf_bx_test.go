@@ -30,6 +30,9 @@ func TestPerfBX(t *testing.T) {
 		{"tcp_lat", 50, ""},
 		{"tcp_lat -s 100000", 10, ""},
 		{"bx_lat -s 271 --resp-size 4116", 20, ""}, // a ps pull's bytes (scripts/bench-ps)
+		{"bx_lat --zero-copy -s 3", 20, ""}, // shorter than the 8-byte count
+		{"bx_lat --zero-copy -s 4096", 50, ""},
+		{"bx_lat --zero-copy -s 100000", 10, ""},
 		{"tcp_lat -s 271 --resp-size 4116", 20, ""},
 		{"bx_bw -s 4096 -t 8", 200, ""},
 		{"tcp_bw -s 4096 -t 8", 200, ""},
@@ -82,6 +85,9 @@ func TestPerfBX(t *testing.T) {
 				}
 				if rep.Transport != want {
 					t.Errorf("%s: transport %q, want %q", x.who, rep.Transport, want)
+				}
+				if zc := strings.Contains(tc.args, "--zero-copy"); rep.ZeroCopy != zc {
+					t.Errorf("%s: zero_copy %v, want %v", x.who, rep.ZeroCopy, zc)
 				}
 				if rep.CPU.Client <= 0 || rep.CPU.Server <= 0 {
 					t.Errorf("%s: CPU per call %+v", x.who, rep.CPU)
