@@ -30,7 +30,7 @@ func TestPerfBX(t *testing.T) {
 		{"tcp_lat", 50, ""},
 		{"tcp_lat -s 100000", 10, ""},
 		{"bx_lat -s 271 --resp-size 4116", 20, ""}, // a ps pull's bytes (scripts/bench-ps)
-		{"bx_lat --zero-copy -s 3", 20, ""}, // shorter than the 8-byte count
+		{"bx_lat --zero-copy -s 3", 20, ""},        // shorter than the 8-byte count
 		{"bx_lat --zero-copy -s 4096", 50, ""},
 		{"bx_lat --zero-copy -s 100000", 10, ""},
 		{"tcp_lat -s 271 --resp-size 4116", 20, ""},
