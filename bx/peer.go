@@ -1071,12 +1071,15 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, c
 		}
 		p.shutdown(fmt.Errorf("%w: %v", ErrProtocol, err), true)
 	}
+	// Everything up to held is here, delivered or pending: a resend of
+	// any of it is a duplicate, and a compact message is held+1.
+	held := l.delivered + uint64(len(l.pending))
 	// A compact message's payload starts the buffer; its header is the
 	// last one's with the changes its immediate names (wire.go).
 	off := HeaderSize
 	if compact {
 		off = 0
-		if err := l.rcvdHdr.expand(imm, l.delivered+uint64(len(l.pending))+1, n, &h); err != nil {
+		if err := l.rcvdHdr.expand(imm, held+1, n, &h); err != nil {
 			fail(err, false)
 			return
 		}
@@ -1103,9 +1106,6 @@ func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, c
 	if h.Type == typData || h.Type == typRndv {
 		p.e.stats.Received.Add(1)
 	}
-	// Everything up to held is here, delivered or pending: a resend of
-	// any of it is a duplicate.
-	held := l.delivered + uint64(len(l.pending))
 	if h.Seq <= held {
 		l.rmu.Unlock()
 		p.ack(l, h.Ack)
