@@ -1042,15 +1042,23 @@ func (p *Peer) sendUpdate(l *lane) {
 // recovery already replaced is dropped whole (the peer resends it): the
 // next sequence recovery reports is exact.
 func (p *Peer) received(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, compact bool) {
+	p.receive(l, b, n, qpn, inv, imm, compact)
 	// An acknowledgement or credits to return, sooner or later: the ticker
-	// is poked after every change this makes (Consumed, a control buffer
-	// re-posted, the delivered sequence), never before. Poked first, the
-	// ticker could take the poke, look before the change, find nothing
-	// due and sleep with an update owed and no event left to wake it: two
-	// peers starved of credits then waited on each other for good (bx
-	// TestEchoBufferOrder hung so, with 4 credits, in about half of the
-	// full suite runs).
-	defer p.e.poke()
+	// is poked after every change receive makes (Consumed, a control
+	// buffer re-posted, the delivered sequence), never before. Poked
+	// first, the ticker could take the poke, look before the change, find
+	// nothing due and sleep with an update owed and no event left to wake
+	// it: two peers starved of credits then waited on each other for good
+	// (bx TestEchoBufferOrder hung so, with 4 credits, in about half of
+	// the full suite runs). A call after the body, not a defer: receive
+	// has too many returns for an open-coded defer, and the runtime's
+	// deferreturn cost about 250 instructions a message
+	// (scripts/bench-instr, docs/perf.md "Thirty-fourth session").
+	p.e.poke()
+}
+
+// receive is received's body.
+func (p *Peer) receive(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, compact bool) {
 	if f := receivedHook.Load(); f != nil {
 		(*f)()
 	}
