@@ -84,6 +84,10 @@ type setup struct {
 	Grants []regrant
 	// CM is set when the lanes are set up through rdma_cm (cmlane.go).
 	CM *cmSetup
+	// Eager is the largest payload this side receives in a message of
+	// its own (its Config.EagerSize: the size of its receive buffers);
+	// 0 in a recovery's failure notice.
+	Eager uint32
 }
 
 func writeCtl(c net.Conn, typ uint8, body []byte, deadline time.Duration) error {
@@ -167,7 +171,7 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 	return m, nil
 }
 
-const setupFixed = 8 + 4 + 16 + 8 + 8 + 1
+const setupFixed = 8 + 4 + 16 + 8 + 8 + 1 + 4
 const laneSize = 4 + 4 + 8 + 8
 const regrantSize = 1 + 8 + 4
 
@@ -187,6 +191,7 @@ func (s *setup) encode() []byte {
 	binary.LittleEndian.PutUint64(b[28:], s.Grant)
 	binary.LittleEndian.PutUint64(b[36:], s.Consumed)
 	b[44] = uint8(len(s.Lanes))
+	binary.LittleEndian.PutUint32(b[45:], s.Eager)
 	for i, l := range s.Lanes {
 		o := setupFixed + i*laneSize
 		binary.LittleEndian.PutUint32(b[o:], l.QPN)
@@ -212,6 +217,10 @@ func decodeSetup(b []byte) (setup, error) {
 	s.Consumed = binary.LittleEndian.Uint64(b[36:])
 	if s.Consumed > s.Grant {
 		return s, fmt.Errorf("bx: setup says %d of %d credits consumed", s.Consumed, s.Grant)
+	}
+	s.Eager = binary.LittleEndian.Uint32(b[45:])
+	if s.Eager != 0 && (s.Eager < 64 || s.Eager+HeaderSize > 1<<20) {
+		return s, fmt.Errorf("bx: setup with eager size %d outside 64..1 MiB-header", s.Eager)
 	}
 	n := int(b[44])
 	if n == 0 || n > maxLanes {

@@ -54,7 +54,7 @@ func FuzzHeader(f *testing.F) {
 // FuzzControl: an unauthenticated peer controls every byte of the control
 // plane. decodeCtl must never panic or accept an inconsistent setup.
 func FuzzControl(f *testing.F) {
-	s := setup{ID: 1, Epoch: 2, Grant: 64, Consumed: 3, Lanes: []laneInfo{{QPN: 17, PSN: 5, Next: 1}, {QPN: 18, PSN: 6, Next: 9, Acked: 4}}}
+	s := setup{ID: 1, Epoch: 2, Grant: 64, Consumed: 3, Lanes: []laneInfo{{QPN: 17, PSN: 5, Next: 1}, {QPN: 18, PSN: 6, Next: 9, Acked: 4}}, Eager: 8144}
 	f.Add(append([]byte{ctlSetup}, s.encode()...))
 	s.Grants = []regrant{{Lane: 1, Ref: 7, RKey: 0x1234}, {Lane: 0, Ref: 2, RKey: 0x99}}
 	f.Add(append([]byte{ctlRecover}, s.encode()...))

@@ -289,7 +289,7 @@ func laneSendWR(c *Config) int {
 }
 
 func (p *Peer) localSetup(epoch uint32) setup {
-	s := setup{ID: p.e.id, Epoch: epoch, Grant: uint64(p.e.cfg.Credits)}
+	s := setup{ID: p.e.id, Epoch: epoch, Grant: uint64(p.e.cfg.Credits), Eager: uint32(p.e.cfg.EagerSize)}
 	copy(s.GID[:], p.e.gid.GID.To16())
 	for _, l := range p.lanes {
 		l.rmu.Lock()
@@ -393,7 +393,17 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		return nil, err
 	}
 	remote = m.Setup
-	if err := p.checkCM(remote); err != nil {
+	err = p.checkCM(remote)
+	if err == nil && remote.Eager != uint32(e.cfg.EagerSize) {
+		// A message above the receiver's buffers would fail on its QP
+		// (a remote invalid request), again after every recovery.
+		acc, dial := uint32(e.cfg.EagerSize), remote.Eager
+		if dialer {
+			acc, dial = dial, acc
+		}
+		err = fmt.Errorf("%w: the acceptor's Config.EagerSize is %d, the dialer's %d: both ends must use the same", ErrProtocol, acc, dial)
+	}
+	if err != nil {
 		p.destroyLanes()
 		writeCtl(c, ctlBye, byeReason(err), d)
 		return nil, err
