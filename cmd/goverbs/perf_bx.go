@@ -52,6 +52,7 @@ type perfBXOptions struct {
 	port    int
 	spin    time.Duration
 	shared  bool // bx Config.SharedTargets
+	eager   int  // bx Config.EagerSize (--eager-size; 0: bx's default)
 	zc      bool // --zero-copy: CallBuffer and Reply, no payload copies
 	idle    time.Duration
 	json    bool
@@ -77,6 +78,7 @@ type perfBXReport struct {
 	Spin       string            `json:"spin,omitempty"`
 	Shared     bool              `json:"shared_targets,omitempty"`
 	ZeroCopy   bool              `json:"zero_copy,omitempty"`
+	EagerSize  int               `json:"eager_size,omitempty"`
 	Units      map[string]string `json:"units"`
 	Latency    []perfLatResult   `json:"latency,omitempty"`
 	Bandwidth  []perfBWResult    `json:"bandwidth,omitempty"`
@@ -119,6 +121,9 @@ Options:
   -p, --port=<port>      TCP port of the exchange; the data plane uses port+1
                          (default 18515)
       --spin=<dur>       bx Config.Spin (default bx's; negative: event-driven)
+      --eager-size=<n>   bx Config.EagerSize, both sides: the largest payload
+                         sent in the message itself, larger ones by
+                         rendezvous (default bx's, 8 KiB less the header)
       --zero-copy        bx_lat, both sides: the client writes each request
                          into a buffer from Endpoint.Alloc (its 8-byte count)
                          and calls CallBuffer; the echo handler builds its
@@ -172,6 +177,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.spin, "spin", 0, "")
 	fs.BoolVar(&o.shared, "shared-targets", false, "")
 	fs.BoolVar(&o.zc, "zero-copy", false, "")
+	fs.IntVar(&o.eager, "eager-size", 0, "")
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
@@ -205,6 +211,10 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--resp-size is for bx_lat and tcp_lat")
 	case o.zc && (o.test != "bx_lat" || !echo):
 		return usageError("--zero-copy is for bx_lat, with the response as large as the request")
+	case o.eager != 0 && (o.tcp || o.grpc):
+		return usageError("--eager-size is for the bx tests")
+	case o.eager != 0 && (o.eager < 64 || o.eager+bx.HeaderSize > 1<<20):
+		return usageError("--eager-size %d: must be 64..%d", o.eager, 1<<20-bx.HeaderSize)
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -353,7 +363,8 @@ func (r *perfBXRun) openEndpoint() error {
 	if t := os.Getenv("GOVERBS_PERF_TOKEN"); t != "" {
 		token = []byte(t)
 	}
-	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, MaxMessage: max(4<<20, o.size, o.resp),
+	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, EagerSize: o.eager,
+		MaxMessage: max(4<<20, o.size, o.resp, o.eager),
 		LaneMsgs: int64(max(64, 2*o.window))})
 	if err != nil {
 		return r.fail(err)
@@ -603,7 +614,7 @@ func (r *perfBXRun) report(mine, peer perfBXResult) perfBXReport {
 	if o.tcp {
 		rep.Transport, rep.Device = "tcp", ""
 	} else {
-		rep.Shared, rep.ZeroCopy = o.shared, o.zc
+		rep.Shared, rep.ZeroCopy, rep.EagerSize = o.shared, o.zc, o.eager
 		if o.spin != 0 {
 			rep.Spin = o.spin.String()
 		}
