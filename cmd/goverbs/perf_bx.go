@@ -365,7 +365,7 @@ func (r *perfBXRun) openEndpoint() error {
 	}
 	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, EagerSize: o.eager,
 		MaxMessage: max(4<<20, o.size, o.resp, o.eager),
-		LaneMsgs: int64(max(64, 2*o.window))})
+		LaneMsgs:   int64(max(64, 2*o.window))})
 	if err != nil {
 		return r.fail(err)
 	}
