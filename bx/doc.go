@@ -69,7 +69,10 @@
 //     writes them straight into a buffer of the receiver, which a memory
 //     window opens to that one peer for that one transfer (grant.go);
 //     Config.SharedTargets gives that isolation up for speed among
-//     trusted peers.
+//     trusted peers. Both ends of a connection use the same EagerSize
+//     (the handshake refuses another); raising it, at the cost of larger
+//     receive buffers, spares messages up to it the rendezvous's extra
+//     round trip.
 //   - Conn, through Endpoint.DialConn and Endpoint.Listener: a stream as a
 //     net.Conn, for net/http, net/rpc or gRPC (package bx/bxgrpc).
 //

@@ -154,6 +154,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"devices", "-d", "nosuchdev9"}, "nosuchdev9"},
 		{[]string{"perf", "tcp_lat", "--zero-copy"}, "--zero-copy is for bx_lat"},
 		{[]string{"perf", "bx_lat", "--zero-copy", "--resp-size", "8"}, "--zero-copy is for bx_lat"},
+		{[]string{"perf", "tcp_lat", "--eager-size", "100000"}, "--eager-size is for the bx tests"},
+		{[]string{"perf", "bx_lat", "--eager-size", "10"}, "--eager-size 10"},
+		{[]string{"ps", "bench", "--eager-size", "2000000"}, "--eager-size 2000000"},
+		{[]string{"ps", "serve", "--listen", "127.0.0.1:0", "--eager-size", "10"}, "--eager-size 10"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 	} {
 		r := goverbs(t, time.Minute, tc.args...)

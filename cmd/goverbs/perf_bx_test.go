@@ -33,6 +33,7 @@ func TestPerfBX(t *testing.T) {
 		{"bx_lat --zero-copy -s 3", 20, ""},        // shorter than the 8-byte count
 		{"bx_lat --zero-copy -s 4096", 50, ""},
 		{"bx_lat --zero-copy -s 100000", 10, ""},
+		{"bx_lat -s 32768 --eager-size 65488", 10, ""}, // eager, not rendezvous: both sides raised
 		{"tcp_lat -s 271 --resp-size 4116", 20, ""},
 		{"bx_bw -s 4096 -t 8", 200, ""},
 		{"tcp_bw -s 4096 -t 8", 200, ""},

@@ -134,12 +134,13 @@ func dumpOnSignal(what string, w io.Writer) func() {
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
-          [--metrics ADDR] [--spin D] [--shared-targets]
+          [--metrics ADDR] [--spin D] [--shared-targets] [--eager-size N]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
           (serve, bench, worker: SIGUSR1 writes bx's flow-control state and every goroutine's
           stack to stderr, for diagnosing a stall; the process goes on)
   bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
           [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR] [--spin D] [--shared-targets]
+          [--eager-size N]
           run workers against servers (its own children unless --addrs) and report latency,
           throughput and CPU per 1000 ops
 
@@ -163,12 +164,16 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
 	sharedTargets := fs.Bool("shared-targets", false, "rdma: bx Config.SharedTargets: one rkey for all rendezvous targets instead of a memory window per transfer (faster; only among trusted peers)")
+	eager := fs.Int("eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
 	}
 	if *listen == "" {
 		return usageError("--listen is required")
+	}
+	if err := checkEagerSize(*eager); err != nil {
+		return err
 	}
 	if err := checkMetricsAddr(*metricsAddr); err != nil {
 		return err
@@ -178,7 +183,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 		return usageError("%v", err)
 	}
 	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
-		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets}})
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: *eager}})
 	if err != nil {
 		return err
 	}
@@ -476,7 +481,7 @@ type psWorkerOpts struct {
 	transport, workload, device, metricsAddr string
 	servers                                  []string
 	w                                        psWorkload
-	workers, depth                           int
+	workers, depth, eager                    int
 	duration, spin                           time.Duration
 	seed                                     uint64
 	rate                                     float64
@@ -498,7 +503,11 @@ func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics on HOST:PORT")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
+	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
 	if _, err := parseGetopt(fs, args); err != nil {
+		return nil, err
+	}
+	if err := checkEagerSize(o.eager); err != nil {
 		return nil, err
 	}
 	if err := checkDepth(o.depth, o.workload, o.rate); err != nil {
@@ -528,7 +537,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := ps.Dial(ps.ClientConfig{Transport: o.transport, Servers: o.servers, Device: o.device, Token: psToken(), BX: bx.Config{Spin: o.spin}})
+	c, err := ps.Dial(ps.ClientConfig{Transport: o.transport, Servers: o.servers, Device: o.device, Token: psToken(), BX: bx.Config{Spin: o.spin, EagerSize: o.eager}})
 	if err != nil {
 		return err
 	}
@@ -738,7 +747,7 @@ type psBenchOpts struct {
 	spin                     time.Duration
 	sharedTargets            bool
 	metricsAddr              string
-	depth                    int
+	depth, eager             int
 	rates                    []float64 // one run each; 0 is closed loop
 }
 
@@ -761,6 +770,7 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	fs.BoolVar(&o.sharedTargets, "shared-targets", false, "rdma: the servers' bx Config.SharedTargets (one rkey for all rendezvous targets instead of a memory window per transfer)")
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
+	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize of servers and workers, the largest payload sent in one message (0: bx's default, 8 KiB less the header)")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
@@ -782,6 +792,9 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	}
 	if *rate < 0 || math.IsNaN(*rate) || math.IsInf(*rate, 0) {
 		return nil, usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
+	}
+	if err := checkEagerSize(o.eager); err != nil {
+		return nil, err
 	}
 	if err := checkDepth(o.depth, o.workload, *rate+float64(len(*rates))); err != nil {
 		return nil, err
@@ -950,7 +963,7 @@ func (b *psBencher) startServers() error {
 		return nil
 	}
 	for i := range o.servers {
-		cmd := exec.Command(b.self, b.childArgs("ps", "serve", "--transport", o.transport, "--listen", b.srvIP+":0", "--device", b.srvDev, "--spin", o.spin.String(), "--shared-targets="+strconv.FormatBool(o.sharedTargets))...)
+		cmd := exec.Command(b.self, b.childArgs("ps", "serve", "--transport", o.transport, "--listen", b.srvIP+":0", "--device", b.srvDev, "--spin", o.spin.String(), "--shared-targets="+strconv.FormatBool(o.sharedTargets), "--eager-size", strconv.Itoa(o.eager))...)
 		cmd.Stderr = b.stderr
 		out, _ := cmd.StdoutPipe()
 		if err := cmd.Start(); err != nil {
@@ -980,7 +993,7 @@ func (b *psBencher) startServers() error {
 // endpoint to events.
 func (b *psBencher) dialControl(ctx context.Context) error {
 	w, _ := psWorkloadOf(b.o.workload, len(b.list))
-	ctl, err := ps.Dial(ps.ClientConfig{Transport: b.o.transport, Servers: b.list, Device: b.cliDev, Token: psToken(), BX: bx.Config{Spin: -1}})
+	ctl, err := ps.Dial(ps.ClientConfig{Transport: b.o.transport, Servers: b.list, Device: b.cliDev, Token: psToken(), BX: bx.Config{Spin: -1, EagerSize: b.o.eager}})
 	if err != nil {
 		return err
 	}
@@ -1046,7 +1059,7 @@ func (b *psBencher) startWorkers(rate float64) ([]*wproc, error) {
 		}
 		cmd := exec.Command(b.self, b.childArgs("ps", "worker", "--transport", o.transport, "--addrs", strings.Join(b.list, ","), "--workload", o.workload,
 			"--workers", strconv.Itoa(n), "--duration", o.duration.String(), "--device", b.cliDev, "--seed", strconv.Itoa(i+1), "--spin", o.spin.String(),
-			"--rate", strconv.FormatFloat(rate*float64(n)/float64(o.workers), 'g', -1, 64), "--depth", strconv.Itoa(o.depth))...)
+			"--rate", strconv.FormatFloat(rate*float64(n)/float64(o.workers), 'g', -1, 64), "--depth", strconv.Itoa(o.depth), "--eager-size", strconv.Itoa(o.eager))...)
 		cmd.Stderr = b.stderr
 		in, _ := cmd.StdinPipe()
 		out, _ := cmd.StdoutPipe()
@@ -1268,4 +1281,12 @@ func mtuString(mtu int) string {
 		return "-"
 	}
 	return strconv.Itoa(mtu)
+}
+
+// checkEagerSize checks an --eager-size (0: bx's default).
+func checkEagerSize(n int) error {
+	if n != 0 && (n < 64 || n+bx.HeaderSize > 1<<20) {
+		return usageError("--eager-size %d: must be 64..%d (0: bx's default)", n, 1<<20-bx.HeaderSize)
+	}
+	return nil
 }
