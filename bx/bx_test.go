@@ -587,3 +587,81 @@ func TestHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeEager: with Config.EagerSize raised on both ends, a call up to
+// that size goes in one message each way (no rendezvous) and one above it
+// by rendezvous, every payload intact.
+func TestLargeEager(t *testing.T) {
+	const eager = 64<<10 - bx.HeaderSize
+	big := func(c *bx.Config) { c.EagerSize = eager }
+	srv, cli, p, _ := pair(t, big)
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return append([]byte(nil), req.Data()...), nil
+	})
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	for _, n := range []int{8145, 32 << 10, eager, eager + 1, 100000} {
+		before := cli.Stats().Rendezvous.Load() + srv.Stats().Rendezvous.Load()
+		for i := range 3 {
+			req := make([]byte, n)
+			for j := range req {
+				req[j] = byte(j*7 + i + n)
+			}
+			m, err := p.Call(ctx, 1, req)
+			if err != nil {
+				t.Fatalf("call of %d bytes: %v", n, err)
+			}
+			if !bytes.Equal(m.Data(), req) {
+				t.Fatalf("call of %d bytes: the echo differs (%d bytes back)", n, len(m.Data()))
+			}
+			m.Release()
+			wd.Progress()
+		}
+		rv := cli.Stats().Rendezvous.Load() + srv.Stats().Rendezvous.Load() - before
+		if want := uint64(0); n > eager {
+			if rv == 0 {
+				t.Errorf("%d bytes, above EagerSize %d: no rendezvous counted", n, eager)
+			}
+		} else if rv != want {
+			t.Errorf("%d bytes, within EagerSize %d: %d rendezvous counted, want none", n, eager, rv)
+		}
+	}
+}
+
+// TestEagerSizeMismatch: endpoints of different EagerSize refuse each
+// other at the handshake, with an error naming the setting, and nothing
+// stays routed (a larger message than the receiver's buffers would fail
+// its QP again after every recovery).
+func TestEagerSizeMismatch(t *testing.T) {
+	dialMismatched(t, func(c *bx.Config) { c.EagerSize = 32 << 10 }, "Config.EagerSize")
+}
+
+// dialMismatched dials between an endpoint configured by mod and one of
+// the defaults, each way round: the handshake must fail on both sides
+// within the bound with a protocol error naming want, and leave no QP
+// routed.
+func dialMismatched(t *testing.T, mod func(*bx.Config), want string) {
+	t.Helper()
+	da, db := rxetest.Pair(t)
+	for _, modServer := range []bool{true, false} {
+		srvMod, cliMod := mod, func(*bx.Config) {}
+		if !modServer {
+			srvMod, cliMod = cliMod, srvMod
+		}
+		srv, cli := newEndpoint(t, db, srvMod), newEndpoint(t, da, cliMod)
+		addr, err := srv.Listen(listenAddr(t, db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, wd := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
+		_, err = cli.Dial(ctx, addr.String())
+		if !errors.Is(err, bx.ErrProtocol) || !strings.Contains(err.Error(), want) {
+			t.Errorf("changed server %v: dial between different settings: %v, want a protocol error naming %s", modServer, err, want)
+		}
+		t.Logf("changed server %v: %v", modServer, err)
+		wd.Stop()
+		if n := cli.QPsForTest() + srv.QPsForTest(); n != 0 {
+			t.Errorf("changed server %v: %d QPs routed after the failed dial", modServer, n)
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -237,28 +236,7 @@ func TestCMForgedConnect(t *testing.T) {
 func TestCMMismatch(t *testing.T) {
 	needCM(t)
 	rxetest.CheckCMIDs(t)
-	da, db := rxetest.Pair(t)
-	for _, cmServer := range []bool{true, false} {
-		srvMod, cliMod := cmOn, func(*bx.Config) {}
-		if !cmServer {
-			srvMod, cliMod = cliMod, srvMod
-		}
-		srv, cli := newEndpoint(t, db, srvMod), newEndpoint(t, da, cliMod)
-		addr, err := srv.Listen(listenAddr(t, db))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, wd := hang.For(t, "", 20*time.Second) // a hang bound (no progress), not a speed bound
-		_, err = cli.Dial(ctx, addr.String())
-		if !errors.Is(err, bx.ErrProtocol) || !strings.Contains(err.Error(), "Config.LaneSetup") {
-			t.Errorf("CM server %v: dial between different lane setups: %v, want a protocol error naming Config.LaneSetup", cmServer, err)
-		}
-		t.Logf("CM server %v: %v", cmServer, err)
-		wd.Stop()
-		if n := cli.QPsForTest() + srv.QPsForTest(); n != 0 {
-			t.Errorf("CM server %v: %d QPs routed after the failed dial", cmServer, n)
-		}
-	}
+	dialMismatched(t, cmOn, "Config.LaneSetup")
 }
 
 // TestCMSetupTime measures connection setup both ways, two processes: a
