@@ -219,7 +219,7 @@ func decodeSetup(b []byte) (setup, error) {
 		return s, fmt.Errorf("bx: setup says %d of %d credits consumed", s.Consumed, s.Grant)
 	}
 	s.Eager = binary.LittleEndian.Uint32(b[45:])
-	if s.Eager != 0 && (s.Eager < 64 || s.Eager+HeaderSize > 1<<20) {
+	if s.Eager != 0 && !eagerSizeOK(int(s.Eager)) {
 		return s, fmt.Errorf("bx: setup with eager size %d outside 64..1 MiB-header", s.Eager)
 	}
 	n := int(b[44])

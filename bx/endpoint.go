@@ -138,6 +138,10 @@ type Config struct {
 	LaneSetup LaneSetup
 }
 
+// eagerSizeOK reports whether n is an EagerSize bx takes: 64 bytes up to
+// a 1 MiB message with its header (Config, and a peer's setup).
+func eagerSizeOK(n int) bool { return n >= 64 && n+HeaderSize <= 1<<20 }
+
 func (c *Config) defaults() error {
 	if c.Device == "" {
 		return errors.New("bx: Config.Device is required")
@@ -194,7 +198,7 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: Credits %d below %d", c.Credits, flow.MinGrant)
 	case c.MaxPeers < 1:
 		return fmt.Errorf("bx: MaxPeers %d", c.MaxPeers)
-	case c.EagerSize < 64 || c.EagerSize+HeaderSize > 1<<20:
+	case !eagerSizeOK(c.EagerSize):
 		return fmt.Errorf("bx: EagerSize %d outside 64..1 MiB-header", c.EagerSize)
 	case c.Workers < 1:
 		return fmt.Errorf("bx: Workers %d", c.Workers)

@@ -213,8 +213,6 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--zero-copy is for bx_lat, with the response as large as the request")
 	case o.eager != 0 && (o.tcp || o.grpc):
 		return usageError("--eager-size is for the bx tests")
-	case o.eager != 0 && (o.eager < 64 || o.eager+bx.HeaderSize > 1<<20):
-		return usageError("--eager-size %d: must be 64..%d", o.eager, 1<<20-bx.HeaderSize)
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -225,6 +223,9 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--idle %v: must be 0..1h", o.idle)
 	case o.idle > 0 && o.server == "":
 		return usageError("--idle is the client's (it needs a HOST)")
+	}
+	if err := checkEagerSize(o.eager); err != nil {
+		return err
 	}
 	if !o.bw {
 		o.window = 1
