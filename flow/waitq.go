@@ -20,6 +20,7 @@ func now() time.Time {
 type waiter struct {
 	n     uint64  // credits or bytes wanted
 	win   *Window // Window waiters: the leaf window
+	msgs  int64   // Window waiters: messages wanted
 	mask  uint32  // Window waiters: path levels this waiter is blocked at
 	epoch uint32  // Credits waiters: epoch the grant was made in
 

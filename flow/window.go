@@ -107,28 +107,31 @@ func (w *Window) Stats() WindowStats {
 	return st
 }
 
-func (w *Window) fits(b int64) bool {
-	if w.lim.Msgs > 0 && w.msgs >= w.lim.Msgs {
+// fits reports whether m messages of b bytes in all fit now. More than
+// the limit of messages, like more bytes than the limit, are admitted
+// alone (with nothing outstanding).
+func (w *Window) fits(m, b int64) bool {
+	if w.lim.Msgs > 0 && w.msgs+m > w.lim.Msgs && w.msgs > 0 {
 		return false
 	}
 	return w.lim.Bytes <= 0 || w.bytes+b <= w.lim.Bytes || w.bytes == 0
 }
 
 // admissible: every level fits and nobody queued is blocked at it.
-func (w *Window) admissible(b int64) bool {
+func (w *Window) admissible(m, b int64) bool {
 	for _, x := range w.path {
-		if x.closed || x.blocked > 0 || !x.fits(b) {
+		if x.closed || x.blocked > 0 || !x.fits(m, b) {
 			return false
 		}
 	}
 	return true
 }
 
-func (w *Window) take(b int64) {
+func (w *Window) take(m, b int64) {
 	for _, x := range w.path {
-		x.msgs++
+		x.msgs += m
 		x.bytes += b
-		x.st.Acquired++
+		x.st.Acquired += uint64(m)
 		if x.lim.Bytes > 0 && b > x.lim.Bytes {
 			x.st.Oversize++
 		}
@@ -146,14 +149,18 @@ func (w *Window) isClosed() bool {
 
 // TryAcquire admits one message of b bytes if it fits now at every level
 // and no earlier waiter is blocked at any of them. It never blocks.
-func (w *Window) TryAcquire(b int64) bool {
-	if b < 0 {
+func (w *Window) TryAcquire(b int64) bool { return w.TryAcquireN(1, b) }
+
+// TryAcquireN is TryAcquire of m messages of b bytes in all, all or
+// nothing (a message sent in m parts, each released on its own).
+func (w *Window) TryAcquireN(m, b int64) bool {
+	if b < 0 || m < 1 {
 		return false
 	}
 	w.t.mu.Lock()
-	ok := w.admissible(b)
+	ok := w.admissible(m, b)
 	if ok {
-		w.take(b)
+		w.take(m, b)
 	}
 	w.t.mu.Unlock()
 	return ok
@@ -162,9 +169,15 @@ func (w *Window) TryAcquire(b int64) bool {
 // Acquire admits one message of b bytes, waiting (FIFO per window) until it
 // fits at every level, ctx is done (ctx.Err() is returned and nothing is
 // held) or a window on the path is closed (ErrClosed).
-func (w *Window) Acquire(ctx context.Context, b int64) error {
-	if b < 0 {
-		return fmt.Errorf("flow: window acquire of %d bytes", b)
+func (w *Window) Acquire(ctx context.Context, b int64) error { return w.AcquireN(ctx, 1, b) }
+
+// AcquireN is Acquire of m messages of b bytes in all, admitted together
+// (all or nothing, one place in the queue): a message sent in m parts,
+// whose parts Release one at a time. m messages over Limits.Msgs are
+// admitted alone, as oversize bytes are.
+func (w *Window) AcquireN(ctx context.Context, m, b int64) error {
+	if b < 0 || m < 1 {
+		return fmt.Errorf("flow: window acquire of %d messages, %d bytes", m, b)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -175,12 +188,12 @@ func (w *Window) Acquire(ctx context.Context, b int64) error {
 		t.mu.Unlock()
 		return ErrClosed
 	}
-	if w.admissible(b) {
-		w.take(b)
+	if w.admissible(m, b) {
+		w.take(m, b)
 		t.mu.Unlock()
 		return nil
 	}
-	wt := &waiter{n: uint64(b), win: w, ready: make(chan struct{})}
+	wt := &waiter{n: uint64(b), msgs: m, win: w, ready: make(chan struct{})}
 	t.q.push(wt)
 	w.mark(wt)
 	w.st.Stalls++
@@ -201,7 +214,7 @@ func (w *Window) Acquire(ctx context.Context, b int64) error {
 	w.st.Cancelled++
 	switch {
 	case wt.granted:
-		w.put(b) // granted as we were cancelled: give it back
+		w.put(m, b) // granted as we were cancelled: give it back
 		t.dispatch()
 	case wt.err == nil:
 		t.q.remove(wt)
@@ -217,7 +230,7 @@ func (w *Window) mark(wt *waiter) {
 	b := int64(wt.n)
 	var m uint32
 	for i, x := range w.path {
-		if x.blocked > 0 || !x.fits(b) {
+		if x.blocked > 0 || !x.fits(wt.msgs, b) {
 			m |= 1 << i
 		}
 	}
@@ -250,9 +263,9 @@ func (t *wtree) dispatch() {
 	for wt := t.q.head; wt != nil; {
 		next := wt.next
 		w := wt.win
-		if w.admissible(int64(wt.n)) {
+		if w.admissible(wt.msgs, int64(wt.n)) {
 			t.q.remove(wt)
-			w.take(int64(wt.n))
+			w.take(wt.msgs, int64(wt.n))
 			wt.wake(nil)
 		} else {
 			w.mark(wt)
@@ -261,9 +274,9 @@ func (t *wtree) dispatch() {
 	}
 }
 
-func (w *Window) put(b int64) {
+func (w *Window) put(m, b int64) {
 	for _, x := range w.path {
-		x.msgs--
+		x.msgs -= m
 		x.bytes -= b
 	}
 }
@@ -280,7 +293,7 @@ func (w *Window) Release(b int64) error {
 				ErrOverRelease, b, x.msgs, x.bytes)
 		}
 	}
-	w.put(b)
+	w.put(1, b)
 	w.t.dispatch()
 	return nil
 }

@@ -283,3 +283,78 @@ func TestWindowConcurrent(t *testing.T) {
 	st := root.Stats()
 	t.Logf("root stats %+v", st)
 }
+
+// TestWindowAcquireN: m messages are taken together and released one at
+// a time; a waiter for several keeps its place ahead of later single
+// messages; more than the limit goes alone.
+func TestWindowAcquireN(t *testing.T) {
+	root := NewWindow(Limits{Msgs: 4, Bytes: 100})
+	q := root.NewChild(Limits{Msgs: 4})
+	out := func(want int64) {
+		t.Helper()
+		if m, _ := root.Outstanding(); m != want {
+			t.Fatalf("%d messages outstanding, want %d", m, want)
+		}
+	}
+	if q.TryAcquireN(0, 10) || q.TryAcquireN(-1, 10) {
+		t.Fatal("TryAcquireN of fewer than 1 message admitted")
+	}
+	if err := q.AcquireN(context.Background(), 0, 10); err == nil {
+		t.Fatal("AcquireN of 0 messages: no error")
+	}
+	if !q.TryAcquireN(3, 30) {
+		t.Fatal("TryAcquireN(3, 30) on an empty window refused")
+	}
+	out(3)
+	if q.TryAcquireN(2, 2) {
+		t.Fatal("TryAcquireN(2) admitted with 1 of 4 messages free")
+	}
+	// A waiter for 2 queues; a single message behind it must not pass.
+	done := make(chan error, 1)
+	go func() { done <- q.AcquireN(context.Background(), 2, 20) }()
+	for deadline := time.Now().Add(10 * time.Second); q.Stats().Waiting == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("AcquireN(2) never queued")
+		}
+	}
+	if q.TryAcquire(1) {
+		t.Fatal("a single message overtook a queued AcquireN")
+	}
+	for i := 0; i < 2; i++ { // the parts released one by one
+		if err := q.Release(10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AcquireN(2) not admitted with 3 of 4 messages free")
+	}
+	out(3) // 1 left of the first three, 2 new
+	for _, b := range []int64{10, 10, 10} {
+		if err := q.Release(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out(0)
+	if err := q.Release(1); !errors.Is(err, ErrOverRelease) {
+		t.Fatalf("release past zero: %v", err)
+	}
+	// Over the limit of messages: alone, and nothing beside it.
+	if !q.TryAcquireN(6, 60) {
+		t.Fatal("TryAcquireN(6) over a limit of 4 refused on an empty window")
+	}
+	if q.TryAcquire(1) {
+		t.Fatal("a message admitted beside an oversize AcquireN")
+	}
+	// A cancelled AcquireN holds nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := q.AcquireN(ctx, 2, 2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AcquireN on a full window: %v", err)
+	}
+	out(6)
+}
