@@ -447,9 +447,18 @@ func TestRecoveryMidRendezvous(t *testing.T) {
 	t.Run("few credits", func(t *testing.T) {
 		recoveryMidRendezvous(t, func(c *bx.Config) { windowsOn(c); c.Credits = 6 })
 	})
+	// bx's defaults: messages up to SplitSize go split in parts, the rest
+	// by rendezvous; a break cuts split messages between parts too.
+	t.Run("split", func(t *testing.T) {
+		cli, srv := recoveryMidRendezvous(t, nil)
+		if a, b := cli.Stats().Split.Load(), srv.Stats().Split.Load(); a == 0 || b == 0 {
+			t.Errorf("split messages received %d and %d: the case under test did not happen", a, b)
+		}
+	})
 }
 
-func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
+// recoveryMidRendezvous returns the client's and server's endpoints.
+func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) (*bx.Endpoint, *bx.Endpoint) {
 	_, cli, p, sp := pair(t, mod)
 	const n = 60
 	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
@@ -500,9 +509,11 @@ func recoveryMidRendezvous(t *testing.T, mod func(*bx.Config)) {
 	if cli.Stats().Recoveries.Load() == 0 {
 		t.Error("no recovery counted")
 	}
-	t.Logf("recoveries %d, rendezvous %d/%d, duplicates dropped %d/%d", cli.Stats().Recoveries.Load(),
+	t.Logf("recoveries %d, rendezvous %d/%d, split %d/%d, duplicates dropped %d/%d", cli.Stats().Recoveries.Load(),
 		cli.Stats().Rendezvous.Load(), sp.Endpoint().Stats().Rendezvous.Load(),
+		cli.Stats().Split.Load(), sp.Endpoint().Stats().Split.Load(),
 		cli.Stats().Duplicates.Load(), sp.Endpoint().Stats().Duplicates.Load())
+	return cli, sp.Endpoint()
 }
 
 // mixedPayload is message i of a stream that mixes eager and rendezvous
@@ -593,7 +604,7 @@ func TestHTTP(t *testing.T) {
 // by rendezvous, every payload intact.
 func TestLargeEager(t *testing.T) {
 	const eager = 64<<10 - bx.HeaderSize
-	big := func(c *bx.Config) { c.EagerSize = eager }
+	big := func(c *bx.Config) { c.EagerSize = eager; c.SplitSize = -1 }
 	srv, cli, p, _ := pair(t, big)
 	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		return append([]byte(nil), req.Data()...), nil

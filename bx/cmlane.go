@@ -354,7 +354,8 @@ func (p *Peer) checkCM(remote setup) error {
 // laneQPConfig is the configuration of a lane's QP.
 func laneQPConfig(e *Endpoint) qp.Config {
 	return qp.Config{SendCQ: e.cq, RecvCQ: e.cq, SRQ: e.srq,
-		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: inlineMax}
+		MaxSendWR: uint32(laneSendWR(&e.cfg)), MaxInline: inlineMax,
+		MaxSendSGE: 2} // a part of a split message: its header, its share of the payload
 }
 
 // inlineMax is the largest message (header and payload) a lane posts

@@ -78,6 +78,16 @@ type Config struct {
 	// 1.76x to 1.24x the raw verbs round trip (docs/perf.md,
 	// "Thirty-fourth session"), for 64 KiB per receive buffer.
 	EagerSize int
+	// SplitSize is the largest payload sent as several eager messages
+	// (parts, each the size of a receive buffer) instead of by
+	// rendezvous; a message above EagerSize and at most SplitSize goes so
+	// (wire.go, "Split messages"). It needs no larger receive buffers and
+	// no agreement: the receiver copies the parts into a buffer of the
+	// message's size. Default DefaultSplitParts receive buffers' worth
+	// (fewer with fewer Credits or LaneMsgs); negative: never (every message above EagerSize by rendezvous). Its
+	// parts may take at most half of Credits and of LaneMsgs, and at most
+	// MaxParts.
+	SplitSize int
 	// MaxMessage is the largest payload (default 4 MiB).
 	MaxMessage int
 	// LaneMsgs and LaneBytes bound a lane's unacknowledged messages
@@ -138,6 +148,20 @@ type Config struct {
 	LaneSetup LaneSetup
 }
 
+// DefaultSplitParts is the default Config.SplitSize in receive buffers
+// (parts); MaxParts bounds the parts of one message.
+const (
+	DefaultSplitParts = 8
+	MaxParts          = 32
+)
+
+// parts is how many eager messages an n-byte payload takes split: the
+// first carries its size (rndvSize) ahead of its payload.
+func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }
+
+// splits reports whether an n-byte payload (above EagerSize) goes split.
+func (c *Config) splits(n int) bool { return n <= c.SplitSize }
+
 // eagerSizeOK reports whether n is an EagerSize bx takes: 64 bytes up to
 // a 1 MiB message with its header (Config, and a peer's setup).
 func eagerSizeOK(n int) bool { return n >= 64 && n+HeaderSize <= 1<<20 }
@@ -171,6 +195,13 @@ func (c *Config) defaults() error {
 	def64(&c.LaneBytes, 4<<20)
 	def64(&c.EndpointMsgs, 1024)
 	def64(&c.EndpointBytes, 64<<20)
+	if c.SplitSize == 0 {
+		// DefaultSplitParts, or fewer where credits or windows are small.
+		c.SplitSize = -1
+		if k := min(int64(DefaultSplitParts), int64(c.Credits)/2, c.LaneMsgs/2, c.EndpointMsgs/2); k >= 2 {
+			c.SplitSize = int(k)*c.EagerSize - rndvSize
+		}
+	}
 	def64(&c.MemoryLimit, 1<<30)
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 10 * time.Second
@@ -206,6 +237,13 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: unknown %v", c.LaneSetup)
 	case c.MaxMessage < c.EagerSize:
 		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
+	}
+	if c.SplitSize > 0 {
+		k := int64(c.parts(c.SplitSize))
+		if lim := min(int64(c.Credits), c.LaneMsgs, c.EndpointMsgs) / 2; k > lim || k > MaxParts {
+			return fmt.Errorf("bx: SplitSize %d takes %d parts of EagerSize %d: more than half of Credits (%d) or LaneMsgs (%d), or MaxParts (%d)",
+				c.SplitSize, k, c.EagerSize, c.Credits, c.LaneMsgs, MaxParts)
+		}
 	}
 	return nil
 }
@@ -366,6 +404,9 @@ type Stats struct {
 	// Compact counts data messages sent without their header, which
 	// the immediate stood for (wire.go).
 	Compact atomic.Uint64
+	// Split counts messages received split in parts (Config.SplitSize):
+	// each is also one of Received.
+	Split atomic.Uint64
 }
 
 // New opens the device and sets up the endpoint's queues and pools.

@@ -376,3 +376,6 @@ func (e *Endpoint) OthersWaitForTest(callPolls bool) bool {
 	}
 	return e.othersWait(0)
 }
+
+// ConfigForTest is the endpoint's configuration, its defaults filled in.
+func (e *Endpoint) ConfigForTest() Config { return e.cfg }

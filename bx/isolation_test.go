@@ -143,10 +143,12 @@ func (tr *trio) carriesOn(t *testing.T) {
 }
 
 // windowsOn keeps bx's default, a memory window per transfer; shared
-// turns on Config.SharedTargets.
-func windowsOn(c *bx.Config) {}
+// turns on Config.SharedTargets. Both send every message above
+// EagerSize by rendezvous (no split messages), which is what the tests
+// that use them are about.
+func windowsOn(c *bx.Config) { c.SplitSize = -1 }
 
-func shared(c *bx.Config) { c.SharedTargets = true }
+func shared(c *bx.Config) { c.SharedTargets = true; c.SplitSize = -1 }
 
 // TestWindowIsolation: by default (memory windows) a peer may write exactly the
 // rendezvous target it was granted, and only until its transfer completes

@@ -126,6 +126,10 @@ type lane struct {
 	// QP, behind which a data message may go compact (wire.go); both
 	// start empty with each new QP.
 	sentHdr, rcvdHdr hdrTrack
+	// Under rmu: the split message being received (its pending entry,
+	// not done until its last part) and the payload bytes in so far.
+	split    *inbound
+	splitOff int
 }
 
 // out is a sent, unacknowledged message: kept for resending after a QP
@@ -142,6 +146,9 @@ type out struct {
 	write *writeOp
 	// A CTS binds the window of its grant in the same post (grant.go).
 	g *grant
+	// A part of a split message: its share of the payload, in the
+	// message's buffer (the last part's rndv); buf holds its header.
+	part qp.SGE
 }
 
 // writeOp is the RDMA WRITE of a rendezvous payload, into the window the
@@ -621,7 +628,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 	for _, l := range p.lanes {
 		l.rmu.Lock()
 		pending := l.pending
-		l.pending = nil
+		l.pending, l.split = nil, nil
 		l.targets = nil
 		// A completion still in the CQ is dropped as stale (received),
 		// not added to a pending list no one drains any more.
@@ -884,6 +891,10 @@ func (p *Peer) post(l *lane, h header, o *out, fresh bool) error {
 		return l.qp.PostSend(l.swr[:2])
 	}
 	l.ssge[0] = buf.SGE(buf.Len())
+	sges := l.ssge[0:1]
+	if o.part.Length > 0 {
+		l.ssge[1], sges = o.part, l.ssge[0:2]
+	}
 	op := qp.OpSend
 	if compact {
 		op = qp.OpSendWithImm
@@ -891,10 +902,10 @@ func (p *Peer) post(l *lane, h header, o *out, fresh bool) error {
 		l.ssge[0].Length -= HeaderSize
 		p.e.stats.Compact.Add(1)
 	}
-	if l.ssge[0].Length <= inlineMax && inlineSends {
+	if len(sges) == 1 && l.ssge[0].Length <= inlineMax && inlineSends {
 		flags |= qp.Inline
 	}
-	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: op, Flags: flags, SGEs: l.ssge[0:1], Imm: imm}
+	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: op, Flags: flags, SGEs: sges, Imm: imm}
 	return l.qp.PostSend(l.swr[:n+1])
 }
 
@@ -1136,6 +1147,27 @@ func (p *Peer) receive(l *lane, b mr.Buf, n int, qpn, inv uint32, imm uint32, co
 		fail(fmt.Errorf("lane %d sequence %d, expected %d", l.idx, h.Seq, held+1), true)
 		return
 	}
+	if h.Type == typSplit || h.Type == typPart || l.split != nil {
+		// A split message's part (split.go); nothing else comes between.
+		if protocol, err := p.takePart(l, &h, data); err != nil {
+			if protocol {
+				fail(err, true)
+				return
+			}
+			l.rmu.Unlock()
+			p.e.repost(b)
+			p.ret.Released(1)
+			p.shutdown(err, true)
+			return
+		}
+		ready := l.flush()
+		l.rmu.Unlock()
+		p.ack(l, h.Ack)
+		p.e.repost(b)
+		p.ret.Released(1)
+		p.deliverAll(ready)
+		return
+	}
 	if h.Type == typData && len(l.pending) == 0 {
 		// In order with nothing pending (the common case): delivered at
 		// once, without a pending entry. A request goes to its handler
@@ -1309,7 +1341,7 @@ func (p *Peer) heldFin(hk func(cts), l *lane, stream uint32, c cts) {
 func (l *lane) finished(ref uint64, inv uint32) error {
 	for _, in := range l.pending {
 		if in.h.Seq == ref {
-			if in.msg == nil || !in.msg.large || in.done {
+			if in.h.Type != typRndv || in.msg == nil || !in.msg.large || in.done {
 				break
 			}
 			if in.g == nil {

@@ -429,7 +429,7 @@ func (p *Peer) drainQueued(l *lane) error {
 			continue // the peer has it, or it is posted on this QP
 		}
 		var h header
-		if err := h.decode(o.buf.Bytes()[:o.buf.Len()]); err != nil {
+		if err := h.parse(o.buf.Bytes()[:o.buf.Len()], o.buf.Len()+int(o.part.Length)); err != nil {
 			return fmt.Errorf("lane %d sequence %d queued without a valid header: %v", l.idx, o.seq, err)
 		}
 		if o.paid != epoch+1 && !p.credits.TryAcquire(1) {

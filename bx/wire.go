@@ -14,8 +14,9 @@ const HeaderSize = 48
 // wireVersion 2: rendezvous by RDMA WRITE (RTS, CTS, FIN) instead of READ.
 // 3: the CTS names a memory window bound for the one transfer, the FIN is a
 // SEND_WITH_INV of it, and a recovery setup carries the new windows of
-// transfers in progress (grant.go). 4: compact data messages (below).
-const wireVersion = 4
+// transfers in progress (grant.go). 4: compact data messages (below). 5:
+// split messages (below).
+const wireVersion = 5
 
 // Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
 // resent after a QP failure until acknowledged); credit updates are not.
@@ -25,6 +26,8 @@ const (
 	typCredit = 3 // explicit credit and acknowledgement update, no payload
 	typCTS    = 4 // clear to send: where to WRITE the payload of an RTS
 	typFin    = 5 // the payload of an RTS was written (the WRITE precedes it on the QP)
+	typSplit  = 6 // the first part of a split message: its size (a rndv), then payload
+	typPart   = 7 // a later part of a split message: payload
 )
 
 // Header flags.
@@ -212,11 +215,16 @@ func (t *hdrTrack) expand(imm uint32, seq uint64, n int, h *header) error {
 
 var errShortHeader = errors.New("bx: message shorter than its header")
 
-// decode parses a header from b, which holds n received bytes. It checks
+// decode parses a header from b, the bytes that arrived. It checks
 // everything a peer could get wrong: version, type, and that the payload
 // length matches what arrived.
-func (h *header) decode(b []byte) error {
-	if len(b) < HeaderSize {
+func (h *header) decode(b []byte) error { return h.parse(b, len(b)) }
+
+// parse is decode of a message of n bytes whose first len(b) are b (a
+// part of a split message, kept for resending: its payload is not behind
+// its header in memory).
+func (h *header) parse(b []byte, n int) error {
+	if len(b) < HeaderSize || n < HeaderSize {
 		return errShortHeader
 	}
 	if b[0] != wireVersion {
@@ -232,9 +240,13 @@ func (h *header) decode(b []byte) error {
 	h.Length = binary.LittleEndian.Uint32(b[40:])
 	h.Epoch = binary.LittleEndian.Uint32(b[44:])
 	switch h.Type {
-	case typData:
-		if int(h.Length) != len(b)-HeaderSize {
-			return fmt.Errorf("bx: data message says %d payload bytes, %d arrived", h.Length, len(b)-HeaderSize)
+	case typData, typSplit, typPart:
+		if int(h.Length) != n-HeaderSize {
+			return fmt.Errorf("bx: data message says %d payload bytes, %d arrived", h.Length, n-HeaderSize)
+		}
+		// A part carries payload; the first, its size ahead of it.
+		if head := splitHead(h.Type); h.Type != typData && int(h.Length) <= head {
+			return fmt.Errorf("bx: part of a split message (type %d) with %d payload bytes", h.Type, h.Length)
 		}
 	case typRndv, typCTS, typFin:
 		want := rndvSize
@@ -244,16 +256,16 @@ func (h *header) decode(b []byte) error {
 		case typFin:
 			want = finSize
 		}
-		if len(b)-HeaderSize != want || int(h.Length) != want {
-			return fmt.Errorf("bx: rendezvous message type %d of %d bytes, want %d", h.Type, len(b)-HeaderSize, want)
+		if n-HeaderSize != want || int(h.Length) != want {
+			return fmt.Errorf("bx: rendezvous message type %d of %d bytes, want %d", h.Type, n-HeaderSize, want)
 		}
 		// (The window flag, on anything but a CTS, is refused below.)
 		if h.Type != typRndv && h.Flags&^flagWindow != 0 {
 			return fmt.Errorf("bx: rendezvous control message type %d with flags %#x", h.Type, h.Flags)
 		}
 	case typCredit:
-		if len(b) != HeaderSize || h.Length != 0 {
-			return fmt.Errorf("bx: credit update with %d payload bytes", len(b)-HeaderSize)
+		if n != HeaderSize || h.Length != 0 {
+			return fmt.Errorf("bx: credit update with %d payload bytes", n-HeaderSize)
 		}
 	default:
 		return fmt.Errorf("bx: unknown message type %d", h.Type)
@@ -308,6 +320,32 @@ func (r *rndv) decode(b []byte, maxLen int) error {
 		return errors.New("bx: rendezvous request with reserved bits set")
 	}
 	return nil
+}
+
+// Split messages. A payload above EagerSize and at most Config.SplitSize
+// goes as several eager messages on its lane, in consecutive sequence
+// numbers, instead of by rendezvous: no round trip before the data moves,
+// at the price of a copy into place at the receiver (eRPC sends a large
+// message so, as packets into the receiver's buffers). The first part
+// (typSplit) carries the payload's size (an rndv) ahead of its share of the
+// payload, every later one (typPart) carries the next share: each fills a
+// receive buffer, EagerSize bytes after the header. Every part has the
+// message's stream, call ID and flags; none goes compact. The receiver
+// takes a buffer of the payload's size at the first part, copies each part
+// in and returns its receive buffer at once, and delivers the message
+// with the last. Each part is a message of the lane for sequence,
+// acknowledgement, credits and resending, so a QP that fails mid-message
+// resends from the first part the receiver lacks, into the same buffer. A
+// part out of place (a typPart with no split message in progress, any
+// other message in the middle of one, a part of another stream, call or
+// flags, or one past the size) is a protocol error.
+
+// splitHead is the bytes ahead of the payload in a part of type t.
+func splitHead(t uint8) int {
+	if t == typSplit {
+		return rndvSize
+	}
+	return 0
 }
 
 // cts answers the RTS with lane sequence Ref: write its Len bytes at Addr

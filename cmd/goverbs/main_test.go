@@ -156,6 +156,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"perf", "bx_lat", "--zero-copy", "--resp-size", "8"}, "--zero-copy is for bx_lat"},
 		{[]string{"perf", "tcp_lat", "--eager-size", "100000"}, "--eager-size is for the bx tests"},
 		{[]string{"perf", "bx_lat", "--eager-size", "10"}, "--eager-size 10"},
+		{[]string{"perf", "tcp_lat", "--split-size", "100000"}, "--split-size is for the bx tests"},
+		{[]string{"perf", "bx_lat", "--split-size", "-5"}, "--split-size -5"},
 		{[]string{"ps", "bench", "--eager-size", "2000000"}, "--eager-size 2000000"},
 		{[]string{"ps", "serve", "--listen", "127.0.0.1:0", "--eager-size", "10"}, "--eager-size 10"},
 		{[]string{"nosuchcommand"}, "unknown command"},

@@ -53,6 +53,7 @@ type perfBXOptions struct {
 	spin    time.Duration
 	shared  bool // bx Config.SharedTargets
 	eager   int  // bx Config.EagerSize (--eager-size; 0: bx's default)
+	split   int  // bx Config.SplitSize (--split-size; 0: bx's default, -1: never)
 	zc      bool // --zero-copy: CallBuffer and Reply, no payload copies
 	idle    time.Duration
 	json    bool
@@ -79,6 +80,7 @@ type perfBXReport struct {
 	Shared     bool              `json:"shared_targets,omitempty"`
 	ZeroCopy   bool              `json:"zero_copy,omitempty"`
 	EagerSize  int               `json:"eager_size,omitempty"`
+	SplitSize  int               `json:"split_size,omitempty"`
 	Units      map[string]string `json:"units"`
 	Latency    []perfLatResult   `json:"latency,omitempty"`
 	Bandwidth  []perfBWResult    `json:"bandwidth,omitempty"`
@@ -124,6 +126,10 @@ Options:
       --eager-size=<n>   bx Config.EagerSize, both sides: the largest payload
                          sent in the message itself, larger ones by
                          rendezvous (default bx's, 8 KiB less the header)
+      --split-size=<n>   bx Config.SplitSize, both sides: the largest payload
+                         sent as several eager messages (parts) instead of by
+                         rendezvous (default bx's, 8 receive buffers' worth;
+                         -1: never)
       --zero-copy        bx_lat, both sides: the client writes each request
                          into a buffer from Endpoint.Alloc (its 8-byte count)
                          and calls CallBuffer; the echo handler builds its
@@ -178,6 +184,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.shared, "shared-targets", false, "")
 	fs.BoolVar(&o.zc, "zero-copy", false, "")
 	fs.IntVar(&o.eager, "eager-size", 0, "")
+	fs.IntVar(&o.split, "split-size", 0, "")
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
@@ -213,6 +220,10 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--zero-copy is for bx_lat, with the response as large as the request")
 	case o.eager != 0 && (o.tcp || o.grpc):
 		return usageError("--eager-size is for the bx tests")
+	case o.split != 0 && (o.tcp || o.grpc):
+		return usageError("--split-size is for the bx tests")
+	case o.split < -1:
+		return usageError("--split-size %d: must be -1 (never), 0 (bx's default) or a size", o.split)
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -364,7 +375,7 @@ func (r *perfBXRun) openEndpoint() error {
 	if t := os.Getenv("GOVERBS_PERF_TOKEN"); t != "" {
 		token = []byte(t)
 	}
-	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, EagerSize: o.eager,
+	ep, err := bx.New(bx.Config{Device: o.dev, Token: token, Spin: o.spin, SharedTargets: o.shared, EagerSize: o.eager, SplitSize: o.split,
 		MaxMessage: max(4<<20, o.size, o.resp, o.eager),
 		LaneMsgs:   int64(max(64, 2*o.window))})
 	if err != nil {
@@ -615,7 +626,7 @@ func (r *perfBXRun) report(mine, peer perfBXResult) perfBXReport {
 	if o.tcp {
 		rep.Transport, rep.Device = "tcp", ""
 	} else {
-		rep.Shared, rep.ZeroCopy, rep.EagerSize = o.shared, o.zc, o.eager
+		rep.Shared, rep.ZeroCopy, rep.EagerSize, rep.SplitSize = o.shared, o.zc, o.eager, o.split
 		if o.spin != 0 {
 			rep.Spin = o.spin.String()
 		}

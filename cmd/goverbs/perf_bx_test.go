@@ -34,6 +34,8 @@ func TestPerfBX(t *testing.T) {
 		{"bx_lat --zero-copy -s 4096", 50, ""},
 		{"bx_lat --zero-copy -s 100000", 10, ""},
 		{"bx_lat -s 32768 --eager-size 65488", 10, ""}, // eager, not rendezvous: both sides raised
+		{"bx_lat -s 32768", 10, ""},                    // split in parts (bx's default SplitSize)
+		{"bx_lat -s 32768 --split-size -1", 10, ""},    // by rendezvous
 		{"tcp_lat -s 271 --resp-size 4116", 20, ""},
 		{"bx_bw -s 4096 -t 8", 200, ""},
 		{"tcp_bw -s 4096 -t 8", 200, ""},
@@ -86,6 +88,9 @@ func TestPerfBX(t *testing.T) {
 				}
 				if rep.Transport != want {
 					t.Errorf("%s: transport %q, want %q", x.who, rep.Transport, want)
+				}
+				if never := strings.Contains(tc.args, "--split-size -1"); never != (rep.SplitSize == -1) {
+					t.Errorf("%s: split_size %d reported", x.who, rep.SplitSize)
 				}
 				if zc := strings.Contains(tc.args, "--zero-copy"); rep.ZeroCopy != zc {
 					t.Errorf("%s: zero_copy %v, want %v", x.who, rep.ZeroCopy, zc)
