@@ -130,6 +130,10 @@ type lane struct {
 	// not done until its last part) and the payload bytes in so far.
 	split    *inbound
 	splitOff int
+	// Under mu: the work requests and SGEs of a split message's parts,
+	// posted in one doorbell (made at the lane's first split message).
+	pwr  []qp.SendWR
+	psge []qp.SGE
 }
 
 // out is a sent, unacknowledged message: kept for resending after a QP

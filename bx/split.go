@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/goverbs/goverbs/mr"
+	"github.com/goverbs/goverbs/qp"
 )
 
 // Split messages (wire.go, "Split messages"): a payload above EagerSize
@@ -142,6 +143,16 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 	d := rndv{Len: uint32(b.n)}
 	d.encode(hdrs[0].Bytes()[HeaderSize:])
 	live, queued := l.live, l.queued.Load()
+	now := live && !queued
+	if now && l.pwr == nil {
+		l.pwr, l.psge = make([]qp.SendWR, MaxParts), make([]qp.SGE, 2*MaxParts)
+	}
+	var ack uint64
+	if now {
+		l.rmu.Lock()
+		ack = l.delivered
+		l.rmu.Unlock()
+	}
 	var err error
 	off := 0
 	for i, hb := range hdrs {
@@ -160,16 +171,21 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 			h.Type = typSplit
 		}
 		l.outs = append(l.outs, o)
-		if live && !queued && err == nil {
-			err = p.post(l, h, &l.outs[len(l.outs)-1], false)
+		if now {
+			h.Ack = ack
+			p.stagePart(l, h, &o, i)
 			continue
 		}
 		// Queued behind resends, or for recovery to post (as postOut
-		// does), or behind a part whose post failed: from the header
-		// kept in its buffer.
+		// does): from the header kept in its buffer.
 		h.encode(hb.Bytes()[:HeaderSize])
 	}
-	if live && queued {
+	switch {
+	case now:
+		// One doorbell for all parts: under rxe each is a system call
+		// and a run of the kernel's requester.
+		err = l.qp.PostSend(l.pwr[:len(hdrs)])
+	case live:
 		err = p.drainQueued(l)
 	}
 	l.mu.Unlock()
@@ -179,6 +195,25 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 	}
 	p.e.stats.Sent.Add(1)
 	return nil
+}
+
+// stagePart writes part i's header (with the acknowledgement h carries
+// and fresh credits) into its buffer and its work request into l.pwr,
+// as post does for a message of its own. l.mu is held.
+func (p *Peer) stagePart(l *lane, h header, o *out, i int) {
+	h.Credit, h.Epoch = p.ret.PiggybackEpoch()
+	l.ackSent.Store(h.Ack)
+	h.encode(o.buf.Bytes()[:HeaderSize])
+	l.sentHdr.set(&h)
+	flags := qp.SendFlags(0)
+	l.sends++
+	l.posts++
+	if l.sends%16 == 0 {
+		flags = qp.Signaled
+	}
+	sg := l.psge[2*i : 2*i+2]
+	sg[0], sg[1] = o.buf.SGE(o.buf.Len()), o.part
+	l.pwr[i] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: sg}
 }
 
 // takePart takes in a part of a split message (l.rmu held; h is in
