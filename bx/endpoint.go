@@ -151,7 +151,7 @@ type Config struct {
 // DefaultSplitParts is the default Config.SplitSize in receive buffers
 // (parts); MaxParts bounds the parts of one message.
 const (
-	DefaultSplitParts = 8
+	DefaultSplitParts = 9
 	MaxParts          = 32
 )
 

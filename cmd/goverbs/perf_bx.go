@@ -128,7 +128,7 @@ Options:
                          rendezvous (default bx's, 8 KiB less the header)
       --split-size=<n>   bx Config.SplitSize, both sides: the largest payload
                          sent as several eager messages (parts) instead of by
-                         rendezvous (default bx's, 8 receive buffers' worth;
+                         rendezvous (default bx's, 9 receive buffers' worth;
                          -1: never)
       --zero-copy        bx_lat, both sides: the client writes each request
                          into a buffer from Endpoint.Alloc (its 8-byte count)
