@@ -66,13 +66,13 @@
 //     its buffer goes back at once: held, such messages could use every
 //     credit the FIN needs.)
 //   - Payloads over Config.EagerSize and at most Config.SplitSize (default
-//     9 receive buffers' worth, 73288 bytes: a 64 KiB tensor with its
-//     ps header) go split: as several eager
-//     messages (parts) in one doorbell, copied into a buffer of the
-//     message's size at the receiver, with no round trip before the data
-//     moves (wire.go, "Split messages"). Under rxe that took a 16 KiB call
-//     from 1.41x to 1x, and a 64 KiB one from 1.09x to 1x, of the same
-//     call by rendezvous (docs/perf.md, "Thirty-fifth session").
+//     9 receive buffers' worth, 73288 bytes: a 64 KiB tensor with its ps
+//     header) go split: as several eager messages (parts) in one
+//     doorbell, copied into a buffer of the message's size at the
+//     receiver, with no round trip before the data moves (wire.go, "Split
+//     messages"). Under rxe that took a 16 KiB call from 1.41x to 1x, and
+//     a 64 KiB one from 1.09x to 1x, of the same call by rendezvous
+//     (docs/perf.md, "Thirty-fifth session").
 //   - Larger payloads go by rendezvous: the sender RDMA
 //     writes them straight into a buffer of the receiver, which a memory
 //     window opens to that one peer for that one transfer (grant.go);
