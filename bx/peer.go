@@ -820,6 +820,18 @@ func (p *Peer) sendErr(err error) error {
 	return err
 }
 
+// sendFlags counts a send posted on l and returns its flags: every 16th
+// is signaled (its completion frees the send queue's slots before it).
+// l.mu is held.
+func (l *lane) sendFlags() qp.SendFlags {
+	l.sends++
+	l.posts++
+	if l.sends%16 == 0 {
+		return qp.Signaled
+	}
+	return 0
+}
+
 // post writes the header (with fresh acknowledgement and credits) into
 // o's buffer and posts it, in one doorbell with what goes with it: a FIN
 // behind the RDMA WRITE of its payload (and as a SEND_WITH_INV of the
@@ -878,12 +890,7 @@ func (p *Peer) post(l *lane, h header, o *out, fresh bool) error {
 		imm, compact = l.sentHdr.compact(&h)
 	}
 	l.sentHdr.set(&h)
-	flags := qp.SendFlags(0)
-	l.sends++
-	l.posts++
-	if l.sends%16 == 0 {
-		flags = qp.Signaled
-	}
+	flags := l.sendFlags()
 	if o.write != nil {
 		// Unsignaled like most sends; an error still completes (tagWrite).
 		l.ssge[0], l.ssge[1] = w.sge, buf.SGE(buf.Len())

@@ -205,12 +205,7 @@ func (p *Peer) stagePart(l *lane, h header, o *out, i int) {
 	l.ackSent.Store(h.Ack)
 	h.encode(o.buf.Bytes()[:HeaderSize])
 	l.sentHdr.set(&h)
-	flags := qp.SendFlags(0)
-	l.sends++
-	l.posts++
-	if l.sends%16 == 0 {
-		flags = qp.Signaled
-	}
+	flags := l.sendFlags()
 	sg := l.psge[2*i : 2*i+2]
 	sg[0], sg[1] = o.buf.SGE(o.buf.Len()), o.part
 	l.pwr[i] = qp.SendWR{ID: tagSend, Opcode: qp.OpSend, Flags: flags, SGEs: sg}
