@@ -159,8 +159,23 @@ const (
 // first carries its size (rndvSize) ahead of its payload.
 func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }
 
-// splits reports whether an n-byte payload (above EagerSize) goes split.
-func (c *Config) splits(n int) bool { return n <= c.SplitSize }
+// splitFor is the largest payload sent split to a peer that grants grant
+// credits (-1: none): SplitSize, or less where its parts would take more
+// than half of them (a message whose parts outnumber the peer's credits
+// would wait for them for good).
+func (c *Config) splitFor(grant uint64) int {
+	if c.SplitSize <= c.EagerSize {
+		return -1
+	}
+	k := c.parts(c.SplitSize)
+	if uint64(k) <= grant/2 {
+		return c.SplitSize
+	}
+	if k = int(grant / 2); k < 2 {
+		return -1
+	}
+	return k*c.EagerSize - rndvSize
+}
 
 // eagerSizeOK reports whether n is an EagerSize bx takes: 64 bytes up to
 // a 1 MiB message with its header (Config, and a peer's setup).

@@ -39,6 +39,9 @@ type Peer struct {
 
 	credits *flow.Credits  // what the peer lets us send
 	ret     *flow.Returner // what we let the peer send
+	// splitMax is the largest payload sent to the peer split in parts
+	// (Config.SplitSize, less if the peer grants few credits; -1: none).
+	splitMax int
 
 	mu      sync.Mutex
 	streams map[uint32]*Stream
@@ -425,6 +428,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	}
 	p.id = remote.ID
 	p.credits = flow.NewCredits(flow.CreditsConfig{Initial: remote.Grant, MaxGrant: remote.Grant})
+	p.splitMax = e.cfg.splitFor(remote.Grant)
 	if p.ret, err = flow.NewReturner(flow.ReturnerConfig{Grant: uint64(e.cfg.Credits)}); err != nil {
 		p.destroyLanes()
 		return nil, err

@@ -188,3 +188,44 @@ func pattern(n, i int) []byte {
 	}
 	return b
 }
+
+// TestSplitFewCredits: a peer that grants fewer credits than the parts of
+// SplitSize need gets smaller split messages and the rest by rendezvous;
+// nothing waits for credits it can never have.
+func TestSplitFewCredits(t *testing.T) {
+	da, db := rxetest.Pair(t)
+	// The server grants 8 credits: at most 4 parts a message to it.
+	srv := newEndpoint(t, db, func(c *bx.Config) { c.Credits = 8 })
+	cli := newEndpoint(t, da, nil)
+	addr, err := srv.Listen(listenAddr(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return []byte("ok"), nil
+	})
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	p, err := cli.Dial(ctx, addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eager := cli.ConfigForTest().EagerSize
+	for _, c := range []struct {
+		n     int
+		split bool
+	}{{3*eager - 8, true}, {4*eager - 8, true}, {4*eager - 7, false}, {cli.ConfigForTest().SplitSize, false}} {
+		sp, rv := srv.Stats().Split.Load(), srv.Stats().Rendezvous.Load()
+		m, err := p.Call(ctx, 1, pattern(c.n, 1))
+		if err != nil {
+			t.Fatalf("call of %d bytes: %v", c.n, hang.Cause(ctx, err))
+		}
+		m.Release()
+		wd.Progress()
+		gotSplit := srv.Stats().Split.Load() - sp
+		gotRndv := srv.Stats().Rendezvous.Load() - rv
+		if c.split && (gotSplit != 1 || gotRndv != 0) || !c.split && (gotSplit != 0 || gotRndv != 1) {
+			t.Errorf("%d bytes to a peer of 8 credits: %d split, %d by rendezvous; want split %v", c.n, gotSplit, gotRndv, c.split)
+		}
+	}
+}

@@ -284,7 +284,7 @@ func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
 
 func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call uint64, b *Buffer) error {
 	h := header{Type: typData, Flags: flags, CallID: call, Length: uint32(b.n)}
-	if b.big && p.e.cfg.splits(b.n) {
+	if b.big && b.n <= p.splitMax {
 		return p.sendSplit(ctx, stream, flags, call, b)
 	}
 	if b.big {
@@ -309,7 +309,7 @@ func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call ui
 // trySendMsg is sendMsg without waiting: it reports false, and keeps b,
 // when the message cannot go out at once.
 func (p *Peer) trySendMsg(stream uint32, flags uint16, call uint64, b *Buffer) bool {
-	if b.big && p.e.cfg.splits(b.n) {
+	if b.big && b.n <= p.splitMax {
 		return p.trySendSplit(stream, flags, call, b)
 	}
 	h := header{Type: typData, Flags: flags, CallID: call, Length: uint32(b.n)}
