@@ -15,6 +15,8 @@ func FuzzHeader(f *testing.F) {
 		{Type: typCredit, Ack: 100, Credit: 200, Epoch: 2},
 		{Type: typCTS, Stream: 7, Seq: 4, Length: ctsSize},
 		{Type: typFin, Stream: 7, Seq: 10, Length: finSize},
+		{Type: typSplit, Flags: flagResponse, Stream: 3, Seq: 11, CallID: 9, Length: rndvSize + 5},
+		{Type: typPart, Flags: flagResponse, Stream: 3, Seq: 12, CallID: 9, Length: 5},
 	} {
 		b := make([]byte, HeaderSize+int(h.Length))
 		h.encode(b)
@@ -46,6 +48,11 @@ func FuzzHeader(f *testing.F) {
 			var f fin
 			if err := f.decode(b[HeaderSize:]); err == nil && f.Ref == 0 {
 				t.Fatal("accepted FIN for sequence 0")
+			}
+		case typSplit, typPart:
+			// A part carries payload, the first its size ahead of it.
+			if len(b)-HeaderSize <= splitHead(h.Type) {
+				t.Fatalf("accepted part type %d of %d payload bytes", h.Type, len(b)-HeaderSize)
 			}
 		}
 	})
