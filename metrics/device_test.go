@@ -71,7 +71,7 @@ func TestDeviceScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := map[uint32]int{1: 25, 2: 12}
-	big := make([]byte, 64<<10) // rendezvous
+	big := make([]byte, 128<<10) // rendezvous (above bx's SplitSize)
 	for st, n := range calls {
 		for i := range n {
 			req := []byte("x")
