@@ -84,9 +84,9 @@ type Config struct {
 	// (wire.go, "Split messages"). It needs no larger receive buffers and
 	// no agreement: the receiver copies the parts into a buffer of the
 	// message's size. Default DefaultSplitParts receive buffers' worth
-	// (fewer with fewer Credits or LaneMsgs); negative: never (every message above EagerSize by rendezvous). Its
-	// parts may take at most half of Credits and of LaneMsgs, and at most
-	// MaxParts.
+	// (fewer with fewer Credits or LaneMsgs); negative: never (every
+	// message above EagerSize by rendezvous). Its parts may take at most
+	// half of Credits and of LaneMsgs, and at most MaxParts.
 	SplitSize int
 	// MaxMessage is the largest payload (default 4 MiB).
 	MaxMessage int
@@ -159,6 +159,12 @@ const (
 // first carries its size (rndvSize) ahead of its payload.
 func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }
 
+// partsMax is the most parts a split message may take: half of the
+// credits and of the windows' messages, and at most MaxParts.
+func (c *Config) partsMax() int64 {
+	return min(min(int64(c.Credits), c.LaneMsgs, c.EndpointMsgs)/2, MaxParts)
+}
+
 // splitFor is the largest payload sent split to a peer that grants grant
 // credits (-1: none): SplitSize, or less where its parts would take more
 // than half of them (a message whose parts outnumber the peer's credits
@@ -213,7 +219,7 @@ func (c *Config) defaults() error {
 	if c.SplitSize == 0 {
 		// DefaultSplitParts, or fewer where credits or windows are small.
 		c.SplitSize = -1
-		if k := min(int64(DefaultSplitParts), int64(c.Credits)/2, c.LaneMsgs/2, c.EndpointMsgs/2); k >= 2 {
+		if k := min(DefaultSplitParts, c.partsMax()); k >= 2 {
 			c.SplitSize = int(k)*c.EagerSize - rndvSize
 		}
 	}
@@ -255,7 +261,7 @@ func (c *Config) defaults() error {
 	}
 	if c.SplitSize > 0 {
 		k := int64(c.parts(c.SplitSize))
-		if lim := min(int64(c.Credits), c.LaneMsgs, c.EndpointMsgs) / 2; k > lim || k > MaxParts {
+		if k > c.partsMax() {
 			return fmt.Errorf("bx: SplitSize %d takes %d parts of EagerSize %d: more than half of Credits (%d) or LaneMsgs (%d), or MaxParts (%d)",
 				c.SplitSize, k, c.EagerSize, c.Credits, c.LaneMsgs, MaxParts)
 		}
