@@ -284,16 +284,20 @@ func (w *Window) put(m, b int64) {
 // Release returns one completed message of b bytes (the size it was
 // acquired with) to w and its ancestors. Releasing more than is
 // outstanding at any level changes nothing and returns ErrOverRelease.
-func (w *Window) Release(b int64) error {
+func (w *Window) Release(b int64) error { return w.ReleaseN(1, b) }
+
+// ReleaseN returns m messages of b bytes in all at once: what an AcquireN
+// took, when none of its parts went out.
+func (w *Window) ReleaseN(m, b int64) error {
 	w.t.mu.Lock()
 	defer w.t.mu.Unlock()
 	for _, x := range w.path {
-		if x.msgs < 1 || x.bytes < b || b < 0 {
-			return fmt.Errorf("%w: 1 message of %d bytes with %d messages, %d bytes outstanding",
-				ErrOverRelease, b, x.msgs, x.bytes)
+		if m < 1 || b < 0 || x.msgs < m || x.bytes < b {
+			return fmt.Errorf("%w: %d messages of %d bytes with %d messages, %d bytes outstanding",
+				ErrOverRelease, m, b, x.msgs, x.bytes)
 		}
 	}
-	w.put(1, b)
+	w.put(m, b)
 	w.t.dispatch()
 	return nil
 }

@@ -357,4 +357,18 @@ func TestWindowAcquireN(t *testing.T) {
 		t.Fatalf("AcquireN on a full window: %v", err)
 	}
 	out(6)
+	// ReleaseN gives back a whole AcquireN; more than is out changes nothing.
+	for _, c := range [][2]int64{{7, 60}, {6, 61}, {0, 0}, {1, -1}} {
+		if err := q.ReleaseN(c[0], c[1]); !errors.Is(err, ErrOverRelease) {
+			t.Fatalf("ReleaseN(%d, %d) with 6 messages, 60 bytes out: %v", c[0], c[1], err)
+		}
+	}
+	out(6)
+	if err := q.ReleaseN(6, 60); err != nil {
+		t.Fatal(err)
+	}
+	out(0)
+	if _, b := root.Outstanding(); b != 0 {
+		t.Fatalf("%d bytes outstanding after ReleaseN, want 0", b)
+	}
 }
