@@ -722,28 +722,9 @@ func (p *Peer) send(ctx context.Context, s uint32, h header, buf mr.Buf, rv *mr.
 // they answer messages the window already admitted, and waiting for it
 // could deadlock against the RTSs it holds.
 func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) error {
-	if err := p.waitUsable(ctx); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return p.sendErr(err) // as the window's Acquire would
-	}
-	if !o.ctl && !l.win.TryAcquire(o.bytes) {
-		// Full: what the peer acknowledged may not be freed yet.
-		p.applyAck(l)
-		if err := l.win.Acquire(ctx, o.bytes); err != nil {
-			return p.sendErr(err)
-		}
-	}
-	release := func() {
-		if !o.ctl {
-			l.win.Release(o.bytes)
-		}
-	}
-	epoch, err := p.credits.AcquireEpoch(ctx, 1)
+	epoch, err := p.admit(ctx, l, 1, o.bytes, o.ctl)
 	if err != nil {
-		release()
-		return p.sendErr(err)
+		return err
 	}
 	return p.postOut(l, s, h, o, epoch)
 }
@@ -752,39 +733,75 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 // that needs no waiting (the peer active, window and credit available
 // now) and reports whether it did; otherwise o is untouched.
 func (p *Peer) trySendOut(l *lane, s uint32, h header, o out) (bool, error) {
-	if p.state.Load() != stateActive {
-		return false, nil
-	}
-	if !o.ctl && !l.win.TryAcquire(o.bytes) {
-		p.applyAck(l)
-		if !l.win.TryAcquire(o.bytes) {
-			return false, nil
-		}
-	}
-	epoch, ok := p.credits.TryAcquireEpoch(1)
+	epoch, ok := p.tryAdmit(l, 1, o.bytes, o.ctl)
 	if !ok {
-		if !o.ctl {
-			l.win.Release(o.bytes)
-		}
 		return false, nil
 	}
 	return true, p.postOut(l, s, h, o, epoch)
 }
 
+// admit takes what m messages of bytes in all (the parts of one, or one)
+// need before they are sequenced on lane l: the peer usable, their share
+// of the window (not for ctl messages) and m credits, whose epoch it
+// returns. On error nothing is held.
+func (p *Peer) admit(ctx context.Context, l *lane, m int, bytes int64, ctl bool) (uint32, error) {
+	if err := p.waitUsable(ctx); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, p.sendErr(err) // as the window's Acquire would
+	}
+	if !ctl && !l.win.TryAcquireN(int64(m), bytes) {
+		// Full: what the peer acknowledged may not be freed yet.
+		p.applyAck(l)
+		if err := l.win.AcquireN(ctx, int64(m), bytes); err != nil {
+			return 0, p.sendErr(err)
+		}
+	}
+	epoch, err := p.credits.AcquireEpoch(ctx, uint64(m))
+	if err != nil {
+		p.unadmit(l, m, bytes, ctl)
+		return 0, p.sendErr(err)
+	}
+	return epoch, nil
+}
+
+// tryAdmit is admit without waiting, for the progress goroutine: false,
+// and nothing held, when the peer is not active or the window or the
+// credits are short now.
+func (p *Peer) tryAdmit(l *lane, m int, bytes int64, ctl bool) (uint32, bool) {
+	if p.state.Load() != stateActive {
+		return 0, false
+	}
+	if !ctl && !l.win.TryAcquireN(int64(m), bytes) {
+		p.applyAck(l)
+		if !l.win.TryAcquireN(int64(m), bytes) {
+			return 0, false
+		}
+	}
+	epoch, ok := p.credits.TryAcquireEpoch(uint64(m))
+	if !ok {
+		p.unadmit(l, m, bytes, ctl)
+	}
+	return epoch, ok
+}
+
+// unadmit gives back the window share admit took for messages not sent.
+func (p *Peer) unadmit(l *lane, m int, bytes int64, ctl bool) {
+	if !ctl {
+		l.win.ReleaseN(int64(m), bytes)
+	}
+}
+
 // postOut sequences and posts o once its window share and credit
 // (consumed in epoch) are taken.
 func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
-	release := func() {
-		if !o.ctl {
-			l.win.Release(o.bytes)
-		}
-	}
 	var err error
 	o.paid = epoch + 1
 	l.mu.Lock()
 	if p.state.Load() == stateDead {
 		l.mu.Unlock()
-		release()
+		p.unadmit(l, 1, o.bytes, o.ctl)
 		return p.Err()
 	}
 	o.seq = l.nextSeq

@@ -63,29 +63,13 @@ func (p *Peer) sendSplit(ctx context.Context, s uint32, flags uint16, call uint6
 		return err
 	}
 	l := p.lanes[int(s)%len(p.lanes)]
-	fail := func(err error) error {
+	epoch, err := p.admit(ctx, l, k, total, false)
+	if err != nil {
 		p.freeHeaders(hdrs[1:k])
 		b.Free()
 		return err
 	}
-	if err := p.waitUsable(ctx); err != nil {
-		return fail(err)
-	}
-	if err := ctx.Err(); err != nil {
-		return fail(p.sendErr(err))
-	}
-	if !l.win.TryAcquireN(int64(k), total) {
-		p.applyAck(l)
-		if err := l.win.AcquireN(ctx, int64(k), total); err != nil {
-			return fail(p.sendErr(err))
-		}
-	}
-	epoch, err := p.credits.AcquireEpoch(ctx, uint64(k))
-	if err != nil {
-		p.releaseParts(l, b, hdrs[:k])
-		return fail(p.sendErr(err))
-	}
-	return p.postSplit(l, s, flags, call, b, hdrs[:k], epoch)
+	return p.postSplit(l, s, flags, call, b, hdrs[:k], total, epoch)
 }
 
 // trySendSplit is sendSplit without waiting, for the progress goroutine:
@@ -100,41 +84,23 @@ func (p *Peer) trySendSplit(s uint32, flags uint16, call uint64, b *Buffer) bool
 		return false
 	}
 	l := p.lanes[int(s)%len(p.lanes)]
-	if !l.win.TryAcquireN(int64(k), total) {
-		p.applyAck(l)
-		if !l.win.TryAcquireN(int64(k), total) {
-			p.freeHeaders(hdrs[1:k])
-			return false
-		}
-	}
-	epoch, ok := p.credits.TryAcquireEpoch(uint64(k))
+	epoch, ok := p.tryAdmit(l, k, total, false)
 	if !ok {
-		p.releaseParts(l, b, hdrs[:k])
 		p.freeHeaders(hdrs[1:k])
 		return false
 	}
-	p.postSplit(l, s, flags, call, b, hdrs[:k], epoch)
+	p.postSplit(l, s, flags, call, b, hdrs[:k], total, epoch)
 	return true
-}
-
-// releaseParts gives back the window shares of parts not sent.
-func (p *Peer) releaseParts(l *lane, b *Buffer, hdrs []mr.Buf) {
-	rest := b.n
-	for i, h := range hdrs {
-		c := p.e.cfg.partLen(i, rest)
-		rest -= c
-		l.win.Release(int64(h.Len() + c))
-	}
 }
 
 // postSplit sequences and posts the parts of b once their window shares
 // and credits (consumed in epoch) are taken. The parts own b's memory
 // from here: each its header buffer, the last the payload.
-func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer, hdrs []mr.Buf, epoch uint32) error {
+func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer, hdrs []mr.Buf, total int64, epoch uint32) error {
 	l.mu.Lock()
 	if p.state.Load() == stateDead {
 		l.mu.Unlock()
-		p.releaseParts(l, b, hdrs)
+		p.unadmit(l, len(hdrs), total, false)
 		p.freeHeaders(hdrs[1:])
 		b.Free()
 		return p.Err()
