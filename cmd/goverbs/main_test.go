@@ -160,6 +160,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"perf", "bx_lat", "--split-size", "-5"}, "--split-size -5"},
 		{[]string{"ps", "bench", "--eager-size", "2000000"}, "--eager-size 2000000"},
 		{[]string{"ps", "serve", "--listen", "127.0.0.1:0", "--eager-size", "10"}, "--eager-size 10"},
+		{[]string{"ps", "bench", "--split-size", "-2"}, "--split-size -2"},
+		{[]string{"ps", "serve", "--listen", "127.0.0.1:0", "--split-size", "-3"}, "--split-size -3"},
+		{[]string{"ps", "worker", "--addrs", "127.0.0.1:1", "--split-size", "-4"}, "--split-size -4"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 	} {
 		r := goverbs(t, time.Minute, tc.args...)

@@ -134,13 +134,13 @@ func dumpOnSignal(what string, w io.Writer) func() {
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
-          [--metrics ADDR] [--spin D] [--shared-targets] [--eager-size N]
+          [--metrics ADDR] [--spin D] [--shared-targets] [--eager-size N] [--split-size N]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
           (serve, bench, worker: SIGUSR1 writes bx's flow-control state and every goroutine's
           stack to stderr, for diagnosing a stall; the process goes on)
   bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
           [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR] [--spin D] [--shared-targets]
-          [--eager-size N]
+          [--eager-size N] [--split-size N]
           run workers against servers (its own children unless --addrs) and report latency,
           throughput and CPU per 1000 ops
 
@@ -165,6 +165,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
 	sharedTargets := fs.Bool("shared-targets", false, "rdma: bx Config.SharedTargets: one rkey for all rendezvous targets instead of a memory window per transfer (faster; only among trusted peers)")
 	eager := fs.Int("eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
+	split := fs.Int("split-size", 0, "rdma: bx Config.SplitSize, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
@@ -175,6 +176,9 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	if err := checkEagerSize(*eager); err != nil {
 		return err
 	}
+	if err := checkSplitSize(*split); err != nil {
+		return err
+	}
 	if err := checkMetricsAddr(*metricsAddr); err != nil {
 		return err
 	}
@@ -183,7 +187,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 		return usageError("%v", err)
 	}
 	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
-		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: *eager}})
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: *eager, SplitSize: *split}})
 	if err != nil {
 		return err
 	}
@@ -481,7 +485,7 @@ type psWorkerOpts struct {
 	transport, workload, device, metricsAddr string
 	servers                                  []string
 	w                                        psWorkload
-	workers, depth, eager                    int
+	workers, depth, eager, split             int
 	duration, spin                           time.Duration
 	seed                                     uint64
 	rate                                     float64
@@ -504,10 +508,14 @@ func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
 	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
+	fs.IntVar(&o.split, "split-size", 0, "rdma: bx Config.SplitSize, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return nil, err
 	}
 	if err := checkEagerSize(o.eager); err != nil {
+		return nil, err
+	}
+	if err := checkSplitSize(o.split); err != nil {
 		return nil, err
 	}
 	if err := checkDepth(o.depth, o.workload, o.rate); err != nil {
@@ -537,7 +545,7 @@ func psWorker(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := ps.Dial(ps.ClientConfig{Transport: o.transport, Servers: o.servers, Device: o.device, Token: psToken(), BX: bx.Config{Spin: o.spin, EagerSize: o.eager}})
+	c, err := ps.Dial(ps.ClientConfig{Transport: o.transport, Servers: o.servers, Device: o.device, Token: psToken(), BX: bx.Config{Spin: o.spin, EagerSize: o.eager, SplitSize: o.split}})
 	if err != nil {
 		return err
 	}
@@ -747,7 +755,7 @@ type psBenchOpts struct {
 	spin                     time.Duration
 	sharedTargets            bool
 	metricsAddr              string
-	depth, eager             int
+	depth, eager, split      int
 	rates                    []float64 // one run each; 0 is closed loop
 }
 
@@ -771,6 +779,7 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
 	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize of servers and workers, the largest payload sent in one message (0: bx's default, 8 KiB less the header)")
+	fs.IntVar(&o.split, "split-size", 0, "rdma: bx Config.SplitSize of servers and workers, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
@@ -794,6 +803,9 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 		return nil, usageError("--rate %v: want steps per second > 0, or 0 for closed loop", *rate)
 	}
 	if err := checkEagerSize(o.eager); err != nil {
+		return nil, err
+	}
+	if err := checkSplitSize(o.split); err != nil {
 		return nil, err
 	}
 	if err := checkDepth(o.depth, o.workload, *rate+float64(len(*rates))); err != nil {
@@ -963,7 +975,7 @@ func (b *psBencher) startServers() error {
 		return nil
 	}
 	for i := range o.servers {
-		cmd := exec.Command(b.self, b.childArgs("ps", "serve", "--transport", o.transport, "--listen", b.srvIP+":0", "--device", b.srvDev, "--spin", o.spin.String(), "--shared-targets="+strconv.FormatBool(o.sharedTargets), "--eager-size", strconv.Itoa(o.eager))...)
+		cmd := exec.Command(b.self, b.childArgs("ps", "serve", "--transport", o.transport, "--listen", b.srvIP+":0", "--device", b.srvDev, "--spin", o.spin.String(), "--shared-targets="+strconv.FormatBool(o.sharedTargets), "--eager-size", strconv.Itoa(o.eager), "--split-size", strconv.Itoa(o.split))...)
 		cmd.Stderr = b.stderr
 		out, _ := cmd.StdoutPipe()
 		if err := cmd.Start(); err != nil {
@@ -1059,7 +1071,7 @@ func (b *psBencher) startWorkers(rate float64) ([]*wproc, error) {
 		}
 		cmd := exec.Command(b.self, b.childArgs("ps", "worker", "--transport", o.transport, "--addrs", strings.Join(b.list, ","), "--workload", o.workload,
 			"--workers", strconv.Itoa(n), "--duration", o.duration.String(), "--device", b.cliDev, "--seed", strconv.Itoa(i+1), "--spin", o.spin.String(),
-			"--rate", strconv.FormatFloat(rate*float64(n)/float64(o.workers), 'g', -1, 64), "--depth", strconv.Itoa(o.depth), "--eager-size", strconv.Itoa(o.eager))...)
+			"--rate", strconv.FormatFloat(rate*float64(n)/float64(o.workers), 'g', -1, 64), "--depth", strconv.Itoa(o.depth), "--eager-size", strconv.Itoa(o.eager), "--split-size", strconv.Itoa(o.split))...)
 		cmd.Stderr = b.stderr
 		in, _ := cmd.StdinPipe()
 		out, _ := cmd.StdoutPipe()
@@ -1281,6 +1293,15 @@ func mtuString(mtu int) string {
 		return "-"
 	}
 	return strconv.Itoa(mtu)
+}
+
+// checkSplitSize checks a --split-size (0: bx's default, -1: never; a
+// size at most EagerSize sends nothing split, as bx does with it).
+func checkSplitSize(n int) error {
+	if n < -1 {
+		return usageError("--split-size %d: must be -1 (never), 0 (bx's default) or a size", n)
+	}
+	return nil
 }
 
 // checkEagerSize checks an --eager-size (0: bx's default).

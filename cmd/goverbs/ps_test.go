@@ -289,24 +289,29 @@ func TestPSBenchDepth(t *testing.T) {
 	}
 }
 
-// TestPSBenchEagerSize: --eager-size reaches the servers, the workers and
-// the bench's own control client alike (bx refuses a peer of another
-// EagerSize), so an incast of 64 KiB pushes runs with them sent eagerly.
+// TestPSBenchEagerSize: --eager-size and --split-size reach the servers,
+// the workers and the bench's own control client alike (bx refuses a peer
+// of another EagerSize; a child that did not take a flag would exit with
+// a usage error), so an incast of 64 KiB pushes runs with them sent
+// eagerly, split (bx's default) or by rendezvous.
 func TestPSBenchEagerSize(t *testing.T) {
 	if len(rxetest.Active(t)) < 2 {
 		t.Skip("rdma ps bench needs two active RDMA devices")
 	}
-	r := goverbs(t, 90*time.Second, "ps", "bench", "--transport", "rdma", "--workload", "incast", "--servers", "1", "--workers", "2",
-		"--eager-size", "131024", "--duration", "1s", "--json")
-	if r.code != 0 {
-		t.Fatalf("exit %d: %s %s", r.code, r.stdout, r.stderr)
-	}
-	var res benchResult
-	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
-		t.Fatalf("%v: %q", err, r.stdout)
-	}
-	if res.Errors != 0 || len(res.Ops) != 1 || res.Ops[0].Op != "push" || res.Ops[0].Count == 0 {
-		t.Errorf("%+v", res)
+	for _, flags := range [][]string{{"--eager-size", "131024"}, {"--split-size", "-1"}} {
+		args := append([]string{"ps", "bench", "--transport", "rdma", "--workload", "incast", "--servers", "1", "--workers", "2",
+			"--duration", "1s", "--json"}, flags...)
+		r := goverbs(t, 90*time.Second, args...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d: %s %s", flags, r.code, r.stdout, r.stderr)
+		}
+		var res benchResult
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatalf("%v: %v: %q", flags, err, r.stdout)
+		}
+		if res.Errors != 0 || len(res.Ops) != 1 || res.Ops[0].Op != "push" || res.Ops[0].Count == 0 {
+			t.Errorf("%v: %+v", flags, res)
+		}
 	}
 }
 
