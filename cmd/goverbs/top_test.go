@@ -153,9 +153,13 @@ func TestTopOnceJSON(t *testing.T) {
 			found = true
 			t.Logf("%+v", d)
 			// rxe's retransmit timer can fire spuriously, so retransmits
-			// need not be 0; they must be what rxe counts itself.
-			if d.Doorbells != iters || d.Commands < iters || d.RetransmitsFrom != "probe" || d.Retransmits != d.HW["completer_retry_err"] {
-				t.Errorf("%s: %+v, want %d doorbells, >= %d commands, retransmits from the probe = hw completer_retry_err", dev, d, iters, iters)
+			// need not be 0; they must be what rxe counts itself, less at
+			// most one: rxe counts completer_retry_err when its completer
+			// decides to retry, the probe the requester's retry pass that
+			// follows, and a retry decided as the pingpong closes its QP
+			// has no pass (seen once: hw 1, probe 0, at the end of a run).
+			if hw := d.HW["completer_retry_err"]; d.Doorbells != iters || d.Commands < iters || d.RetransmitsFrom != "probe" || d.Retransmits > hw || hw-d.Retransmits > 1 {
+				t.Errorf("%s: %+v, want %d doorbells, >= %d commands, retransmits from the probe = hw completer_retry_err (or one less)", dev, d, iters, iters)
 			}
 			// -e: up to one event per completion, two completions per
 			// iteration (the send and the receive share the CQ; none when
