@@ -13,3 +13,14 @@ wait_listen() {
 	done
 	return 1
 }
+
+# tcg_godebug: the GODEBUG for Go processes on this CPU: under qemu's TCG
+# (model name "QEMU TCG CPU") the runtime's AVX turned off, as the
+# runtime's AVX copies can make the emulated CPU's later float arithmetic
+# many times slower, by the binary's layout (docs/evaluation.md,
+# "Thirty-sixth session"); nothing elsewhere.
+tcg_godebug() {
+	if grep -qs 'QEMU TCG' /proc/cpuinfo; then
+		echo cpu.avx=off,cpu.avx2=off
+	fi
+}
