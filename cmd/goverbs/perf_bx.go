@@ -222,8 +222,6 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--eager-size is for the bx tests")
 	case o.split != 0 && (o.tcp || o.grpc):
 		return usageError("--split-size is for the bx tests")
-	case o.split < -1:
-		return usageError("--split-size %d: must be -1 (never), 0 (bx's default) or a size", o.split)
 	case o.iters < perfMinIters:
 		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
@@ -236,6 +234,9 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--idle is the client's (it needs a HOST)")
 	}
 	if err := checkEagerSize(o.eager); err != nil {
+		return err
+	}
+	if err := checkSplitSize(o.split); err != nil {
 		return err
 	}
 	if !o.bw {
