@@ -356,6 +356,17 @@ type Endpoint struct {
 	// leftAt is when the last polling waiter left the CQ (nanotime
 	// since start), for the progress goroutine's timed wait.
 	leftAt atomic.Int64
+	// selfWaiting: the waiter holding callerPolls waits for the CQ's
+	// events itself (selfWait), so the progress goroutine need not look
+	// before it leaves (parks counts the progress goroutine's timed
+	// looks while a waiter held the CQ: tests).
+	selfWaiting atomic.Bool
+	parks       atomic.Uint64
+	// progressWaits is set while the progress goroutine holds waitMu to
+	// wait for an event: only then must a waiter taking the wait over
+	// interrupt it (an interrupt with no wait to end is kept and ends the
+	// waiter's own first wait, an arm and a deadline for nothing).
+	progressWaits atomic.Bool
 	// waitMu is held by whoever waits for the CQ's next event (cq.Wait):
 	// the progress goroutine, or the polling Call once it waits for
 	// events itself (selfWait).
@@ -908,14 +919,23 @@ func (e *Endpoint) progress() {
 			// While Calls poll, wait for the last one to hand the CQ
 			// back; a Call of an endpoint without handlers does not
 			// (lazyResume): then look again after the hand-back delay.
+			// A waiter that waits for events itself (selfWait)
+			// wakes us or leaves the CQ to the next one (handedBack)
+			// as it goes, and waits at most selfWaitMax: looking
+			// sooner would only wake us to find it still there.
+			d := e.handBack()
+			if e.selfWaiting.Load() {
+				d = selfWaitStep
+			}
 			if park == nil {
-				park = time.NewTimer(e.handBack())
+				park = time.NewTimer(d)
 			} else {
-				park.Reset(e.handBack())
+				park.Reset(d)
 			}
 			select {
 			case <-e.resume:
 			case <-park.C:
+				e.parks.Add(1)
 			case <-e.stopCh.Done():
 				park.Stop()
 				return
@@ -978,12 +998,17 @@ func (e *Endpoint) progress() {
 		e.drainRetired()
 		slept := time.Now()
 		e.waitMu.Lock()
+		// Set before looking at callerPolls, which a waiter sets before
+		// it looks at this (selfWait): one of the two sees the other.
+		e.progressWaits.Store(true)
 		if e.callerPolls.Load() {
 			// A Call takes the wait over (selfWait).
+			e.progressWaits.Store(false)
 			e.waitMu.Unlock()
 			continue
 		}
 		err = e.cq.Wait(e.stopCh)
+		e.progressWaits.Store(false)
 		e.waitMu.Unlock()
 		if errors.Is(err, uverbs.ErrInterrupted) {
 			continue
@@ -1120,8 +1145,16 @@ func envInt(name string, def int) int {
 var procStart = time.Now()
 
 // handBack is how long the progress goroutine waits, while Calls poll or
-// after the last one left without waking it, before it looks again.
+// after the last one left without waking it, before it looks again: 4
+// Spins, and 4 DefaultSpins on an endpoint that does not poll (Spin
+// negative: a wait of 4 Spins, negative, ended at once, and the progress
+// goroutine spun through its timer beside every waiting Call, a core's
+// worth, and with GOMAXPROCS=1 kept the netpoller from the Call's event
+// for sysmon's 10 ms).
 func (e *Endpoint) handBack() time.Duration {
+	if e.cfg.Spin <= 0 {
+		return 4 * DefaultSpin
+	}
 	return 4 * e.cfg.Spin
 }
 
@@ -1180,6 +1213,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 	}
 	got := false
 	defer func() {
+		e.selfWaiting.Store(false)
 		e.callerPolls.Store(false)
 		if got && lazyResume && !e.serves.Load() && e.waiting.Load() <= 1 {
 			// The next Call most likely takes the CQ over before
@@ -1201,9 +1235,14 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		}
 	}()
 	if e.cfg.Spin <= 0 || !e.mayPoll() {
-		// Waiting for events: the progress goroutine takes the
-		// channel back at once (got stays false).
-		return e.selfWait(ctx, done)
+		// Waiting for events. A waiter that got what it waited for
+		// leaves the CQ to the next one as a polling Call does (above):
+		// waking the progress goroutine as it leaves and interrupting
+		// its wait as the next Call comes were two goroutine and
+		// thread wake-ups per call.
+		e.selfWaiting.Store(true)
+		got = e.selfWait(ctx, done)
+		return got
 	}
 	var idle, lastYield time.Time
 	var y yielder
@@ -1295,7 +1334,9 @@ const (
 // callers' responses, requests) as the progress goroutine would, and
 // reports whether done reported true within selfWaitMax.
 func (e *Endpoint) selfWait(ctx context.Context, done func() bool) bool {
-	e.cq.Interrupt() // the progress goroutine leaves its wait (or skips the next)
+	if e.progressWaits.Load() {
+		e.cq.Interrupt() // the progress goroutine leaves its wait (or skips the next)
+	}
 	e.waitMu.Lock()
 	defer e.waitMu.Unlock()
 	if e.waitGone {

@@ -379,3 +379,7 @@ func (e *Endpoint) OthersWaitForTest(callPolls bool) bool {
 
 // ConfigForTest is the endpoint's configuration, its defaults filled in.
 func (e *Endpoint) ConfigForTest() Config { return e.cfg }
+
+// ParksForTest is how many times the progress goroutine's timed wait
+// for a waiter holding the CQ ran out (it looked again).
+func (e *Endpoint) ParksForTest() uint64 { return e.parks.Load() }

@@ -267,6 +267,59 @@ func TestConcurrentCallsNotStranded(t *testing.T) {
 // pollingEchoPair is a pair whose endpoints poll (whatever else runs) with
 // the given Spin, the server echoing stream 1 inline (the client has no
 // handler), and a hang watchdog of 30 s.
+// TestSelfWaitHandsBack: on an endpoint that waits for events (Spin
+// negative), a Call that took its own response leaves the CQ to the next
+// Call as a polling one does, and the progress goroutine neither spins
+// beside a waiting Call nor is woken per call. Before, its timed wait
+// for the Call was 4 Spins, negative, so it ran out at once and the
+// progress goroutine looped through it for as long as every Call waited
+// (a core's worth of CPU; with GOMAXPROCS=1, 21 ms a call instead of 0.4,
+// as the loop kept the netpoller from the Call's event until sysmon
+// looked). After the last Call the progress goroutine still comes back
+// on its own: messages that no Recv waits for are received.
+func TestSelfWaitHandsBack(t *testing.T) {
+	srv, cli, p, sp := pair(t, func(c *bx.Config) { c.Spin = -1 })
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd := hang.For(t, "event-driven calls", 30*time.Second)
+	defer wd.Stop()
+	const calls = 200
+	before := cli.Snapshot().Counters
+	parks := cli.ParksForTest()
+	for i := range calls {
+		r, err := p.Call(ctx, 1, []byte("self wait"))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
+		}
+		r.Release()
+		wd.Progress()
+	}
+	after := cli.Snapshot().Counters
+	hb, res := after.HandBacks-before.HandBacks, after.Resumes-before.Resumes
+	looks := cli.ParksForTest() - parks
+	t.Logf("%d event-driven calls: %d hand-backs, %d resumes; the progress goroutine looked %d times while a Call held the CQ; %d event wake-ups",
+		calls, hb, res, looks, after.Wakeups-before.Wakeups)
+	// Most, not all: a Call whose response the progress goroutine
+	// delivered before it took over did not get it by its own wait.
+	if hb < calls/2 {
+		t.Errorf("%d of %d calls handed the CQ back without a wake-up (%d resumes), want most", hb, calls, res)
+	}
+	// It looks again every selfWaitStep (10 ms) while a Call waits, and
+	// 1 ms after a hand-back: a few per call at most on a machine slow
+	// enough for a call to take that long, thousands when it spun.
+	if bound := uint64(4 * calls); looks > bound {
+		t.Errorf("the progress goroutine looked %d times in %d calls (bound %d): it spun beside the waiting Calls", looks, calls, bound)
+	}
+	got := cli.Snapshot().Counters.Received
+	for i := range 3 {
+		if err := sp.Stream(7).Send(ctx, []byte("after the calls")); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	eventually(t, "the client's progress goroutine receiving after the last Call", func() bool {
+		return cli.Snapshot().Counters.Received >= got+3
+	})
+}
+
 func pollingEchoPair(t *testing.T, spin time.Duration) (srv, cli *bx.Endpoint, p, sp *bx.Peer, ctx context.Context, wd *hang.Watchdog) {
 	t.Helper()
 	prev := bx.ForcePollForTest(true)
