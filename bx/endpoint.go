@@ -383,6 +383,8 @@ type Endpoint struct {
 
 	kick  chan struct{} // poke: wake the ticker
 	ticks atomic.Uint64 // the ticker's rounds (tests)
+	// tickerSleeps counts the ticker's wake-ups from its sleep (tests).
+	tickerSleeps atomic.Uint64
 
 	stop   context.CancelFunc
 	stopCh context.Context
@@ -825,10 +827,15 @@ func (e *Endpoint) poke() {
 }
 
 // ticker sends the explicit credit and acknowledgement updates that
-// piggybacking did not. It runs every tick only while some peer has
-// something to tell that could become due (flow.Returner.Quiet, an
-// acknowledgement not sent); then it sleeps until poke, so an idle
-// endpoint costs no CPU.
+// piggybacking did not. It runs every tick while some peer has something
+// to tell that could become due (flow.Returner.Quiet, an acknowledgement
+// not sent) or something poked it during the tick; then it sleeps until
+// poke, so an idle endpoint costs no CPU one tick after its last message.
+// Sleeping at the first look that found nothing owed (piggybacking had
+// carried it, as in any ping-pong) made the next message's poke wake it
+// again: two wake-ups per tick instead of one while calls flow, each a
+// thread woken when the process was otherwise asleep (docs/perf.md,
+// "Thirty-seventh session").
 func (e *Endpoint) ticker() {
 	defer e.wg.Done()
 	t := time.NewTimer(defaultTick)
@@ -840,6 +847,7 @@ func (e *Endpoint) ticker() {
 			return
 		case <-e.kick:
 		}
+		e.tickerSleeps.Add(1)
 		for busy := true; busy; {
 			t.Reset(tick())
 			select {
@@ -851,14 +859,16 @@ func (e *Endpoint) ticker() {
 			e.ticks.Add(1)
 			e.drainRetired()
 			// Take the kick before looking: an event after this look
-			// pokes again.
+			// pokes again. One during the tick keeps the ticker going.
+			poked := false
 			select {
 			case <-e.kick:
+				poked = true
 			default:
 			}
 			now := time.Now()
 			peers = e.appendPeers(peers)
-			busy = false
+			busy = poked
 			for _, p := range peers {
 				if p.maybeUpdate(now) {
 					busy = true

@@ -383,3 +383,7 @@ func (e *Endpoint) ConfigForTest() Config { return e.cfg }
 // ParksForTest is how many times the progress goroutine's timed wait
 // for a waiter holding the CQ ran out (it looked again).
 func (e *Endpoint) ParksForTest() uint64 { return e.parks.Load() }
+
+// TickerWakesForTest is how many times a poke woke the endpoint's
+// credit/ack ticker from its sleep.
+func (e *Endpoint) TickerWakesForTest() uint64 { return e.tickerSleeps.Load() }

@@ -1,6 +1,7 @@
 package bx_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -81,5 +82,46 @@ func TestTickerNoLostUpdate(t *testing.T) {
 			m.Release()
 		}
 		held = held[:0]
+	}
+}
+
+// TestTickerStaysWhileCallsFlow checks that the credit/ack ticker keeps
+// ticking while messages keep arriving instead of sleeping at every look
+// that found nothing owed. In a ping-pong each message's acknowledgement
+// and credit ride on the next one, so such a look finds nothing to send;
+// the ticker slept, and the next arrival's poke woke it again, a second
+// wake-up per tick (a thread woken, when the process was otherwise
+// asleep). Calls go back to back for at least 10 ticks of 20 ms: the
+// ticker may sleep once at the start and, on a machine that stalls a
+// call for a whole tick, now and then, not at every tick (before: 7
+// wake-ups in 8 ticks, 157-845 calls).
+func TestTickerStaysWhileCallsFlow(t *testing.T) {
+	const tick = 20 * time.Millisecond
+	defer bx.SetTickForTest(bx.SetTickForTest(tick))
+	// Event-driven: a receive buffer goes back at its release, so each
+	// credit rides on the next request (a polling endpoint defers the
+	// re-post, and its ticker has a credit to tell at most looks).
+	srv, cli, p, _ := pair(t, func(c *bx.Config) { c.Spin = -1 })
+	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
+	ctx, wd := hang.For(t, "calls back to back", 30*time.Second)
+	defer wd.Stop()
+	call := func() {
+		m, err := p.Call(ctx, 1, []byte("tick"))
+		if err != nil {
+			t.Fatal(hang.Cause(ctx, err))
+		}
+		m.Release()
+		wd.Progress()
+	}
+	call()
+	t0, w0 := cli.TicksForTest(), cli.TickerWakesForTest()
+	calls := 0
+	for start := time.Now(); time.Since(start) < 10*tick || cli.TicksForTest()-t0 < 8; calls++ {
+		call()
+	}
+	ticks, wakes := cli.TicksForTest()-t0, cli.TickerWakesForTest()-w0
+	t.Logf("%d calls: the client's ticker ticked %d times and was woken from its sleep %d times", calls, ticks, wakes)
+	if wakes > ticks/2+2 {
+		t.Errorf("the client's ticker was woken %d times in %d ticks while calls flowed: it slept at every look", wakes, ticks)
 	}
 }
