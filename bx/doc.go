@@ -56,7 +56,8 @@
 //     milliseconds is polled through, which costs a core while it lasts
 //     (docs/evaluation.md, "Twenty-third session", has the trade measured).
 //     The ticker that sends the credit and acknowledgement updates no
-//     message carried looks every 2 ms while any are owed
+//     message carried looks every 2 ms while any are owed or messages
+//     keep arriving, and sleeps one tick after the last
 //     (GOVERBS_BX_TICK_US=usec sets it: scripts/bench-instr stretches it
 //     for processes slowed down under valgrind).
 //   - Msg: a received message whose Data is the buffer it landed in (no
