@@ -164,8 +164,8 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
 	sharedTargets := fs.Bool("shared-targets", false, "rdma: bx Config.SharedTargets: one rkey for all rendezvous targets instead of a memory window per transfer (faster; only among trusted peers)")
-	eager := fs.Int("eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
-	split := fs.Int("split-size", 0, "rdma: bx Config.SplitSize, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
+	var eager, split int
+	bxSizeFlags(fs, &eager, &split, "")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return err
@@ -173,10 +173,10 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	if *listen == "" {
 		return usageError("--listen is required")
 	}
-	if err := checkEagerSize(*eager); err != nil {
+	if err := checkEagerSize(eager); err != nil {
 		return err
 	}
-	if err := checkSplitSize(*split); err != nil {
+	if err := checkSplitSize(split); err != nil {
 		return err
 	}
 	if err := checkMetricsAddr(*metricsAddr); err != nil {
@@ -187,7 +187,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 		return usageError("%v", err)
 	}
 	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
-		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: *eager, SplitSize: *split}})
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: eager, SplitSize: split}})
 	if err != nil {
 		return err
 	}
@@ -507,8 +507,7 @@ func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus metrics on HOST:PORT")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
-	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize, the largest payload sent in one message (0: bx's default, 8 KiB less the header); servers and workers must use the same")
-	fs.IntVar(&o.split, "split-size", 0, "rdma: bx Config.SplitSize, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
+	bxSizeFlags(fs, &o.eager, &o.split, "")
 	if _, err := parseGetopt(fs, args); err != nil {
 		return nil, err
 	}
@@ -778,8 +777,7 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	fs.BoolVar(&o.sharedTargets, "shared-targets", false, "rdma: the servers' bx Config.SharedTargets (one rkey for all rendezvous targets instead of a memory window per transfer)")
 	fs.StringVar(&o.metricsAddr, "metrics", "", "serve the servers' and workers' Prometheus metrics on HOST:PORT at /metrics (default: off)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker keeps outstanding (ps.Client.PullAsync)")
-	fs.IntVar(&o.eager, "eager-size", 0, "rdma: bx Config.EagerSize of servers and workers, the largest payload sent in one message (0: bx's default, 8 KiB less the header)")
-	fs.IntVar(&o.split, "split-size", 0, "rdma: bx Config.SplitSize of servers and workers, the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
+	bxSizeFlags(fs, &o.eager, &o.split, " of servers and workers")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
 	if _, err := parseGetopt(fs, args); err != nil {
@@ -1293,6 +1291,19 @@ func mtuString(mtu int) string {
 		return "-"
 	}
 	return strconv.Itoa(mtu)
+}
+
+// bxSizeFlags registers --eager-size and --split-size, bx's
+// Config.EagerSize and SplitSize, with one help text for every ps command
+// that takes them; whose says whose endpoints they set ("": this
+// process's: then the peers' must match).
+func bxSizeFlags(fs *flag.FlagSet, eager, split *int, whose string) {
+	same := ""
+	if whose == "" {
+		same = "; servers and workers must use the same"
+	}
+	fs.IntVar(eager, "eager-size", 0, "rdma: bx Config.EagerSize"+whose+", the largest payload sent in one message (0: bx's default, 8 KiB less the header)"+same)
+	fs.IntVar(split, "split-size", 0, "rdma: bx Config.SplitSize"+whose+", the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
 }
 
 // checkSplitSize checks a --split-size (0: bx's default, -1: never; a
