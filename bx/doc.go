@@ -51,10 +51,11 @@
 //     before). After the CQ has been empty
 //     for the spin window the progress goroutine arms it and sleeps; the
 //     window starts at Config.Spin and doubles after each sleep shorter
-//     than 16 Spins, up to 16 Spins (GOVERBS_BX_SPINGROWTH=N caps it at
-//     N Spins; 1 keeps it at Spin): traffic with gaps of up to a few
-//     milliseconds is polled through, which costs a core while it lasts
-//     (docs/evaluation.md, "Twenty-third session", has the trade measured).
+//     than 4 Spins, up to 4 Spins (GOVERBS_BX_SPINGROWTH=N caps it at
+//     N Spins; 1 keeps it at Spin): traffic with gaps of up to a
+//     millisecond is polled through, which costs a core while it lasts
+//     (docs/evaluation.md, "Twenty-third session" and "Thirty-seventh
+//     session", has the trade measured: the cap was 16 Spins before).
 //     The ticker that sends the credit and acknowledgement updates no
 //     message carried looks every 2 ms while any are owed or messages
 //     keep arriving, and sleeps one tick after the last

@@ -116,9 +116,10 @@ type Config struct {
 	// while Calls wait for responses, 10 times as long (adaptive polling,
 	// as perftest and eRPC poll). Default DefaultSpin; negative: never
 	// poll (event-driven). An idle endpoint sleeps after Spin either way.
-	// The window adapts: each time a sleep ends sooner than 16 Spins, the
-	// next window doubles (up to 16 Spins), so that traffic whose gaps
-	// exceed Spin keeps the endpoint polling; a longer sleep halves it.
+	// The window adapts: each time a sleep ends sooner than 4 Spins, the
+	// next window doubles (up to 4 Spins), so that traffic whose gaps
+	// exceed Spin a little keeps the endpoint polling; a longer sleep
+	// halves it.
 	// Measured in the rxe guest (two processes, 2 vCPUs, quiet host;
 	// docs/perf.md) a 64 B call took 92 us polling and 1.38 ms
 	// event-driven: with the peer's CQ armed, the kernel wakes the waiter
@@ -1033,9 +1034,16 @@ func (e *Endpoint) progress() {
 	}
 }
 
-// maxSpinGrowth bounds the adaptive spin window: Config.Spin times this.
-// GOVERBS_BX_SPINGROWTH sets it (1: the window stays Config.Spin).
-var maxSpinGrowth = time.Duration(max(envInt("GOVERBS_BX_SPINGROWTH", 16), 1))
+// maxSpinGrowth bounds the adaptive spin window: Config.Spin times this,
+// 1 ms by default. GOVERBS_BX_SPINGROWTH sets it (1: the window stays
+// Config.Spin). It was 16 (4 ms) until the thirty-seventh session: then,
+// in two boots, polling through gaps of up to 4 ms was the worst setting
+// for a parameter server's open loop (pull mean 1.1-2.4x and CPU per op
+// 1.16-1.27x a cap of 4 Spins or of 1 at 300 and 600 pulls/s), and bought
+// nothing measurable in its closed loop or a 64 B or 4 KiB ping-pong
+// (docs/evaluation.md, "Thirty-seventh session"), since an event costs bx
+// less than it did.
+var maxSpinGrowth = time.Duration(max(envInt("GOVERBS_BX_SPINGROWTH", 4), 1))
 
 // nextWindow is the spin window after a sleep of d that followed a window
 // of w: doubled when d was shorter than the largest window (polling

@@ -380,6 +380,15 @@ func (e *Endpoint) OthersWaitForTest(callPolls bool) bool {
 // ConfigForTest is the endpoint's configuration, its defaults filled in.
 func (e *Endpoint) ConfigForTest() Config { return e.cfg }
 
+// SetSpinGrowthForTest sets the adaptive spin window's cap (in Spins)
+// and returns the previous one. Set it before the endpoints start and
+// restore it after they closed (t.Cleanup registered first).
+func SetSpinGrowthForTest(n int) int {
+	prev := int(maxSpinGrowth)
+	maxSpinGrowth = time.Duration(n)
+	return prev
+}
+
 // ParksForTest is how many times the progress goroutine's timed wait
 // for a waiter holding the CQ ran out (it looked again).
 func (e *Endpoint) ParksForTest() uint64 { return e.parks.Load() }

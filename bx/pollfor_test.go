@@ -132,12 +132,15 @@ func TestCloseWhileCallerPolls(t *testing.T) {
 }
 
 // TestSpinWindowAdapts: a caller that pauses between calls for longer
-// than Config.Spin (but far less than 16 Spins) must not make the serving
-// endpoint arm its CQ and sleep before every request: its spin window
-// grows after the first short sleeps. With a fixed window the server armed
-// about once per call here. A gap the machine stretched past the window's
-// cap, or a slow wake-up, costs an arm or two; the bound allows for them.
+// than Config.Spin (but far less than the window's cap, set to 16 Spins
+// here: bx's default is 4) must not make the serving endpoint arm its CQ
+// and sleep before every request: its spin window grows after the first
+// short sleeps. With a fixed window the server armed about once per call
+// here. A gap the machine stretched past the window's cap, or a slow
+// wake-up, costs an arm or two; the bound allows for them.
 func TestSpinWindowAdapts(t *testing.T) {
+	growth := bx.SetSpinGrowthForTest(16)
+	t.Cleanup(func() { bx.SetSpinGrowthForTest(growth) }) // after the endpoints' Close
 	defer bx.ForcePollForTest(bx.ForcePollForTest(true))
 	const spin = 200 * time.Microsecond
 	srv, _, p, _ := pair(t, func(c *bx.Config) { c.Spin = spin })

@@ -14,7 +14,7 @@ func TestNextWindow(t *testing.T) {
 		w, d, want time.Duration
 	}{
 		{spin, 0, 2 * spin},
-		{spin, 5 * spin, 2 * spin},
+		{spin, top / 2, 2 * spin},
 		{2 * spin, top - 1, 4 * spin},
 		{top / 2, spin, top},
 		{top, spin, top},    // capped
