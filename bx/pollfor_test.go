@@ -202,14 +202,7 @@ func TestCallHandsBack(t *testing.T) {
 	srv, cli, p, sp, ctx, wd := pollingEchoPair(t, 200*time.Millisecond)
 	const calls = 200
 	before := cli.Snapshot().Counters
-	for i := range calls {
-		r, err := p.Call(ctx, 1, []byte("hand back"))
-		if err != nil {
-			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
-		}
-		r.Release()
-		wd.Progress()
-	}
+	echoCalls(t, ctx, wd, p, calls, "hand back")
 	after := cli.Snapshot().Counters
 	hb, res := after.HandBacks-before.HandBacks, after.Resumes-before.Resumes
 	t.Logf("%d calls: %d hand-backs, %d resumes of the progress goroutine", calls, hb, res)
@@ -219,17 +212,7 @@ func TestCallHandsBack(t *testing.T) {
 	if s := srv.Snapshot().Counters; s.HandBacks != 0 {
 		t.Errorf("the server (it has a handler) handed back %d times, want 0", s.HandBacks)
 	}
-	// No Recv waits on the client: only its progress goroutine can take
-	// these in.
-	got := cli.Snapshot().Counters.Received
-	for i := range 3 {
-		if err := sp.Stream(7).Send(ctx, []byte("after the calls")); err != nil {
-			t.Fatalf("send %d: %v", i, err)
-		}
-	}
-	eventually(t, "the client's progress goroutine receiving after the last Call", func() bool {
-		return cli.Snapshot().Counters.Received >= got+3
-	})
+	receivedAfterCalls(t, ctx, cli, sp)
 }
 
 // TestConcurrentCallsNotStranded: a Call that hands the CQ back must not
@@ -288,14 +271,7 @@ func TestSelfWaitHandsBack(t *testing.T) {
 	const calls = 200
 	before := cli.Snapshot().Counters
 	parks := cli.ParksForTest()
-	for i := range calls {
-		r, err := p.Call(ctx, 1, []byte("self wait"))
-		if err != nil {
-			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
-		}
-		r.Release()
-		wd.Progress()
-	}
+	echoCalls(t, ctx, wd, p, calls, "self wait")
 	after := cli.Snapshot().Counters
 	hb, res := after.HandBacks-before.HandBacks, after.Resumes-before.Resumes
 	looks := cli.ParksForTest() - parks
@@ -312,6 +288,28 @@ func TestSelfWaitHandsBack(t *testing.T) {
 	if bound := uint64(4 * calls); looks > bound {
 		t.Errorf("the progress goroutine looked %d times in %d calls (bound %d): it spun beside the waiting Calls", looks, calls, bound)
 	}
+	receivedAfterCalls(t, ctx, cli, sp)
+}
+
+// echoCalls makes n Calls of msg to stream 1's echo handler, one after
+// another.
+func echoCalls(t *testing.T, ctx context.Context, wd *hang.Watchdog, p *bx.Peer, n int, msg string) {
+	t.Helper()
+	for i := range n {
+		r, err := p.Call(ctx, 1, []byte(msg))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, hang.Cause(ctx, err))
+		}
+		r.Release()
+		wd.Progress()
+	}
+}
+
+// receivedAfterCalls checks that after the last Call the client's
+// progress goroutine comes back to the CQ on its own: no Recv waits on
+// the client, so only it can take in what the server sends now.
+func receivedAfterCalls(t *testing.T, ctx context.Context, cli *bx.Endpoint, sp *bx.Peer) {
+	t.Helper()
 	got := cli.Snapshot().Counters.Received
 	for i := range 3 {
 		if err := sp.Stream(7).Send(ctx, []byte("after the calls")); err != nil {
