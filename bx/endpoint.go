@@ -359,10 +359,11 @@ type Endpoint struct {
 	leftAt atomic.Int64
 	// selfWaiting: the waiter holding callerPolls waits for the CQ's
 	// events itself (selfWait), so the progress goroutine need not look
-	// before it leaves (parks counts the progress goroutine's timed
-	// looks while a waiter held the CQ: tests).
+	// before it leaves.
 	selfWaiting atomic.Bool
-	parks       atomic.Uint64
+	// parks counts the progress goroutine's timed looks while a waiter
+	// held the CQ (tests).
+	parks atomic.Uint64
 	// progressWaits is set while the progress goroutine holds waitMu to
 	// wait for an event: only then must a waiter taking the wait over
 	// interrupt it (an interrupt with no wait to end is kept and ends the

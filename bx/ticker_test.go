@@ -91,12 +91,13 @@ func TestTickerNoLostUpdate(t *testing.T) {
 // and credit ride on the next one, so such a look finds nothing to send;
 // the ticker slept, and the next arrival's poke woke it again, a second
 // wake-up per tick (a thread woken, when the process was otherwise
-// asleep). Calls go back to back for at least 10 ticks of 20 ms: the
-// ticker may sleep once at the start and, on a machine that stalls a
-// call for a whole tick, now and then, not at every tick (before: 7
-// wake-ups in 8 ticks, 157-845 calls).
+// asleep). Calls go back to back for at least 10 ticks of 50 ms (a call
+// takes 0.1-3 ms in our guest, under -race too): the ticker may sleep
+// once at the start and, on a machine that stalls a call for a whole
+// tick, now and then, not at every tick (before: 7 wake-ups in 8 ticks
+// of 2, 5 or 20 ms).
 func TestTickerStaysWhileCallsFlow(t *testing.T) {
-	const tick = 20 * time.Millisecond
+	const tick = 50 * time.Millisecond
 	defer bx.SetTickForTest(bx.SetTickForTest(tick))
 	// Event-driven: a receive buffer goes back at its release, so each
 	// credit rides on the next request (a polling endpoint defers the
@@ -105,19 +106,11 @@ func TestTickerStaysWhileCallsFlow(t *testing.T) {
 	srv.HandleInline(1, func(_ context.Context, _ *bx.Peer, m *bx.Msg) ([]byte, error) { return m.Data(), nil })
 	ctx, wd := hang.For(t, "calls back to back", 30*time.Second)
 	defer wd.Stop()
-	call := func() {
-		m, err := p.Call(ctx, 1, []byte("tick"))
-		if err != nil {
-			t.Fatal(hang.Cause(ctx, err))
-		}
-		m.Release()
-		wd.Progress()
-	}
-	call()
+	echoCalls(t, ctx, wd, p, 1, "tick")
 	t0, w0 := cli.TicksForTest(), cli.TickerWakesForTest()
 	calls := 0
 	for start := time.Now(); time.Since(start) < 10*tick || cli.TicksForTest()-t0 < 8; calls++ {
-		call()
+		echoCalls(t, ctx, wd, p, 1, "tick")
 	}
 	ticks, wakes := cli.TicksForTest()-t0, cli.TickerWakesForTest()-w0
 	t.Logf("%d calls: the client's ticker ticked %d times and was woken from its sleep %d times", calls, ticks, wakes)
