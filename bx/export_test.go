@@ -396,3 +396,11 @@ func (e *Endpoint) ParksForTest() uint64 { return e.parks.Load() }
 // TickerWakesForTest is how many times a poke woke the endpoint's
 // credit/ack ticker from its sleep.
 func (e *Endpoint) TickerWakesForTest() uint64 { return e.tickerSleeps.Load() }
+
+// HoldLaneForTest takes lane i's send lock (as a goroutine stuck while
+// holding it would) and returns its release.
+func (p *Peer) HoldLaneForTest(i int) func() {
+	l := p.lanes[i]
+	l.mu.Lock()
+	return l.mu.Unlock
+}

@@ -266,12 +266,12 @@ func TestPSServeStateDump(t *testing.T) {
 	sc := bufio.NewScanner(errR)
 	for sc.Scan() {
 		dump.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), "end of state dump") {
+		if strings.Contains(sc.Text(), "end of goverbs ps serve") && strings.Contains(sc.Text(), "SIGUSR1: bx state") {
 			break
 		}
 	}
 	d := dump.String()
-	for _, want := range []string{"SIGUSR1: state dump", "bx endpoint", "  peer ", "lane 0 live true", "goroutine ", "main.psServe"} {
+	for _, want := range []string{"SIGUSR1: goroutines", "SIGUSR1: bx state", "bx endpoint", "  peer ", "lane 0 live true", "goroutine ", "main.psServe"} {
 		if !strings.Contains(d, want) {
 			t.Errorf("the dump lacks %q:\n%s", want, d)
 		}

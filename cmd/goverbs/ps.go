@@ -108,27 +108,38 @@ func dumpOnSignal(what string, w io.Writer) func() {
 			case <-done:
 				return
 			}
-			// One write, every line tagged: a bench and its workers
-			// share stderr and dump at the same moment.
-			var b bytes.Buffer
-			bx.DumpState(&b)
-			pprof.Lookup("goroutine").WriteTo(&b, 2)
+			// Every line tagged: a bench and its workers share stderr
+			// and dump at the same moment. The stacks first, in one
+			// write: they show a stall even if bx's state cannot be
+			// read (DumpState reports a lock held too long and goes on,
+			// but the stacks must not wait for it).
 			tag := fmt.Sprintf("[%s %d] ", what, os.Getpid())
-			var out bytes.Buffer
-			fmt.Fprintf(&out, "%sgoverbs %s (pid %d): SIGUSR1: state dump\n", tag, what, os.Getpid())
-			for _, l := range strings.SplitAfter(b.String(), "\n") {
-				if l != "" {
-					out.WriteString(tag + l)
-				}
-			}
-			fmt.Fprintf(&out, "\n%sgoverbs %s (pid %d): end of state dump\n", tag, what, os.Getpid())
-			w.Write(out.Bytes())
+			var b bytes.Buffer
+			pprof.Lookup("goroutine").WriteTo(&b, 2)
+			w.Write(tagLines(tag, fmt.Sprintf("goverbs %s (pid %d): SIGUSR1: goroutines", what, os.Getpid()), b.Bytes()))
+			b.Reset()
+			bx.DumpState(&b)
+			w.Write(tagLines(tag, fmt.Sprintf("goverbs %s (pid %d): SIGUSR1: bx state", what, os.Getpid()), b.Bytes()))
 		}
 	}()
 	return func() {
 		signal.Stop(ch)
 		close(done)
 	}
+}
+
+// tagLines returns text with every line prefixed by tag, between a
+// "title" line and an "end of title" line.
+func tagLines(tag, title string, text []byte) []byte {
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "%s%s\n", tag, title)
+	for _, l := range strings.SplitAfter(string(text), "\n") {
+		if l != "" {
+			out.WriteString(tag + l)
+		}
+	}
+	fmt.Fprintf(&out, "\n%send of %s\n", tag, title)
+	return out.Bytes()
 }
 
 const psUsage = `Usage: goverbs ps COMMAND [flags]
