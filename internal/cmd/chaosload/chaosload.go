@@ -83,11 +83,13 @@ func chaosToken() []byte {
 	return []byte("goverbs-chaos-load-dev-token")
 }
 
-const chaosUsage = `Usage: chaosload serve|drive|verify|stats [flags]
+const chaosUsage = `Usage: chaosload serve|drive|verify|stats|break [flags]
 
 A developer load for scripts/chaos (docs/reliability.md): a bx RPC server
 with an exactly-once ledger, and a driver that retries every id until it is
-acknowledged. Run 'chaosload COMMAND -h' for flags.
+acknowledged. 'break --pid PID' forces every QP of another process (a
+goverbs ps server, say) to ERR, or to SQD, from outside.
+Run 'chaosload COMMAND -h' for flags.
 `
 
 func main() {
@@ -100,6 +102,7 @@ var chaosCommands = map[string]func(args []string, stdout, stderr io.Writer) err
 	"drive":  chaosDrive,
 	"verify": chaosVerifyCmd,
 	"stats":  chaosStatsCmd,
+	"break":  chaosBreakCmd,
 }
 
 func runChaosLoad(args []string, stdout, stderr io.Writer) error {
@@ -466,13 +469,32 @@ func (s *chaosServer) signals(stdout io.Writer) {
 // forced to ERROR from outside"; SQD (send queue drain) stops a QP's
 // sending with no error, a stall (bx/stall.go).
 func chaosModifyQPs(st qp.State) (int, error) {
-	ents, err := os.ReadDir("/proc/self/fd")
+	return modifyQPsOf(os.Getpid(), st)
+}
+
+// modifyQPsOf is chaosModifyQPs for process pid, this one or another.
+// Another process's descriptors are duplicated with pidfd_getfd(2) (Linux
+// 5.6, and the right to ptrace it); the command then goes through the
+// INVOKE_WRITE ioctl, since the kernel refuses write() on a uverbs
+// descriptor from anyone but its opener's credentials
+// (ib_safe_file_access). Our own descriptors take write(), as before.
+func modifyQPsOf(pid int, st qp.State) (int, error) {
+	self := pid == os.Getpid()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
+	pidfd := -1
+	if !self {
+		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+			return 0, fmt.Errorf("pidfd_open %d: %w", pid, err)
+		}
+		defer unix.Close(pidfd)
+	}
 	n := 0
 	for _, en := range ents {
-		target, err := os.Readlink("/proc/self/fd/" + en.Name())
+		target, err := os.Readlink(dir + "/" + en.Name())
 		if err != nil || !strings.HasPrefix(target, "/dev/infiniband/uverbs") {
 			continue
 		}
@@ -480,19 +502,68 @@ func chaosModifyQPs(st qp.State) (int, error) {
 		if err != nil {
 			continue
 		}
+		if !self {
+			if fd, err = unix.PidfdGetfd(pidfd, fd, 0); err != nil {
+				return n, fmt.Errorf("pidfd_getfd %d of process %d: %w", fd, pid, err)
+			}
+		}
 		for h := uint32(0); h < 256; h++ {
 			c := ioctl.ModifyQP{Qp_handle: h, Attr_mask: uint32(qp.MaskState), Qp_state: uint8(st)}
-			buf, err := ioctl.EncodeWrite(&ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP,
-				In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP}, nil)
-			if err != nil {
-				return n, err
+			if self {
+				buf, err := ioctl.EncodeWrite(&ioctl.Cmd{Command: ioctl.IB_USER_VERBS_CMD_MODIFY_QP,
+					In: unsafe.Pointer(&c), InLen: ioctl.SizeofModifyQP}, nil)
+				if err != nil {
+					return n, err
+				}
+				if w, err := unix.Write(fd, buf); err == nil && w == len(buf) {
+					n++
+				}
+				continue
 			}
-			if w, err := unix.Write(fd, buf); err == nil && w == len(buf) {
+			call := ioctl.NewCall(ioctl.UVERBS_OBJECT_DEVICE, ioctl.UVERBS_METHOD_INVOKE_WRITE, ioctl.RDMA_DRIVER_RXE)
+			call.InPtr(ioctl.UVERBS_ATTR_CORE_IN, unsafe.Pointer(&c), ioctl.SizeofModifyQP, ioctl.AttrMandatory)
+			call.InConst(ioctl.UVERBS_ATTR_WRITE_CMD, uint64(ioctl.IB_USER_VERBS_CMD_MODIFY_QP))
+			b := call.Encoded()
+			_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctl.RDMA_VERBS_IOCTL, uintptr(unsafe.Pointer(&b[0])))
+			runtime.KeepAlive(&c)
+			if e == 0 {
 				n++
 			}
 		}
+		if !self {
+			unix.Close(fd)
+		}
 	}
 	return n, nil
+}
+
+// chaosBreakCmd: chaosload break --pid PID [--state err|sqd].
+func chaosBreakCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("chaosload break", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	pid := fs.Int("pid", 0, "the process whose QPs to move (required)")
+	state := fs.String("state", "err", "the state to move them to: err (a failed QP) or sqd (a stall, no error)")
+	if err := fs.Parse(args); err != nil {
+		return &cli.ExitError{Code: 1}
+	}
+	if fs.NArg() > 0 {
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: unexpected arguments %q", fs.Args())}
+	}
+	if *pid <= 0 {
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: --pid %d: want a process id", *pid)}
+	}
+	var st qp.State
+	switch *state {
+	case "err":
+		st = qp.Err
+	case "sqd":
+		st = qp.SQD
+	default:
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: --state %q: want err or sqd", *state)}
+	}
+	n, err := modifyQPsOf(*pid, st)
+	fmt.Fprintf(stdout, "moved %d QPs of process %d to %s\n", n, *pid, strings.ToUpper(*state))
+	return err
 }
 
 // --- drive -----------------------------------------------------------------

@@ -49,3 +49,26 @@ func TestChaosServerViolations(t *testing.T) {
 		t.Errorf("driver leaks: %v, want goroutines, buffers and QPs", v)
 	}
 }
+
+// TestBreakFlags: `chaosload break` refuses a missing or bad pid and an
+// unknown state, naming what was wrong, before it touches any process.
+func TestBreakFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--pid 0"},
+		{[]string{"--pid", "-3"}, "--pid -3"},
+		{[]string{"--pid", "1", "--state", "rts"}, `--state "rts"`},
+		{[]string{"--pid", "1", "extra"}, "unexpected arguments"},
+	} {
+		var out, errb strings.Builder
+		err := runChaosLoad(append([]string{"break"}, c.args...), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("break %q: %v, want an error naming %s", c.args, err, c.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("break %q printed %q", c.args, out.String())
+		}
+	}
+}
