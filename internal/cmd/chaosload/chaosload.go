@@ -7,6 +7,7 @@
 //	chaosload drive  --device rxe0 --peer 10.99.0.2:18900 --duration 20s
 //	chaosload verify --device rxe0 --peer 10.99.0.2:18900 --journal F
 //	chaosload stats  --device rxe0 --peer 10.99.0.2:18900
+//	chaosload break  --pid PID [--state err|sqd]
 //
 // serve is a bx endpoint with three handlers: "apply" (stream 1) records a
 // request id in a ledger and applies it the first time only, so a retried
@@ -18,6 +19,8 @@
 // writes MODIFY_QP to ERR for handles 0..255 on every uverbs descriptor of
 // the process: its QPs forced to ERROR from outside. SIGHUP does the
 // same with SQD: its QPs stop sending and report no error (a stall).
+// break does either to another process (a goverbs ps server, say), from
+// outside: pidfd_getfd(2) duplicates its uverbs descriptors.
 //
 // drive issues calls with unique ids (a random 32-bit run prefix and a
 // sequence number) and retries an id, with the same id, after any error
