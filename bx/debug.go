@@ -16,8 +16,11 @@ var endpoints sync.Map // *Endpoint -> struct{}
 // window; per endpoint, waiting calls, live messages and workers. It is
 // for diagnosing a stall (the hang watchdog of the tests calls it): it
 // takes each lock briefly and may see a state in motion. It never blocks
-// on a lock: one still held after lockWait is what the stall may be, and
-// the dump says so in that lock's place and goes on.
+// on bx's own locks (the endpoint's, its grants', a peer's, a lane's send
+// and receive locks): one still held after lockWait is what the stall may
+// be, and the dump says so in that lock's place and goes on. The flow
+// package's locks, which are never held across a wait, it takes as it
+// finds them (the credits', the returner's, a lane's window).
 func DumpState(w io.Writer) {
 	if w == nil {
 		return
@@ -58,8 +61,14 @@ func (e *Endpoint) dumpState(w io.Writer) {
 		fmt.Fprintf(w, "  peers: the endpoint's lock (mu) held for %v\n", lockWait)
 		return
 	}
+	// The peers are read under the lock just tried: taking it again
+	// (peerList) could wait behind a writer.
+	peers := make([]*Peer, 0, len(e.peers))
+	for p := range e.peers {
+		peers = append(peers, p)
+	}
 	e.mu.RUnlock()
-	for _, p := range e.peerList() {
+	for _, p := range peers {
 		fmt.Fprintf(w, "  peer %x state %d\n    credits (we send): %v\n    returner (peer sends): %v\n",
 			p.id, p.state.Load(), p.credits, p.ret)
 		if tryFor(p.mu.TryLock) {

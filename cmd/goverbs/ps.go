@@ -114,12 +114,13 @@ func dumpOnSignal(what string, w io.Writer) func() {
 			// read (DumpState reports a lock held too long and goes on,
 			// but the stacks must not wait for it).
 			tag := fmt.Sprintf("[%s %d] ", what, os.Getpid())
+			who := fmt.Sprintf("goverbs %s (pid %d): SIGUSR1: ", what, os.Getpid())
 			var b bytes.Buffer
 			pprof.Lookup("goroutine").WriteTo(&b, 2)
-			w.Write(tagLines(tag, fmt.Sprintf("goverbs %s (pid %d): SIGUSR1: goroutines", what, os.Getpid()), b.Bytes()))
+			w.Write(tagLines(tag, who+"goroutines", b.Bytes()))
 			b.Reset()
 			bx.DumpState(&b)
-			w.Write(tagLines(tag, fmt.Sprintf("goverbs %s (pid %d): SIGUSR1: bx state", what, os.Getpid()), b.Bytes()))
+			w.Write(tagLines(tag, who+"bx state", b.Bytes()))
 		}
 	}()
 	return func() {
