@@ -58,6 +58,8 @@ type perfBXOptions struct {
 	idle    time.Duration
 	json    bool
 	cpuprof string
+	trace   string // --trace: a Go execution trace of the measured loop
+	samples string // --samples: the client's every round trip, usec, one a line
 	server  string
 	bw, tcp bool
 	grpc    bool // gRPC unary calls (perf_grpc.go) instead of bx Calls or the TCP framing
@@ -144,6 +146,12 @@ Options:
                          over it (percent of a core)
       --json             print the results as one JSON object
       --cpuprofile=<f>   CPU profile of the measured loop
+      --trace=<f>        Go execution trace of the measured loop (go tool
+                         trace): which goroutine ran on which thread, and why
+                         each one waited
+      --samples=<f>      _lat tests, client: every call's full round trip in
+                         usec, one a line in call order (what t_typical,
+                         t_avg and p99 summarize)
 `
 
 // perfGRPCTests runs the grpc_* tests' gRPC side. perf_grpc.go, built
@@ -188,6 +196,8 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.idle, "idle", 0, "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "")
+	fs.StringVar(&o.trace, "trace", "", "")
+	fs.StringVar(&o.samples, "samples", "", "")
 	fs.Usage = func() { fmt.Fprint(stderr, perfBXUsage) }
 	rest, err := parseGetopt(fs, args)
 	if err != nil {
@@ -232,12 +242,26 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--idle %v: must be 0..1h", o.idle)
 	case o.idle > 0 && o.server == "":
 		return usageError("--idle is the client's (it needs a HOST)")
+	case o.samples != "" && o.bw:
+		return usageError("--samples is for the _lat tests (a _bw test has calls outstanding, not one round trip at a time)")
+	case o.samples != "" && o.server == "":
+		return usageError("--samples is the client's (it needs a HOST)")
 	}
 	if err := checkEagerSize(o.eager); err != nil {
 		return err
 	}
 	if err := checkSplitSize(o.split); err != nil {
 		return err
+	}
+	// The output files are made now, so that a path that cannot be
+	// written fails before the peer waits for us, not after the run.
+	for _, f := range []struct{ flag, path string }{{"--samples", o.samples}, {"--trace", o.trace}} {
+		if f.path == "" {
+			continue
+		}
+		if err := os.WriteFile(f.path, nil, 0o644); err != nil {
+			return usageError("%s: %v", f.flag, err)
+		}
 	}
 	if !o.bw {
 		o.window = 1
@@ -514,14 +538,19 @@ func (r *perfBXRun) warmUp() error {
 	return nil
 }
 
-// startBarrier starts the --cpuprofile profile and meets the peer at the
-// start barrier.
+// startBarrier starts the --cpuprofile profile and the --trace execution
+// trace and meets the peer at the start barrier.
 func (r *perfBXRun) startBarrier() error {
 	stopProf, err := startCPUProfile(r.o.cpuprof)
 	if err != nil {
 		return r.fail(err)
 	}
 	r.atClose(stopProf)
+	stopTrace, err := startExecTrace(r.o.trace)
+	if err != nil {
+		return r.fail(err)
+	}
+	r.atClose(stopTrace)
 	if _, err := r.pc.barrier("start", nil); err != nil {
 		return err
 	}
@@ -579,10 +608,31 @@ func (r *perfBXRun) measuredCalls() (perfBXResult, error) {
 		done()
 	}
 	t[o.iters] = int64(time.Since(base))
+	if err := writeSamples(o.samples, t); err != nil {
+		return mine, r.fail(err)
+	}
 	res := latStats(t, o.size, 1)
 	res.Iterations = o.iters
 	mine.Latency = &res
 	return mine, nil
+}
+
+// writeSamples writes --samples: the round trips between the timestamps
+// t (taken before each call and after the last), usec, one a line. No
+// file is asked for with path "".
+func writeSamples(path string, t []int64) error {
+	if path == "" {
+		return nil
+	}
+	var b []byte
+	for i := 1; i < len(t); i++ {
+		b = strconv.AppendFloat(b, float64(t[i]-t[i-1])/1e3, 'f', 3, 64)
+		b = append(b, '\n')
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("--samples: %w", err)
+	}
+	return nil
 }
 
 // awaitClientEnd is the server's share: it ends when the client is done.

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,4 +150,65 @@ func goverbsHasGRPC(t *testing.T) bool {
 		t.Fatalf("goverbs perf grpc_lat -s -1: exit %d, stderr %q; want a usage error naming -s -1", r.code, r.stderr)
 	}
 	return true
+}
+
+// TestPerfBXSamplesTrace runs bx_lat with --samples and --trace: the
+// samples are the round trips the report summarizes (as many, the same
+// smallest), and each side's trace is a Go execution trace.
+func TestPerfBXSamplesTrace(t *testing.T) {
+	cli, srv := rxetest.Pair(t)
+	host, _ := serverTarget(t, srv)
+	dir := t.TempDir()
+	samples, ctrace, strace := filepath.Join(dir, "samples"), filepath.Join(dir, "cli.trace"), filepath.Join(dir, "srv.trace")
+	const iters = 40
+	port := perfPort
+	perfPort += 2
+	common := []string{"perf", "bx_lat", "-n", strconv.Itoa(iters), "-p", strconv.Itoa(port), "--json"}
+	done := make(chan struct{})
+	var rs result
+	go func() {
+		defer close(done)
+		rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"--trace", strace, "-d", srv})...)
+	}()
+	waitListen(t, port, done)
+	rc := goverbs(t, 4*time.Minute, slices.Concat(common, []string{"--samples", samples, "--trace", ctrace, "-d", cli, host})...)
+	<-done
+	for _, r := range []result{rc, rs} {
+		if r.code != 0 || r.err != nil {
+			t.Fatalf("exit %d (%v)\nstdout:\n%s\nstderr:\n%s", r.code, r.err, r.stdout, r.stderr)
+		}
+	}
+	var rep perfBXReport
+	if err := json.Unmarshal([]byte(rc.stdout), &rep); err != nil || len(rep.Latency) != 1 {
+		t.Fatalf("client report %q: %v", rc.stdout, err)
+	}
+	b, err := os.ReadFile(samples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Fields(string(b))
+	if len(lines) != iters {
+		t.Fatalf("%d samples, want %d:\n%s", len(lines), iters, b)
+	}
+	lo := math.Inf(1)
+	for _, l := range lines {
+		v, err := strconv.ParseFloat(l, 64)
+		if err != nil || v <= 0 {
+			t.Fatalf("sample %q: %v", l, err)
+		}
+		lo = min(lo, v)
+	}
+	if l := rep.Latency[0]; math.Abs(lo-l.TMin) > 0.001 {
+		t.Errorf("smallest sample %.3f usec, the report's t_min %.3f", lo, l.TMin)
+	}
+	for _, f := range []string{ctrace, strace} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A Go execution trace starts "go 1.NN trace".
+		if len(b) < 1024 || !bytes.HasPrefix(b, []byte("go 1.")) {
+			t.Errorf("%s: %d bytes starting %q, not an execution trace", f, len(b), b[:min(len(b), 16)])
+		}
+	}
 }

@@ -41,6 +41,10 @@ func TestPerfBadFlags(t *testing.T) {
 		{[]string{"perf", "send_lat", "a", "b"}, "at most one HOST"},
 		{[]string{"perf", "bx_lat", "--idle", "-1s", "h"}, "--idle -1s"},
 		{[]string{"perf", "bx_lat", "--idle", "1s"}, "--idle is the client's"},
+		{[]string{"perf", "bx_bw", "--samples", "s", "h"}, "--samples is for the _lat tests"},
+		{[]string{"perf", "tcp_lat", "--samples", "s"}, "--samples is the client's"},
+		{[]string{"perf", "tcp_lat", "--samples", "/nonexistent/s", "h"}, "--samples: open /nonexistent/s"},
+		{[]string{"perf", "bx_lat", "--trace", "/nonexistent/t"}, "--trace: open /nonexistent/t"},
 	} {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
 			r := goverbs(t, time.Minute, tc.args...)

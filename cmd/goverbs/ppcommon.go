@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"time"
 
@@ -370,6 +371,24 @@ func parseChecked(o ppParser, fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	return o.validate()
+}
+
+// startExecTrace starts a Go execution trace (runtime/trace) into the
+// file path (none if path is empty) and returns what stops it and closes
+// the file.
+func startExecTrace(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { trace.Stop(); f.Close() }, nil
 }
 
 // startCPUProfile starts a CPU profile into the file path (none if path
