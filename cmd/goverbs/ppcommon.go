@@ -373,27 +373,21 @@ func parseChecked(o ppParser, fs *flag.FlagSet, args []string) error {
 	return o.validate()
 }
 
-// startExecTrace starts a Go execution trace (runtime/trace) into the
-// file path (none if path is empty) and returns what stops it and closes
-// the file.
-func startExecTrace(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { trace.Stop(); f.Close() }, nil
-}
-
 // startCPUProfile starts a CPU profile into the file path (none if path
 // is empty) and returns what stops it and closes the file.
 func startCPUProfile(path string) (stop func(), err error) {
+	return startToFile(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// startExecTrace is startCPUProfile for a Go execution trace
+// (runtime/trace).
+func startExecTrace(path string) (stop func(), err error) {
+	return startToFile(path, trace.Start, trace.Stop)
+}
+
+// startToFile runs start on the file path (made; none if path is empty)
+// and returns what runs stop and closes the file.
+func startToFile(path string, start func(io.Writer) error, stop func()) (func(), error) {
 	if path == "" {
 		return func() {}, nil
 	}
@@ -401,9 +395,9 @@ func startCPUProfile(path string) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
 		return nil, err
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() { stop(); f.Close() }, nil
 }
