@@ -333,6 +333,7 @@ type perfBXRun struct {
 	caller   perfCaller         // the client's, on --port + 1
 	idleCPU  *float64           // with --idle: the client's CPU, percent of a core
 	counts   map[string]float64 // bx's counts per measured call (bx tests)
+	times    []int64            // the client's _lat timestamps, for --samples
 	cleanups []func()           // what close runs, the last added first
 }
 
@@ -578,6 +579,10 @@ func (r *perfBXRun) measure() (mine perfBXResult, peerB json.RawMessage, err err
 	if r.ep != nil {
 		r.counts = perfBXCounts(before, r.ep.Snapshot(), r.o.iters)
 	}
+	// Written after the CPU time is taken, which it would add to.
+	if err := writeSamples(r.o.samples, r.times); err != nil {
+		return mine, nil, r.fail(err)
+	}
 	return mine, peerB, nil
 }
 
@@ -608,9 +613,7 @@ func (r *perfBXRun) measuredCalls() (perfBXResult, error) {
 		done()
 	}
 	t[o.iters] = int64(time.Since(base))
-	if err := writeSamples(o.samples, t); err != nil {
-		return mine, r.fail(err)
-	}
+	r.times = t
 	res := latStats(t, o.size, 1)
 	res.Iterations = o.iters
 	mine.Latency = &res
