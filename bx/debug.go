@@ -63,10 +63,7 @@ func (e *Endpoint) dumpState(w io.Writer) {
 	}
 	// The peers are read under the lock just tried: taking it again
 	// (peerList) could wait behind a writer.
-	peers := make([]*Peer, 0, len(e.peers))
-	for p := range e.peers {
-		peers = append(peers, p)
-	}
+	peers := e.appendPeersLocked(nil)
 	e.mu.RUnlock()
 	for _, p := range peers {
 		fmt.Fprintf(w, "  peer %x state %d\n    credits (we send): %v\n    returner (peer sends): %v\n",

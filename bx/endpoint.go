@@ -687,6 +687,11 @@ func (e *Endpoint) peerList() []*Peer { return e.appendPeers(nil) }
 func (e *Endpoint) appendPeers(dst []*Peer) []*Peer {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	return e.appendPeersLocked(dst)
+}
+
+// appendPeersLocked is appendPeers for a holder of e.mu.
+func (e *Endpoint) appendPeersLocked(dst []*Peer) []*Peer {
 	dst = dst[:0]
 	for p := range e.peers {
 		dst = append(dst, p)
