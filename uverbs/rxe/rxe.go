@@ -448,12 +448,25 @@ func (q *qp) writeSend(w *ioctl.RxeSendWqe, wr *provider.SendWR) {
 // 1.7-4.5x slower ping-pong than rdma-core.
 func (q *qp) ring() error {
 	db := q.db
-	_, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(q.fd), uintptr(unsafe.Pointer(db)), ioctl.SizeofCmdHdr+ioctl.SizeofPostSend)
+	// RawSyscallNoError is x/sys's bare SYSCALL stub: unix.RawSyscall goes
+	// through three wrappers to the runtime's (about 40 instructions a
+	// doorbell, scripts/bench-instr's rp variant); the kernel's -errno
+	// comes back in r1 instead.
+	r, _ := unix.RawSyscallNoError(unix.SYS_WRITE, uintptr(q.fd), uintptr(unsafe.Pointer(db)), ioctl.SizeofCmdHdr+ioctl.SizeofPostSend)
 	runtime.KeepAlive(db)
-	if e != 0 {
+	if e := syscallErrno(r); e != 0 {
 		return &ioctl.Error{Op: "rxe: doorbell (POST_SEND)", Errno: e}
 	}
 	return nil
+}
+
+// syscallErrno is the error number in a raw system call's return value r
+// (Linux returns -errno, from -4095 to -1), or 0.
+func syscallErrno(r uintptr) unix.Errno {
+	if v := int(r); v < 0 && v > -4096 {
+		return unix.Errno(-v)
+	}
+	return 0
 }
 
 // AH is an rxe address handle: the kernel keeps the address vector and
