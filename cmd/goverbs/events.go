@@ -45,9 +45,9 @@ func newCQPoller(c *cq.CQ, events bool) *cqPoller {
 }
 
 // poll moves up to len(wc) completions into wc. With events it returns only
-// once there is at least one. It is small enough to be inlined into the
-// busy loop: an empty poll costs a call less (scripts/bench-instr's rp
-// variant).
+// once there is at least one. The busy loop of rc-pingpong (pingLoop) does
+// poll's first step itself, a call less per poll (scripts/bench-instr's rp
+// variant), and goes to pollWait for the rest.
 func (p *cqPoller) poll(wc []cq.WC) (int, error) {
 	n, err := p.cq.Poll(wc)
 	if err == nil && (n > 0 || !p.events) {
