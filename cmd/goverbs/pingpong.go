@@ -284,7 +284,9 @@ func (pp *pingpong) loop() error {
 // pingLoop is the main loop of rc_pingpong and ud_pingpong: poll the CQ,
 // post receives again when at most one is left (routs: receives posted),
 // and send the next message once the last send and receive both completed
-// (pend: the work request IDs still outstanding). It allocates nothing.
+// (pend: the work request IDs still outstanding). routs and pend are
+// their values when the loop starts; run keeps them in locals. It
+// allocates nothing.
 type pingLoop struct {
 	iters, rxDepth int
 	poller         *cqPoller
@@ -346,7 +348,6 @@ func (l *pingLoop) run() error {
 			}
 		}
 	}
-	l.routs, l.pend = routs, pend
 	return nil
 }
 
