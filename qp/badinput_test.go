@@ -437,6 +437,49 @@ func TestQueueFull(t *testing.T) {
 	b.noMore(t, 0)
 }
 
+// TestRecvBatchRefusedWhole posts receive batches whose second request
+// is bad (too many SGEs; SGE lengths over 32 bits): each is refused with
+// an error that names the request, and its good first request is not
+// posted either: the receives posted after it are the ones that complete.
+func TestRecvBatchRefusedWhole(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{cfg: qp.Config{MaxSendWR: 8, MaxRecvWR: 8, MaxRecvSGE: 2}})
+	good := qp.RecvWR{ID: 999, SGEs: []qp.SGE{b.sge(t, dstOff, 64)}}
+	many := make([]qp.SGE, b.qp.Caps().MaxRecvSGE+1)
+	for i := range many {
+		many[i] = b.sge(t, dstOff+64+i*8, 8)
+	}
+	huge := []qp.SGE{b.sge(t, dstOff, 64), b.sge(t, dstOff, 64)}
+	huge[0].Length, huge[1].Length = 1<<31, 1<<31
+	for _, bad := range []struct {
+		sges []qp.SGE
+		want string
+	}{{many, "SGEs"}, {huge, "overflow"}} {
+		err := b.qp.PostRecv([]qp.RecvWR{good, {ID: 1000, SGEs: bad.sges}})
+		if err == nil {
+			t.Fatalf("batch with a bad second request (%s) posted", bad.want)
+		}
+		wantErr(t, err, "request 1")
+		wantErr(t, err, bad.want)
+	}
+	for i := range 4 {
+		if err := b.qp.PostRecv([]qp.RecvWR{{ID: uint64(i), SGEs: []qp.SGE{b.sge(t, dstOff+i*64, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		if err := a.qp.PostSend([]qp.SendWR{{ID: uint64(i), Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, i*64, 8)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.waitOK(t, 4)
+	for i, w := range b.waitOK(t, 4) {
+		if w.ID != uint64(i) {
+			t.Fatalf("receive %d completed as request %d: a refused batch left a request posted", i, w.ID)
+		}
+	}
+	b.noMore(t, 0)
+}
+
 // TestLegacyWrite runs a connection with every command sent by write(),
 // the path for kernels without the ioctl interface.
 func TestLegacyWrite(t *testing.T) {

@@ -224,18 +224,14 @@ func (q *qp) PostRecv(wrs []provider.RecvWR) error {
 	return postRecv(&q.rq, q.caps.MaxRecvSGE, wrs)
 }
 
-// postRecv writes receive WQEs; no system call is needed.
+// postRecv writes receive WQEs; no system call is needed. It validates
+// and writes each in one pass: what it writes past the producer index is
+// the kernel's only once that index is stored, so a request that fails
+// leaves none of the list posted (TestRecvBatchRefusedWhole). One pass
+// reads each request once; bx posts a receive per message.
 func postRecv(r *ring, maxSGE uint32, wrs []provider.RecvWR) error {
 	if r.mem == nil {
 		return errClosed
-	}
-	for i := range wrs {
-		if n := len(wrs[i].SGEs); n > int(maxSGE) {
-			return fmt.Errorf("rxe: receive work request %d (id %d): %d SGEs, the queue takes %d", i, wrs[i].ID, n, maxSGE)
-		}
-		if _, ok := sgeTotal(wrs[i].SGEs); !ok {
-			return fmt.Errorf("rxe: receive work request %d (id %d): SGE lengths overflow 32 bits", i, wrs[i].ID)
-		}
 	}
 	prod := atomic.LoadUint32(r.prod)
 	if uint32(len(wrs)) > r.free(prod) {
@@ -243,9 +239,15 @@ func postRecv(r *ring, maxSGE uint32, wrs []provider.RecvWR) error {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
+		if n := len(wr.SGEs); n > int(maxSGE) {
+			return fmt.Errorf("rxe: receive work request %d (id %d): %d SGEs, the queue takes %d", i, wr.ID, n, maxSGE)
+		}
+		total, ok := sgeTotal(wr.SGEs)
+		if !ok {
+			return fmt.Errorf("rxe: receive work request %d (id %d): SGE lengths overflow 32 bits", i, wr.ID)
+		}
 		w := (*ioctl.RxeRecvWqe)(r.slot(prod))
 		w.Id = wr.ID
-		total, _ := sgeTotal(wr.SGEs)
 		w.Dma = ioctl.RxeDMAInfo{Length: total, Resid: total, Num_sge: uint32(len(wr.SGEs))}
 		copySGEs(unsafe.Add(unsafe.Pointer(w), ioctl.RxeRecvWqeOffData), wr.SGEs)
 		prod = (prod + 1) & r.mask
