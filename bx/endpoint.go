@@ -304,6 +304,7 @@ type Endpoint struct {
 	retMu    sync.Mutex
 	retired  []retiredBuf // under retMu
 	retN     atomic.Int32 // len(retired)
+	retireAt int32        // the poller drains between polls from this many on (retireThreshold)
 	spinning atomic.Bool  // the progress goroutine is polling
 
 	mu       sync.RWMutex
@@ -489,6 +490,7 @@ func New(cfg Config) (*Endpoint, error) {
 		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer; set Config.SharedTargets to share one region among trusted peers instead", e.ctx.Name()))
 	}
 	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
+	e.retireAt = retireThreshold(cfg.Credits)
 	if e.pd, err = e.ctx.AllocPD(); err != nil {
 		return fail(err)
 	}
@@ -713,6 +715,20 @@ func (e *Endpoint) repost(b mr.Buf) error {
 
 // retireBatch is the most buffers drainRetired posts in one call.
 const retireBatch = 16
+
+// retireThreshold is how many released buffers the poller lets queue
+// before it posts them between its polls: Credits/8, at most
+// retireBatch/2, at least 1. A post of one buffer cost about 550
+// instructions a message on each side of a 64 B ping-pong (the queue's
+// and the SRQ's locks, the provider's post, the returner), most of it
+// the same for one buffer as for eight (scripts/bench-instr, docs/perf.md
+// "Forty-first session"). What waits is at most Credits/8 of a peer's
+// credits, for at most until the poller sleeps (it drains all first) or
+// the ticker's next tick (it drains all too). With few Credits it is 1:
+// every buffer goes back at the next poll, as before.
+func retireThreshold(credits int) int32 {
+	return int32(max(1, min(retireBatch/2, credits/8)))
+}
 
 // retiredBuf is a released receive buffer and the peer whose credit it
 // becomes once it is posted again.
@@ -1073,7 +1089,9 @@ func (e *Endpoint) pollLocked() (int, error) {
 	for i := range e.wc[:n] {
 		e.complete(&e.wc[i])
 	}
-	e.drainRetired()
+	if e.retN.Load() >= e.retireAt {
+		e.drainRetired()
+	}
 	return n, nil
 }
 
