@@ -61,7 +61,11 @@ const (
 	slotBits   = 10       // granule / smallest class alignment (64 B)
 	slotMask   = 1<<slotBits - 1
 	classAlign = 64
-	maxShards  = 64
+	// smallClasses: classOf answers sizes up to smallClasses*64 bytes
+	// from a table (a binary search over the classes cost about 50
+	// instructions an Alloc); a power of two.
+	smallClasses = 64
+	maxShards    = 64
 	// MaxAllocatorLimit is the largest Limit: buffer IDs are 32 bits.
 	MaxAllocatorLimit = 128 << 30
 )
@@ -115,6 +119,8 @@ type Allocator struct {
 	pd        *uverbs.PD
 	cfg       AllocatorConfig
 	sizes     []int
+	small     [smallClasses + 1]uint8 // classOf of k*64 bytes, k <= smallMax/64
+	smallMax  uint                    // the most bytes small answers for
 	classes   []class
 	shardMask uint32
 	spread    spreader
@@ -260,6 +266,19 @@ func newAllocator(pd *uverbs.PD, cfg AllocatorConfig, reg registrar) (*Allocator
 	for i := range a.classes {
 		a.classes[i] = class{size: cfg.Classes[i], shards: make([]shard, n)}
 	}
+	// Classes are multiples of 64, so the smallest one holding n bytes
+	// is the smallest holding n rounded up to 64: one table entry per 64
+	// bytes answers for every size up to 4 KiB (or the largest class).
+	c := 0
+	for k := range uint(smallClasses + 1) {
+		for c < len(a.sizes) && uint(a.sizes[c]) < k*classAlign {
+			c++
+		}
+		if c == len(a.sizes) {
+			break
+		}
+		a.small[k], a.smallMax = uint8(c), k*classAlign
+	}
 	a.regions.Store(new([]*region))
 	return a, nil
 }
@@ -360,6 +379,9 @@ func (e sgeRangeError) Error() string {
 // classOf returns the smallest class holding n bytes. Alloc(0) gets the
 // smallest class.
 func (a *Allocator) classOf(n int) (int, error) {
+	if uint(n) <= a.smallMax { // n >= 0 too
+		return int(a.small[(uint(n)+classAlign-1)/classAlign]), nil
+	}
 	if n < 0 || n > a.sizes[len(a.sizes)-1] {
 		if n < 0 {
 			return 0, fmt.Errorf("mr: allocator: alloc %d bytes: negative size", n)

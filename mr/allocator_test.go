@@ -883,3 +883,40 @@ func TestBufResize(t *testing.T) {
 		t.Errorf("second Free through the other copy = %v, want ErrDoubleFree", err)
 	}
 }
+
+// TestClassOf checks classOf (a table up to 4 KiB, a search above)
+// against a scan of the classes, for every size around and between them.
+func TestClassOf(t *testing.T) {
+	for _, classes := range [][]int{
+		nil, // the defaults
+		{64},
+		{128, 192, 4096, 8192},
+		{4480},
+		{640, 4096 + 64, 1 << 20},
+	} {
+		a, err := newAllocator(nil, AllocatorConfig{Classes: classes, RegionSize: 1 << 20, Limit: 1 << 20}, fakeRegister)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes := a.Config().Classes
+		for n := -3; n <= sizes[len(sizes)-1]+3 && n <= 10000; n++ {
+			want := -1
+			for i, s := range sizes {
+				if n >= 0 && s >= n {
+					want = i
+					break
+				}
+			}
+			got, err := a.classOf(n)
+			if want < 0 {
+				if err == nil {
+					t.Fatalf("classes %v: classOf(%d) = %d, want an error", sizes, n, got)
+				}
+				continue
+			}
+			if err != nil || got != want {
+				t.Fatalf("classes %v: classOf(%d) = %d, %v; want %d", sizes, n, got, err, want)
+			}
+		}
+	}
+}
