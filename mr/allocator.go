@@ -63,7 +63,7 @@ const (
 	classAlign = 64
 	// smallClasses: classOf answers sizes up to smallClasses*64 bytes
 	// from a table (a binary search over the classes cost about 50
-	// instructions an Alloc); a power of two.
+	// instructions an Alloc).
 	smallClasses = 64
 	maxShards    = 64
 	// MaxAllocatorLimit is the largest Limit: buffer IDs are 32 bits.
