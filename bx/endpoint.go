@@ -293,7 +293,7 @@ type Endpoint struct {
 
 	srqMu   sync.Mutex             // the SRQ's receive side has one owner at a time
 	srqGone bool                   // under srqMu: Close is destroying the SRQ
-	rwr     [retireBatch]qp.RecvWR // under srqMu: repost's work requests, off the heap
+	rwr     [retireBatch]qp.RecvWR // under srqMu: repost's work requests, off the heap; rwr[i] has SGE rsge[i]
 	rsge    [retireBatch]qp.SGE
 	msgs    []Msg   // the pollMu holder's slab (newMsg)
 	acks    []*lane // the pollMu holder's: lanes with a deferred acknowledgement (deferAck)
@@ -491,6 +491,9 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
 	e.retireAt = retireThreshold(cfg.Credits)
+	for i := range e.rwr {
+		e.rwr[i].SGEs = e.rsge[i : i+1]
+	}
 	if e.pd, err = e.ctx.AllocPD(); err != nil {
 		return fail(err)
 	}
@@ -709,7 +712,7 @@ func (e *Endpoint) repost(b mr.Buf) error {
 		return ErrClosed
 	}
 	e.rsge[0] = b.SGE(b.Cap())
-	e.rwr[0] = qp.RecvWR{ID: b.Handle(), SGEs: e.rsge[:1]}
+	e.rwr[0].ID = b.Handle()
 	return e.srq.PostRecv(e.rwr[:1])
 }
 
@@ -774,9 +777,10 @@ func (e *Endpoint) drainRetired() {
 		k := min(len(rs), retireBatch)
 		e.srqMu.Lock()
 		if !e.srqGone {
-			for i, r := range rs[:k] {
-				e.rsge[i] = r.b.SGE(r.b.Cap())
-				e.rwr[i] = qp.RecvWR{ID: r.b.Handle(), SGEs: e.rsge[i : i+1]}
+			for i := range rs[:k] {
+				b := &rs[i].b
+				e.rsge[i] = b.SGE(b.Cap())
+				e.rwr[i].ID = b.Handle()
 			}
 			e.srq.PostRecv(e.rwr[:k])
 		}
