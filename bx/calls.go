@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 )
 
 // Call slots: how a response reaches the Call that waits for it without a
@@ -91,11 +92,11 @@ func (s *callSlot) forgetSlot(id uint64) {
 	}
 }
 
-// waitSlot waits for call id's response in slot s: polling the CQ while
-// the endpoint polls (pollUntil), else asleep until deliverSlot or a
+// waitSlot waits for call id's response in slot s (the Call started at
+// start): polling the CQ while the endpoint polls (pollUntilAt), else asleep until deliverSlot or a
 // shutdown wakes it.
-func (p *Peer) waitSlot(ctx context.Context, s *callSlot, id uint64) (*Msg, error) {
-	if p.e.pollUntil(ctx, s.done) {
+func (p *Peer) waitSlot(ctx context.Context, s *callSlot, id uint64, start time.Time) (*Msg, error) {
+	if p.e.pollUntilAt(ctx, start, s.done) {
 		return p.answerMsg(s.take())
 	}
 	for {

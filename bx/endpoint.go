@@ -996,7 +996,10 @@ func (e *Endpoint) progress() {
 			// about 1500 instructions a call, a quarter of what it
 			// runs per call (scripts/bench-instr; docs/perf.md,
 			// "Twenty-seventh session").
-			if e.cfg.Spin > 0 && e.mayPoll() {
+			// Already spinning, it stays so: mayPoll (a clock read
+			// and the pollers registry, about 270 instructions under
+			// callgrind) is asked only when it would change that.
+			if e.cfg.Spin > 0 && !spinning && e.mayPoll() {
 				setSpinning(true)
 			}
 			continue
@@ -1112,8 +1115,22 @@ func (e *Endpoint) applyAcks() {
 
 // mayPoll reports whether this endpoint may poll (liveEndpoints, and
 // the machine's pollers registry: pollers.go).
-func (e *Endpoint) mayPoll() bool {
-	return forcePoll.Load() || liveEndpoints.Load() == 1 && spareProcs(time.Now())
+func (e *Endpoint) mayPoll() bool { return e.mayPollAt(time.Time{}) }
+
+// mayPollAt is mayPoll for a caller that read the clock a moment ago (a
+// Call, as it starts): the registry's refresh is due by now, whose zero
+// value reads the clock.
+func (e *Endpoint) mayPollAt(now time.Time) bool {
+	if forcePoll.Load() {
+		return true
+	}
+	if liveEndpoints.Load() != 1 {
+		return false
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return spareProcs(now)
 }
 
 // lazyResume: a Call that got its response leaves the CQ to the next Call
@@ -1254,6 +1271,12 @@ func (e *Endpoint) pollFor(ctx context.Context, ch chan *Msg) (m *Msg, ok, got b
 // gets its data with no hand-off from the progress goroutine, and the
 // progress goroutine, waiting meanwhile, does not spin beside it.
 func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
+	return e.pollUntilAt(ctx, time.Time{}, done)
+}
+
+// pollUntilAt is pollUntil for a waiter that read the clock at now, a
+// moment ago (zero: it reads it): a Call's start spares it a clock read.
+func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() bool) bool {
 	if !e.callerPolls.CompareAndSwap(false, true) {
 		return false
 	}
@@ -1280,7 +1303,7 @@ func (e *Endpoint) pollUntil(ctx context.Context, done func() bool) bool {
 		default:
 		}
 	}()
-	if e.cfg.Spin <= 0 || !e.mayPoll() {
+	if e.cfg.Spin <= 0 || !e.mayPollAt(now) {
 		// Waiting for events. A waiter that got what it waited for
 		// leaves the CQ to the next one as a polling Call does (above):
 		// waking the progress goroutine as it leaves and interrupting

@@ -597,7 +597,7 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 	}
 	b.handBack()
 	start := time.Now()
-	m, err := p.callBuffer(ctx, stream, b)
+	m, err := p.callBuffer(ctx, stream, b, start)
 	p.e.met.observeCall(stream, start, err)
 	return m, err
 }
@@ -607,16 +607,16 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 // functions, so that each has one defer and few returns: the compiler
 // then inlines the defer (open-coded) instead of running it through the
 // runtime's deferreturn (about 300 instructions per call).
-func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
+func (p *Peer) callBuffer(ctx context.Context, stream uint32, b *Buffer, start time.Time) (*Msg, error) {
 	id := p.callID.Add(1)
 	if s, ok := p.claimSlot(id); ok {
-		return p.callSlot(ctx, stream, b, s, id)
+		return p.callSlot(ctx, stream, b, s, id, start)
 	}
 	return p.callMap(ctx, stream, b, id)
 }
 
 // callSlot is callBuffer through call slot s, which id has claimed.
-func (p *Peer) callSlot(ctx context.Context, stream uint32, b *Buffer, s *callSlot, id uint64) (*Msg, error) {
+func (p *Peer) callSlot(ctx context.Context, stream uint32, b *Buffer, s *callSlot, id uint64, start time.Time) (*Msg, error) {
 	if p.state.Load() == stateDead {
 		s.forgetSlot(id)
 		b.Free()
@@ -629,7 +629,7 @@ func (p *Peer) callSlot(ctx context.Context, stream uint32, b *Buffer, s *callSl
 		s.forgetSlot(id)
 		return nil, err
 	}
-	return p.waitSlot(ctx, s, id)
+	return p.waitSlot(ctx, s, id, start)
 }
 
 // callMap is callBuffer through the calls map and a channel.
