@@ -93,8 +93,8 @@ func (s *callSlot) forgetSlot(id uint64) {
 }
 
 // waitSlot waits for call id's response in slot s (the Call started at
-// start): polling the CQ while the endpoint polls (pollUntilAt), else asleep until deliverSlot or a
-// shutdown wakes it.
+// start): polling the CQ while the endpoint polls (pollUntilAt), else
+// asleep until deliverSlot or a shutdown wakes it.
 func (p *Peer) waitSlot(ctx context.Context, s *callSlot, id uint64, start time.Time) (*Msg, error) {
 	if p.e.pollUntilAt(ctx, start, s.done) {
 		return p.answerMsg(s.take())
