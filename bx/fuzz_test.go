@@ -177,3 +177,32 @@ func FuzzCompact(f *testing.F) {
 		}
 	})
 }
+
+// TestHdrTrackStreams: the record keeps the four streams last seen, the
+// newest first, as both sides must (a compact message names its stream by
+// its place there): a stream seen again moves to the front, a fifth one
+// pushes out the oldest, and the newest seen again changes nothing.
+func TestHdrTrackStreams(t *testing.T) {
+	var tr hdrTrack
+	for _, c := range []struct {
+		stream uint32
+		want   [4]uint32
+	}{
+		{7, [4]uint32{7, 7, 7, 7}},
+		{7, [4]uint32{7, 7, 7, 7}},
+		{1, [4]uint32{1, 7, 7, 7}},
+		{2, [4]uint32{2, 1, 7, 7}},
+		{3, [4]uint32{3, 2, 1, 7}},
+		{1, [4]uint32{1, 3, 2, 7}},
+		{2, [4]uint32{2, 1, 3, 7}},
+		{1, [4]uint32{1, 2, 3, 7}},
+		{7, [4]uint32{7, 1, 2, 3}},
+		{4, [4]uint32{4, 7, 1, 2}},
+		{3, [4]uint32{3, 4, 7, 1}},
+	} {
+		tr.set(&header{Type: typData, Stream: c.stream})
+		if tr.streams != c.want {
+			t.Fatalf("after stream %d: streams %v, want %v", c.stream, tr.streams, c.want)
+		}
+	}
+}

@@ -126,12 +126,14 @@ func (t *hdrTrack) set(h *header) {
 	if !t.ok {
 		t.ok, t.streams = true, [4]uint32{h.Stream, h.Stream, h.Stream, h.Stream}
 	}
-	i := 0
-	for i < 3 && t.streams[i] != h.Stream {
-		i++
+	if t.streams[0] != h.Stream { // else the order stays (most messages)
+		i := 1
+		for i < 3 && t.streams[i] != h.Stream {
+			i++
+		}
+		copy(t.streams[1:i+1], t.streams[:i])
+		t.streams[0] = h.Stream
 	}
-	copy(t.streams[1:i+1], t.streams[:i])
-	t.streams[0] = h.Stream
 	t.epoch, t.ack, t.credit = h.Epoch, h.Ack, h.Credit
 	if h.CallID != 0 {
 		t.call = h.CallID
