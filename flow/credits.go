@@ -233,7 +233,13 @@ func (c *Credits) dispatch() {
 // ErrImpossibleGrant; neither is applied.
 func (c *Credits) Grant(cumulative uint64, epoch uint32) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	err := c.grant(cumulative, epoch)
+	c.mu.Unlock() // not deferred: once per message
+	return err
+}
+
+// grant is Grant's body; c.mu is held.
+func (c *Credits) grant(cumulative uint64, epoch uint32) error {
 	switch {
 	case c.closed:
 		return ErrClosed

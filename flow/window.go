@@ -289,16 +289,19 @@ func (w *Window) Release(b int64) error { return w.ReleaseN(1, b) }
 // ReleaseN returns m messages of b bytes in all at once: what an AcquireN
 // took, when none of its parts went out.
 func (w *Window) ReleaseN(m, b int64) error {
-	w.t.mu.Lock()
-	defer w.t.mu.Unlock()
+	t := w.t
+	t.mu.Lock()
 	for _, x := range w.path {
 		if m < 1 || b < 0 || x.msgs < m || x.bytes < b {
-			return fmt.Errorf("%w: %d messages of %d bytes with %d messages, %d bytes outstanding",
+			err := fmt.Errorf("%w: %d messages of %d bytes with %d messages, %d bytes outstanding",
 				ErrOverRelease, m, b, x.msgs, x.bytes)
+			t.mu.Unlock()
+			return err
 		}
 	}
 	w.put(m, b)
-	w.t.dispatch()
+	t.dispatch()
+	t.mu.Unlock() // not deferred: once per message
 	return nil
 }
 
