@@ -68,7 +68,7 @@ func (p *Peer) SendFinForTest(stream uint32, ref uint64) error {
 		return err
 	}
 	(&fin{Ref: ref}).encode(b.Bytes()[HeaderSize:])
-	return p.sendOut(p.e.stopCh, p.lanes[int(stream)%len(p.lanes)], stream, header{Type: typFin, Length: finSize}, out{buf: b, ctl: true})
+	return p.sendOut(p.e.stopCh, p.lanes[int(stream)%len(p.lanes)], stream, header{Type: typFin, Length: finSize}, &out{buf: b, ctl: true})
 }
 
 // ForgeCTSForTest makes the endpoint alter every clear-to-send it sends

@@ -32,7 +32,7 @@ func TestPushOut(t *testing.T) {
 	}
 	push := func() {
 		t.Helper()
-		po := l.pushOut(out{seq: next, bytes: int64(next), write: &writeOp{}})
+		po := l.pushOut(&out{seq: next, bytes: int64(next), write: &writeOp{}})
 		if po != &l.outs[len(l.outs)-1] || po.seq != next {
 			t.Fatalf("pushOut returned %p (seq %d), not the last entry", po, po.seq)
 		}
@@ -68,7 +68,7 @@ func TestPushOut(t *testing.T) {
 	}
 	// The steady state allocates nothing.
 	if a := testing.AllocsPerRun(1000, func() {
-		l.pushOut(out{seq: next, bytes: int64(next)})
+		l.pushOut(&out{seq: next, bytes: int64(next)})
 		next++
 		ack(next - 2)
 	}); a != 0 {

@@ -622,8 +622,8 @@ func (p *Peer) shutdown(why error, bye bool) {
 	}
 	for _, l := range p.lanes {
 		l.mu.Lock()
-		for _, o := range l.outs {
-			p.freeOut(l, o)
+		for i := range l.outs {
+			p.freeOut(l, &l.outs[i])
 		}
 		l.outs = nil
 		l.mu.Unlock()
@@ -672,7 +672,7 @@ func (p *Peer) dropInbound(in *inbound) {
 	}
 }
 
-func (p *Peer) freeOut(l *lane, o out) {
+func (p *Peer) freeOut(l *lane, o *out) {
 	p.e.eager.Free(o.buf)
 	if o.hasRV {
 		p.e.rndv.Free(o.rndv)
@@ -716,13 +716,13 @@ func (p *Peer) send(ctx context.Context, s uint32, h header, buf mr.Buf, rv *mr.
 		o.rndv, o.hasRV = *rv, true
 		o.bytes += int64(rv.Len())
 	}
-	return p.sendOut(ctx, p.lanes[int(s)%len(p.lanes)], s, h, o)
+	return p.sendOut(ctx, p.lanes[int(s)%len(p.lanes)], s, h, &o)
 }
 
 // sendOut sends o on lane l. CTS and FIN (o.ctl) bypass the send window:
 // they answer messages the window already admitted, and waiting for it
 // could deadlock against the RTSs it holds.
-func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) error {
+func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o *out) error {
 	epoch, err := p.admit(ctx, l, 1, o.bytes, o.ctl)
 	if err != nil {
 		return err
@@ -733,7 +733,7 @@ func (p *Peer) sendOut(ctx context.Context, l *lane, s uint32, h header, o out) 
 // trySendOut is sendOut for the progress goroutine: it sends o only if
 // that needs no waiting (the peer active, window and credit available
 // now) and reports whether it did; otherwise o is untouched.
-func (p *Peer) trySendOut(l *lane, s uint32, h header, o out) (bool, error) {
+func (p *Peer) trySendOut(l *lane, s uint32, h header, o *out) (bool, error) {
 	epoch, ok := p.tryAdmit(l, 1, o.bytes, o.ctl)
 	if !ok {
 		return false, nil
@@ -796,7 +796,7 @@ func (p *Peer) unadmit(l *lane, m int, bytes int64, ctl bool) {
 
 // postOut sequences and posts o once its window share and credit
 // (consumed in epoch) are taken.
-func (p *Peer) postOut(l *lane, s uint32, h header, o out, epoch uint32) error {
+func (p *Peer) postOut(l *lane, s uint32, h header, o *out, epoch uint32) error {
 	var err error
 	o.paid = epoch + 1
 	l.mu.Lock()
@@ -962,7 +962,7 @@ func (p *Peer) ack(l *lane, seq uint64) {
 			delete(l.targets, l.outs[n].seq)
 			l.rmu.Unlock()
 		}
-		p.freeOut(l, l.outs[n])
+		p.freeOut(l, &l.outs[n])
 		n++
 	}
 	l.outs = l.outs[n:] // pushOut takes the room back
@@ -979,7 +979,7 @@ func (p *Peer) ack(l *lane, seq uint64) {
 // here, in one move, when outs reaches the end of its array (at least
 // outsMin long: a ping-pong, two messages outstanding, moves one of them
 // every 15 messages); outBase is that array from its start.
-func (l *lane) pushOut(o out) *out {
+func (l *lane) pushOut(o *out) *out {
 	if len(l.outs) == cap(l.outs) {
 		if len(l.outs) < cap(l.outBase) {
 			n := copy(l.outBase[:cap(l.outBase)], l.outs)
@@ -991,7 +991,7 @@ func (l *lane) pushOut(o out) *out {
 			l.outs, l.outBase = grown, grown[:0]
 		}
 	}
-	l.outs = append(l.outs, o)
+	l.outs = append(l.outs, *o)
 	return &l.outs[len(l.outs)-1]
 }
 
@@ -1519,13 +1519,13 @@ func (p *Peer) canSendNow() bool {
 // would), else waiting for a credit.
 func (p *Peer) sendCtl(l *lane, stream uint32, h header, o out, try bool) bool {
 	if try {
-		sent, err := p.trySendOut(l, stream, h, o)
+		sent, err := p.trySendOut(l, stream, h, &o)
 		if !sent || err != nil {
 			p.e.eager.Free(o.buf)
 		}
 		return sent
 	}
-	if err := p.sendOut(p.e.stopCh, l, stream, h, o); err != nil {
+	if err := p.sendOut(p.e.stopCh, l, stream, h, &o); err != nil {
 		p.e.eager.Free(o.buf)
 	}
 	return true

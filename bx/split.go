@@ -136,7 +136,7 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 		if i == 0 {
 			h.Type = typSplit
 		}
-		l.pushOut(o)
+		l.pushOut(&o)
 		if now {
 			h.Ack = ack
 			p.stagePart(l, h, &o, i)

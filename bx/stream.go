@@ -321,7 +321,7 @@ func (p *Peer) trySendMsg(stream uint32, flags uint16, call uint64, b *Buffer) b
 		o.rndv, o.hasRV = b.rv, true
 		o.bytes += int64(b.rv.Len())
 	}
-	sent, err := p.trySendOut(p.lanes[int(stream)%len(p.lanes)], stream, h, o)
+	sent, err := p.trySendOut(p.lanes[int(stream)%len(p.lanes)], stream, h, &o)
 	if sent && err != nil {
 		b.Free()
 	}
