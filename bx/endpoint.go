@@ -1281,6 +1281,11 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 		return false
 	}
 	got := false
+	// seen is the latest clock reading the wait made (the Call's start,
+	// or a reading every 16 empty polls): the hand-back's time, which
+	// needs no precision finer than a call (handBack is 4 Spins), so a
+	// Call reads no clock for it.
+	seen := now
 	defer func() {
 		e.selfWaiting.Store(false)
 		e.callerPolls.Store(false)
@@ -1292,7 +1297,10 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 			// own after the hand-back delay. Not while another Call
 			// or Recv waits (waiting counts us too): it waits on its
 			// channel for whoever polls.
-			e.leftAt.Store(int64(time.Since(procStart)))
+			if seen.IsZero() {
+				seen = time.Now()
+			}
+			e.leftAt.Store(max(int64(seen.Sub(procStart)), 1))
 			e.stats.HandBacks.Add(1)
 			return
 		}
@@ -1311,6 +1319,7 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 		// thread wake-ups per call.
 		e.selfWaiting.Store(true)
 		got = e.selfWait(ctx, done)
+		seen = time.Time{} // it may have waited long: the clock, then
 		return got
 	}
 	var idle, lastYield time.Time
@@ -1340,6 +1349,7 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 				return false
 			}
 			now := time.Now()
+			seen = now
 			if idle.IsZero() {
 				idle = now
 			} else if now.Sub(idle) >= 10*e.cfg.Spin {
