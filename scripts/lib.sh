@@ -14,6 +14,22 @@ wait_listen() {
 	return 1
 }
 
+# pingpong_usec NAME PORT ITERS SIZE CMD...: one pair of CMD, a ping-pong
+# with ibv_rc_pingpong's flags (goverbs rc-pingpong or rdma-core's), in
+# the guest: the server on rxe1, the client on rxe0 (10.99.0.2), -g 1.
+# Prints the client's usec/iter; NAME prefixes its errors.
+pingpong_usec() {
+	local name=$1 port=$2 iters=$3 size=$4 spid out
+	shift 4
+	timeout 300 "$@" -d rxe1 -g 1 -p "$port" -n "$iters" -s "$size" >/dev/null 2>&1 &
+	spid=$!
+	wait_listen "$port" "$spid" || { echo "$name: server did not listen" >&2; return 1; }
+	out=$(timeout 300 "$@" -d rxe0 -g 1 -p "$port" -n "$iters" -s "$size" 10.99.0.2 2>&1) ||
+		{ echo "$name: client failed: $out" >&2; return 1; }
+	wait "$spid" || { echo "$name: server failed" >&2; return 1; }
+	sed -n 's/^[0-9]* iters in [0-9.]* seconds = \([0-9.]*\) usec\/iter$/\1/p' <<<"$out"
+}
+
 # tcg_godebug: the GODEBUG for Go processes on this CPU: under qemu's TCG
 # (model name "QEMU TCG CPU") the runtime's AVX turned off, as the
 # runtime's AVX copies can make the emulated CPU's later float arithmetic
