@@ -625,7 +625,9 @@ func (p *Peer) shutdown(why error, bye bool) {
 		for i := range l.outs {
 			p.freeOut(l, &l.outs[i])
 		}
-		l.outs = nil
+		// Both: outBase's array still holds what was just freed (its
+		// buffers, grants, writes), and a dead Peer may be kept long.
+		l.outs, l.outBase = nil, nil
 		l.mu.Unlock()
 		l.win.Close()
 		// The windows go first: they close the targets to the peer, and
