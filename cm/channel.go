@@ -59,6 +59,9 @@ func Open() (*Channel, error) {
 // Close destroys every ID still open on the channel, then closes the
 // descriptor and waits for the event reader to end. Idempotent.
 func (ch *Channel) Close() error {
+	if ch == nil {
+		return errNilChannel
+	}
 	ch.mu.Lock()
 	if ch.closed {
 		ch.mu.Unlock()
@@ -90,6 +93,9 @@ func (ch *Channel) Close() error {
 // once closed. It does not use os.File.Fd, which would make the
 // descriptor blocking and take it away from the netpoller.
 func (ch *Channel) Fd() int {
+	if ch == nil {
+		return -1
+	}
 	fd := -1
 	if err := ch.rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
 		return -1
@@ -273,6 +279,9 @@ func (ch *Channel) newIDLocked(ps PortSpace, ud bool, handle uint32) *ID {
 // IDs is the number of IDs open on the channel (including connect requests
 // not yet taken).
 func (ch *Channel) IDs() int {
+	if ch == nil {
+		return 0
+	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	return len(ch.ids)

@@ -18,6 +18,9 @@ import (
 // Q_Key). The ID owns the QP: Close destroys it. pd must be on the ID's
 // device (Device).
 func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
+	if id == nil {
+		return nil, errNilID
+	}
 	if pd == nil {
 		return nil, errors.New("cm: create QP: nil PD")
 	}
@@ -80,6 +83,9 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 // InitQPAttr asks the kernel for the attributes that move a QP of this ID
 // to state (INIT_QP_ATTR), as librdmacm's rdma_init_qp_attr.
 func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
+	if id == nil {
+		return qp.Attr{}, 0, errNilID
+	}
 	if err := id.check("init QP attributes"); err != nil {
 		return qp.Attr{}, 0, err
 	}
@@ -205,6 +211,9 @@ func (id *ID) connParam(p ConnParam, op string, maxData int) (ioctl.UcmConnParam
 // carries the peer's private data. A reject is an *EventError with the
 // reason and the peer's private data.
 func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
+	if id == nil {
+		return Event{}, errNilID
+	}
 	if ctx == nil {
 		return Event{}, errors.New("cm: connect: nil context")
 	}
@@ -255,6 +264,9 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 // QP it moves the QP to RTR and RTS first, then answers and waits for
 // ESTABLISHED.
 func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
+	if id == nil {
+		return Event{}, errNilID
+	}
 	if ctx == nil {
 		return Event{}, errors.New("cm: accept: nil context")
 	}
@@ -294,6 +306,9 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 // MaxRejectData bytes) and a reason (0: the kernel's default, consumer
 // defined, 28).
 func (id *ID) Reject(data []byte, reason uint8) error {
+	if id == nil {
+		return errNilID
+	}
 	if err := id.check("reject"); err != nil {
 		return err
 	}
@@ -312,6 +327,9 @@ func (id *ID) Reject(data []byte, reason uint8) error {
 // with flush errors) and sends a disconnect request; the peer gets
 // DISCONNECTED, and so does this ID once the peer answered (WaitDisconnect).
 func (id *ID) Disconnect() error {
+	if id == nil {
+		return errNilID
+	}
 	if err := id.check("disconnect"); err != nil {
 		return err
 	}
@@ -334,6 +352,9 @@ func (id *ID) Disconnect() error {
 // with Disconnect, which sends the reply the peer waits for), or the peer
 // answered our Disconnect (or did not, within the CM's timeout).
 func (id *ID) WaitDisconnect(ctx context.Context) error {
+	if id == nil {
+		return errNilID
+	}
 	for {
 		ev, err := id.Wait(ctx)
 		if err != nil {

@@ -132,6 +132,9 @@ type EventError struct {
 }
 
 func (e *EventError) Error() string {
+	if e == nil {
+		return "cm: nil EventError"
+	}
 	ev := e.Event
 	switch ev.Type {
 	case Rejected:
@@ -167,6 +170,9 @@ func (e *EventError) Error() string {
 
 // Is matches the sentinel of the event's kind.
 func (e *EventError) Is(target error) bool {
+	if e == nil {
+		return false
+	}
 	switch e.Event.Type {
 	case AddrError:
 		return target == ErrAddress
@@ -188,6 +194,9 @@ func (e *EventError) Is(target error) bool {
 
 // Unwrap returns the errno a negative status carries (ETIMEDOUT, EHOSTUNREACH, ...).
 func (e *EventError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
 	if e.Event.Status < 0 {
 		return unix.Errno(-e.Event.Status)
 	}

@@ -79,6 +79,9 @@ type ID struct {
 // CreateID makes an ID in port space ps: an RC ID in TCP and IB, a UD ID
 // in UDP.
 func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
+	if ch == nil {
+		return nil, errNilChannel
+	}
 	t := qp.RC
 	if ps == UDP {
 		t = qp.UD
@@ -90,6 +93,9 @@ func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
 // qp.RC, UDP qp.UD, IB either. The type decides how the ID connects (a
 // connection, or a SIDR exchange for UD) and the QP CreateQP makes.
 func (ch *Channel) CreateIDType(ps PortSpace, t qp.Type) (*ID, error) {
+	if ch == nil {
+		return nil, errNilChannel
+	}
 	switch {
 	case ps != TCP && ps != UDP && ps != IB:
 		return nil, fmt.Errorf("cm: create ID: port space %v not supported (TCP, UDP or IB)", ps)
@@ -117,11 +123,19 @@ func (ch *Channel) CreateIDType(ps PortSpace, t qp.Type) (*ID, error) {
 }
 
 // PortSpace returns the ID's port space.
-func (id *ID) PortSpace() PortSpace { return id.ps }
+func (id *ID) PortSpace() PortSpace {
+	if id == nil {
+		return 0
+	}
+	return id.ps
+}
 
 // QPType returns the type of the QPs the ID connects: qp.UD for a UDP ID
 // and an IB ID made for UD, else qp.RC.
 func (id *ID) QPType() qp.Type {
+	if id == nil {
+		return 0
+	}
 	if id.ud {
 		return qp.UD
 	}
@@ -129,10 +143,18 @@ func (id *ID) QPType() qp.Type {
 }
 
 // Handle is the kernel's number of the ID.
-func (id *ID) Handle() uint32 { return id.handle }
+func (id *ID) Handle() uint32 {
+	if id == nil {
+		return 0
+	}
+	return id.handle
+}
 
 // QP returns the QP made by CreateQP, or nil.
 func (id *ID) QP() *qp.QP {
+	if id == nil {
+		return nil
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.qp
@@ -162,6 +184,9 @@ func (id *ID) wake() {
 // Wait returns the ID's next event. A connect request's Event.ID belongs
 // to the caller from then on.
 func (id *ID) Wait(ctx context.Context) (Event, error) {
+	if id == nil {
+		return Event{}, errNilID
+	}
 	if ctx == nil {
 		return Event{}, errors.New("cm: wait: nil context")
 	}
@@ -228,6 +253,9 @@ func (id *ID) check(op string) error {
 // Bind binds the ID to a local address (an unspecified address binds every
 // device; port 0 picks one).
 func (id *ID) Bind(addr netip.AddrPort) error {
+	if id == nil {
+		return errNilID
+	}
 	if err := id.check("bind"); err != nil {
 		return err
 	}
@@ -270,6 +298,9 @@ const resolveAttempt = 500 * time.Millisecond
 // (after DefaultResolveTimeout without one), with the kernel's last address
 // error (ETIMEDOUT when no neighbour answered) or the context's error.
 func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPort) error {
+	if id == nil {
+		return errNilID
+	}
 	if ctx == nil {
 		return errors.New("cm: resolve address: nil context")
 	}
@@ -324,6 +355,9 @@ func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPor
 // ResolveRoute resolves the route to the resolved address and waits for
 // ROUTE_RESOLVED.
 func (id *ID) ResolveRoute(ctx context.Context) error {
+	if id == nil {
+		return errNilID
+	}
 	if ctx == nil {
 		return errors.New("cm: resolve route: nil context")
 	}
@@ -340,6 +374,9 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 
 // Listen makes a bound ID a listener with room for backlog pending requests.
 func (id *ID) Listen(backlog int) error {
+	if id == nil {
+		return errNilID
+	}
 	if err := id.check("listen"); err != nil {
 		return err
 	}
@@ -357,6 +394,9 @@ func (id *ID) Listen(backlog int) error {
 // it; the request's ID (ev.ID) is the caller's to accept or reject and to
 // Close.
 func (id *ID) GetRequest(ctx context.Context) (Event, error) {
+	if id == nil {
+		return Event{}, errNilID
+	}
 	ev, err := id.waitFor(ctx, "get request", ConnectRequest)
 	if err != nil {
 		return ev, err
@@ -366,6 +406,9 @@ func (id *ID) GetRequest(ctx context.Context) (Event, error) {
 
 // Query returns the ID's addresses, device and GIDs (QUERY_ROUTE).
 func (id *ID) Query() (Route, error) {
+	if id == nil {
+		return Route{}, errNilID
+	}
 	if err := id.check("query"); err != nil {
 		return Route{}, err
 	}
@@ -391,6 +434,9 @@ func (id *ID) Query() (Route, error) {
 // needs a resolved address, a bound address on one device, or a
 // connect request's ID.
 func (id *ID) Device() (string, uint8, error) {
+	if id == nil {
+		return "", 0, errNilID
+	}
 	rt, err := id.Query()
 	if err != nil {
 		return "", 0, err
@@ -413,6 +459,9 @@ func (id *ID) Device() (string, uint8, error) {
 // Close destroys the ID's QP (if CreateQP made one) and the kernel ID. A
 // listener's connect requests not yet taken are destroyed too. Idempotent.
 func (id *ID) Close() error {
+	if id == nil {
+		return errNilID
+	}
 	id.mu.Lock()
 	if id.closed {
 		id.mu.Unlock()

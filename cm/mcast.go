@@ -50,9 +50,19 @@ type Multicast struct {
 }
 
 // MGID is the group's GID, the address the QP is attached to.
-func (m *Multicast) MGID() net.IP { return m.AH.DGID }
+func (m *Multicast) MGID() net.IP {
+	if m == nil {
+		return nil
+	}
+	return m.AH.DGID
+}
 
-func (m *Multicast) String() string { return fmt.Sprintf("multicast group %v", m.Addr) }
+func (m *Multicast) String() string {
+	if m == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("multicast group %v", m.Addr)
+}
 
 // JoinMulticast joins the multicast group addr (an IPv4 or IPv6 multicast
 // address) on a UDP ID that is bound to a device address (Bind) or has a
@@ -62,6 +72,9 @@ func (m *Multicast) String() string { return fmt.Sprintf("multicast group %v", m
 // later is attached by CreateQP. The group is left by LeaveMulticast or by
 // Close. A MULTICAST_ERROR event is an *EventError matching ErrMulticast.
 func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions) (*Multicast, error) {
+	if id == nil {
+		return nil, errNilID
+	}
 	op := fmt.Sprintf("join multicast %v", addr)
 	if ctx == nil {
 		return nil, fmt.Errorf("cm: %s: nil context", op)
@@ -169,6 +182,9 @@ func (id *ID) attach(m *Multicast) error {
 
 // Multicasts returns the groups the ID joined (or is joining).
 func (id *ID) Multicasts() []*Multicast {
+	if id == nil {
+		return nil
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return append([]*Multicast(nil), id.mcs...)
@@ -178,6 +194,9 @@ func (id *ID) Multicasts() []*Multicast {
 // the kernel leaves it (LEAVE_MCAST). Events of the group not yet taken
 // with Wait are dropped.
 func (id *ID) LeaveMulticast(addr netip.Addr) error {
+	if id == nil {
+		return errNilID
+	}
 	op := fmt.Sprintf("leave multicast %v", addr)
 	if err := id.check(op); err != nil {
 		return err

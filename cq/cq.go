@@ -149,15 +149,33 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 var ErrClosed = uverbs.ErrClosed
 
 // IsClosed reports whether Close was called.
-func (q *CQ) IsClosed() bool { return q.once.IsClosed() }
+func (q *CQ) IsClosed() bool {
+	if q == nil {
+		return true
+	}
+	return q.once.IsClosed()
+}
 
-func (q *CQ) String() string { return fmt.Sprintf("CQ %d on %s", q.handle, q.ctx.Name()) }
+func (q *CQ) String() string {
+	if q == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("CQ %d on %s", q.handle, q.ctx.Name())
+}
 
 // Len is the number of entries the kernel granted (at least the number asked).
-func (q *CQ) Len() int { return q.cqe }
+func (q *CQ) Len() int {
+	if q == nil {
+		return 0
+	}
+	return q.cqe
+}
 
 // Handle is the kernel handle, for packages that create queue pairs.
 func (q *CQ) Handle() (uint32, error) {
+	if q == nil {
+		return 0, errNilCQ
+	}
 	q.once.Lock()
 	defer q.once.Unlock()
 	if q.once.IsClosed() {
@@ -167,12 +185,20 @@ func (q *CQ) Handle() (uint32, error) {
 }
 
 // Context returns the device context.
-func (q *CQ) Context() *uverbs.Context { return q.ctx }
+func (q *CQ) Context() *uverbs.Context {
+	if q == nil {
+		return nil
+	}
+	return q.ctx
+}
 
 // Poll moves up to len(wc) completions into wc and returns how many. It
 // makes no system call and allocates nothing. It returns ErrClosed after
 // Close. Check each WC's Status (or wc[i].Err()).
 func (q *CQ) Poll(wc []WC) (int, error) {
+	if q == nil {
+		return 0, errNilCQ
+	}
 	if q.once.IsClosed() {
 		return 0, ErrClosed
 	}
@@ -180,9 +206,12 @@ func (q *CQ) Poll(wc []WC) (int, error) {
 }
 
 // Empty reports whether the CQ holds no completion to poll now (a closed
-// CQ is empty). Like Poll it makes no system call; a completion may arrive
-// just after it looked.
+// CQ is empty, and so is a nil one). Like Poll it makes no system call; a
+// completion may arrive just after it looked.
 func (q *CQ) Empty() bool {
+	if q == nil {
+		return true
+	}
 	if q.once.IsClosed() {
 		return true
 	}
@@ -195,6 +224,9 @@ func (q *CQ) destroy() error { return uvobj.DestroyCQ(uvobj.Of(q.ctx).File, q.ha
 // pair still uses it. Idempotent. Do not Close while another goroutine
 // polls: the ring is unmapped.
 func (q *CQ) Close() error {
+	if q == nil {
+		return errNilCQ
+	}
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
 		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
 		func() error {

@@ -21,6 +21,9 @@ var ErrNoChannel = errors.New("cq: the CQ has no completion channel (create it w
 // solicited or error completion) raises one event on its channel. Arming
 // again before the event fired is harmless.
 func (q *CQ) Notify(solicitedOnly bool) error {
+	if q == nil {
+		return errNilCQ
+	}
 	if q.once.IsClosed() {
 		return ErrClosed
 	}
@@ -70,7 +73,12 @@ type armCmd struct {
 // nothing.
 //
 // No thread is blocked: the channel's descriptor is in Go's netpoller.
-func (q *CQ) Wait(ctx context.Context) error { return q.wait(ctx, false) }
+func (q *CQ) Wait(ctx context.Context) error {
+	if q == nil {
+		return errNilCQ
+	}
+	return q.wait(ctx, false)
+}
 
 // Interrupt makes a Wait in progress on a CQ with its own channel
 // (Options.Events) return uverbs.ErrInterrupted, or the next one if none
@@ -78,6 +86,9 @@ func (q *CQ) Wait(ctx context.Context) error { return q.wait(ctx, false) }
 // blocks: a goroutine takes the wait over from another, or bounds one
 // with a reused timer.
 func (q *CQ) Interrupt() bool {
+	if q == nil {
+		return false
+	}
 	if q.ch == nil || !q.ownCh {
 		return false
 	}
@@ -86,7 +97,12 @@ func (q *CQ) Interrupt() bool {
 }
 
 // WaitSolicited is Wait for solicited (and error) completions only.
-func (q *CQ) WaitSolicited(ctx context.Context) error { return q.wait(ctx, true) }
+func (q *CQ) WaitSolicited(ctx context.Context) error {
+	if q == nil {
+		return errNilCQ
+	}
+	return q.wait(ctx, true)
+}
 
 func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if q.once.IsClosed() {
@@ -148,6 +164,9 @@ type Stats struct {
 
 // Stats returns the CQ's event counters.
 func (q *CQ) Stats() Stats {
+	if q == nil {
+		return Stats{}
+	}
 	s := Stats{Arms: q.armed.Load(), Wakeups: q.wakeups.Load()}
 	if q.ch != nil {
 		s.ChannelEvents = q.ch.Events()

@@ -285,6 +285,9 @@ func newAllocator(pd *uverbs.PD, cfg AllocatorConfig, reg registrar) (*Allocator
 
 // Config returns the configuration with defaults filled in.
 func (a *Allocator) Config() AllocatorConfig {
+	if a == nil {
+		return AllocatorConfig{}
+	}
 	c := a.cfg
 	c.Classes = slices.Clone(c.Classes)
 	return c
@@ -411,6 +414,9 @@ func (a *Allocator) slot(id uint32) (*chunk, *slot) {
 // serves (Cap tells); with none either it fails with ErrAllocatorFull. It
 // fails with ErrTooLarge above the largest class.
 func (a *Allocator) Alloc(n int) (Buf, error) {
+	if a == nil {
+		return Buf{}, errNilAllocator
+	}
 	c, err := a.classOf(n)
 	if err != nil {
 		return Buf{}, err
@@ -499,6 +505,9 @@ func (a *Allocator) badFree(b Buf) error {
 // that is not in use (ErrDoubleFree), not from this allocator
 // (ErrForeignBuf), or after Close.
 func (a *Allocator) Free(b Buf) error {
+	if a == nil {
+		return errNilAllocator
+	}
 	sl, err := a.check(b)
 	if err != nil {
 		return err
@@ -656,6 +665,9 @@ func (a *Allocator) newRegion(size int) (*region, error) {
 // class size), e.g. the address of a receive completion. It does not find
 // free buffers, or anything after Close. O(log regions).
 func (a *Allocator) Lookup(addr uint64) (Buf, bool) {
+	if a == nil {
+		return Buf{}, false
+	}
 	if a.closed.Load() {
 		return Buf{}, false
 	}
@@ -692,6 +704,9 @@ func (a *Allocator) Lookup(addr uint64) (Buf, bool) {
 // FromHandle returns the buffer a Handle names, if that allocation is still
 // in use. O(1).
 func (a *Allocator) FromHandle(h uint64) (Buf, bool) {
+	if a == nil {
+		return Buf{}, false
+	}
 	id := uint32(h)
 	if a.closed.Load() || int(id>>slotBits) >= len(a.chunks) {
 		return Buf{}, false
@@ -744,6 +759,9 @@ type ClassStats struct {
 // Stats returns a snapshot. Under concurrent use the counts are each
 // consistent with some moment (InUse never negative), not all with one.
 func (a *Allocator) Stats() AllocatorStats {
+	if a == nil {
+		return AllocatorStats{}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.statsLocked()
@@ -795,7 +813,12 @@ func (a *Allocator) statsLocked() AllocatorStats {
 // Alloc and Free return an error wrapping uverbs.ErrClosed and Lookup finds
 // nothing. Close is idempotent and safe against concurrent Allocs (which
 // then fail). Buffers held in Caches count as free.
-func (a *Allocator) Close() error { return a.close(false) }
+func (a *Allocator) Close() error {
+	if a == nil {
+		return errNilAllocator
+	}
+	return a.close(false)
+}
 
 // Discard is Close for an owner that knows none of its buffers will be
 // touched again (its queues, which could still write into them, are
@@ -803,7 +826,12 @@ func (a *Allocator) Close() error { return a.close(false) }
 // every region even with buffers still allocated. Free and Alloc after it
 // are safe (they fail or do nothing); Buf.Bytes of a buffer from before it
 // is not.
-func (a *Allocator) Discard() error { return a.close(true) }
+func (a *Allocator) Discard() error {
+	if a == nil {
+		return errNilAllocator
+	}
+	return a.close(true)
+}
 
 func (a *Allocator) close(discard bool) error {
 	a.mu.Lock()
@@ -862,6 +890,9 @@ type cacheClass struct {
 // NewCache returns a Cache holding up to Config().CacheSize free buffers per
 // class. Close it to hand them back.
 func (a *Allocator) NewCache() *Cache {
+	if a == nil {
+		return nil
+	}
 	k := &Cache{a: a, cls: make([]cacheClass, len(a.classes))}
 	for i := range k.cls {
 		k.cls[i].ids = make([]uint32, 0, a.cfg.CacheSize)
@@ -876,6 +907,9 @@ var errCacheClosed = fmt.Errorf("mr: allocator cache: %w", uverbs.ErrClosed)
 
 // Alloc is Allocator.Alloc through the cache.
 func (k *Cache) Alloc(n int) (Buf, error) {
+	if k == nil {
+		return Buf{}, errNilCache
+	}
 	if k.closed {
 		return Buf{}, errCacheClosed
 	}
@@ -925,6 +959,9 @@ func (k *Cache) refill(c int) error {
 
 // Free is Allocator.Free through the cache.
 func (k *Cache) Free(b Buf) error {
+	if k == nil {
+		return errNilCache
+	}
 	if k.closed {
 		return errCacheClosed
 	}
@@ -963,6 +1000,9 @@ func (k *Cache) spill(c, n int) {
 
 // Flush hands every cached free buffer back to the allocator.
 func (k *Cache) Flush() {
+	if k == nil {
+		return
+	}
 	for c := range k.cls {
 		k.spill(c, len(k.cls[c].ids))
 	}
@@ -971,6 +1011,9 @@ func (k *Cache) Flush() {
 // Close flushes the cache and detaches it; its counters stay in the
 // allocator's Stats. Idempotent.
 func (k *Cache) Close() error {
+	if k == nil {
+		return errNilCache
+	}
 	if k.closed {
 		return nil
 	}

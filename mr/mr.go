@@ -126,16 +126,27 @@ func mmapAligned(size, align int) (unsafe.Pointer, error) {
 
 // Bytes returns the memory, or nil after Close.
 func (m *Memory) Bytes() []byte {
+	if m == nil {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.buf
 }
 
 // Huge reports whether the memory sits on huge pages.
-func (m *Memory) Huge() bool { return m.huge }
+func (m *Memory) Huge() bool {
+	if m == nil {
+		return false
+	}
+	return m.huge
+}
 
 // Close unmaps the memory. Deregister every MR on it first. Idempotent.
 func (m *Memory) Close() error {
+	if m == nil {
+		return errNilMemory
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.buf == nil {
@@ -199,28 +210,36 @@ func Register(pd *uverbs.PD, buf []byte, access Access) (*MR, error) {
 }
 
 // LKey is the local key that SGEs name.
-func (m *MR) LKey() uint32 { return m.lkey }
+func (m *MR) LKey() uint32 { return m.orZero().lkey }
 
 // RKey is the remote key a peer uses for RDMA and atomics.
-func (m *MR) RKey() uint32 { return m.rkey }
+func (m *MR) RKey() uint32 { return m.orZero().rkey }
 
 // Addr is the address of the first byte, as work requests name it.
-func (m *MR) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.buf[0]))) }
+func (m *MR) Addr() uint64 {
+	if m == nil {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(&m.buf[0])))
+}
 
 // Len is the region's length in bytes.
-func (m *MR) Len() int { return len(m.buf) }
+func (m *MR) Len() int { return len(m.orZero().buf) }
 
 // Bytes is the registered memory.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte { return m.orZero().buf }
 
 // Access returns the region's access flags.
-func (m *MR) Access() Access { return m.access }
+func (m *MR) Access() Access { return m.orZero().access }
 
 // PD returns the protection domain.
-func (m *MR) PD() *uverbs.PD { return m.pd }
+func (m *MR) PD() *uverbs.PD { return m.orZero().pd }
 
 // Contains reports whether [addr, addr+n) lies inside the region.
 func (m *MR) Contains(addr uint64, n int) bool {
+	if m == nil {
+		return false
+	}
 	a := m.Addr()
 	return addr >= a && n >= 0 && addr+uint64(n) <= a+uint64(len(m.buf)) && addr+uint64(n) >= addr
 }
@@ -229,6 +248,9 @@ func (m *MR) Contains(addr uint64, n int) bool {
 // is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
 // longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
+	if m == nil {
+		return uverbs.SGE{}, errNilMR
+	}
 	if m.once.IsClosed() {
 		return uverbs.SGE{}, errMRClosed
 	}
@@ -244,10 +266,18 @@ var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
 
 // IsClosed reports whether the MR was closed (by Close, or by closing its
 // Context).
-func (m *MR) IsClosed() bool { return m.once.IsClosed() }
+func (m *MR) IsClosed() bool {
+	if m == nil {
+		return true
+	}
+	return m.once.IsClosed()
+}
 
 // Close deregisters the region. Idempotent.
 func (m *MR) Close() error {
+	if m == nil {
+		return errNilMR
+	}
 	return m.once.Close(uvobj.Of(m.pd.Context()).Objects, m, 0, m.destroy,
 		func(err error) error { return fmt.Errorf("mr: deregister: %w", err) }, nil)
 }

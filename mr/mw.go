@@ -93,17 +93,22 @@ func AllocMW(pd *uverbs.PD, typ MWType) (*MW, error) {
 }
 
 // RKey is the window's rkey: as allocated, or as the last Bind set it.
-func (w *MW) RKey() uint32 { return w.rkey.Load() }
+func (w *MW) RKey() uint32 { return w.orZero().rkey.Load() }
 
 // Type is the window's type.
-func (w *MW) Type() MWType { return w.typ }
+func (w *MW) Type() MWType { return w.orZero().typ }
 
 // PD returns the protection domain.
-func (w *MW) PD() *uverbs.PD { return w.pd }
+func (w *MW) PD() *uverbs.PD { return w.orZero().pd }
 
 // IsClosed reports whether the window was closed (by Close, or by closing
 // its Context).
-func (w *MW) IsClosed() bool { return w.once.IsClosed() }
+func (w *MW) IsClosed() bool {
+	if w == nil {
+		return true
+	}
+	return w.once.IsClosed()
+}
 
 var errMWClosed = fmt.Errorf("mr: bind MW: %w", uverbs.ErrClosed)
 
@@ -125,6 +130,9 @@ var errMWClosed = fmt.Errorf("mr: bind MW: %w", uverbs.ErrClosed)
 // rkey stops working; 8 bits give 255 binds before a key comes back.
 // Bind allocates nothing.
 func (w *MW) Bind(m *MR, off, n int, access Access, key uint8) (uverbs.MWBind, error) {
+	if w == nil {
+		return uverbs.MWBind{}, errNilMW
+	}
 	if w.once.IsClosed() {
 		return uverbs.MWBind{}, errMWClosed
 	}
@@ -169,6 +177,9 @@ func (w *MW) destroy() error { return uvobj.DeallocMW(uvobj.Of(w.pd.Context()).F
 // Close deallocates the window; a bound window stops opening its range.
 // Idempotent.
 func (w *MW) Close() error {
+	if w == nil {
+		return errNilMW
+	}
 	return w.once.Close(uvobj.Of(w.pd.Context()).Objects, w, 0, w.destroy,
 		func(err error) error { return fmt.Errorf("mr: dealloc MW: %w", err) }, nil)
 }

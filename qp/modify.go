@@ -78,6 +78,9 @@ type Attr struct {
 // moves the QP to attr.State. Port, MTU and GID index are checked against
 // the device before the kernel sees them.
 func (q *QP) Modify(attr *Attr, mask AttrMask) error {
+	if q == nil {
+		return errNilQP
+	}
 	q.once.Lock()
 	defer q.once.Unlock()
 	if q.once.IsClosed() {
@@ -211,6 +214,9 @@ func (q *QP) check(attr *Attr, mask AttrMask) error {
 
 // Query asks the kernel for the QP's current attributes and state.
 func (q *QP) Query() (Attr, error) {
+	if q == nil {
+		return Attr{}, errNilQP
+	}
 	q.once.Lock()
 	defer q.once.Unlock()
 	if q.once.IsClosed() {
@@ -271,6 +277,9 @@ type ConnectOptions struct {
 // the port and access it was given by Init); one in any other state is
 // reset first, which drops its outstanding work requests.
 func (q *QP) Connect(remote Remote, o ConnectOptions) error {
+	if q == nil {
+		return errNilQP
+	}
 	if q.cfg.Type == UD {
 		return errors.New("qp: Connect is for RC and UC QPs; a UD QP needs ToRTS with a QKey")
 	}
@@ -333,6 +342,9 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 // Init moves a RESET QP to INIT on port with the given remote access; a
 // receive may be posted from then on.
 func (q *QP) Init(port uint8, access mr.Access) error {
+	if q == nil {
+		return errNilQP
+	}
 	if port == 0 {
 		port = 1
 	}

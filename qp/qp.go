@@ -244,27 +244,40 @@ func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
 }
 
 // IsClosed reports whether Close was called.
-func (q *QP) IsClosed() bool { return q.once.IsClosed() }
+func (q *QP) IsClosed() bool {
+	if q == nil {
+		return true
+	}
+	return q.once.IsClosed()
+}
 
-func (q *QP) String() string { return fmt.Sprintf("%v QP %d on %s", q.cfg.Type, q.qpn, q.ctx.Name()) }
+func (q *QP) String() string {
+	if q == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("%v QP %d on %s", q.cfg.Type, q.qpn, q.ctx.Name())
+}
 
 // QPN is the queue pair number peers address.
-func (q *QP) QPN() uint32 { return q.qpn }
+func (q *QP) QPN() uint32 { return q.orZero().qpn }
 
 // Type is the QP's transport type.
-func (q *QP) Type() Type { return q.cfg.Type }
+func (q *QP) Type() Type { return q.orZero().cfg.Type }
 
 // Caps returns what the kernel granted.
-func (q *QP) Caps() provider.QPCaps { return q.caps }
+func (q *QP) Caps() provider.QPCaps { return q.orZero().caps }
 
 // State is the state the QP was last moved to by this process. The kernel
 // may have moved it to ERR since; Query tells.
-func (q *QP) State() State { return State(q.state.Load()) }
+func (q *QP) State() State { return State(q.orZero().state.Load()) }
 
 // PostSend posts a batch of send work requests with one doorbell. The whole
 // batch is posted or none of it: ErrQueueFull when it does not fit, an error
 // naming the request when one is invalid. The QP must be in RTS.
 func (q *QP) PostSend(wrs []SendWR) error {
+	if q == nil {
+		return errNilQP
+	}
 	if err := q.checkSend("post send", wrs); err != nil || len(wrs) == 0 {
 		return err
 	}
@@ -298,6 +311,9 @@ func (q *QP) checkSend(op string, wrs []SendWR) error {
 // whoever rings covers all of them. QueueSend and PostSend must not run
 // concurrently on one QP; Ring may.
 func (q *QP) QueueSend(wrs []SendWR) error {
+	if q == nil {
+		return errNilQP
+	}
 	if err := q.checkSend("queue send", wrs); err != nil || len(wrs) == 0 {
 		return err
 	}
@@ -309,6 +325,9 @@ func (q *QP) QueueSend(wrs []SendWR) error {
 // queues; it waits for a Close in progress and returns ErrClosed after
 // one.
 func (q *QP) Ring() error {
+	if q == nil {
+		return errNilQP
+	}
 	q.once.Lock()
 	defer q.once.Unlock()
 	if q.once.IsClosed() {
@@ -320,6 +339,9 @@ func (q *QP) Ring() error {
 // PostRecv posts a batch of receive work requests (no system call on rxe).
 // The whole batch is posted or none of it. The QP must be past RESET.
 func (q *QP) PostRecv(wrs []RecvWR) error {
+	if q == nil {
+		return errNilQP
+	}
 	if q.once.IsClosed() {
 		return ErrClosed
 	}
@@ -343,6 +365,9 @@ type StateError struct {
 }
 
 func (e *StateError) Error() string {
+	if e == nil {
+		return "qp: nil StateError"
+	}
 	return fmt.Sprintf("qp: %s: QP is in state %v, must be %s", e.Op, e.State, e.Want)
 }
 
@@ -368,6 +393,9 @@ func (q *QP) destroy() error { return uvobj.DestroyQP(uvobj.Of(q.ctx).File, q.ha
 // Close destroys the QP and unmaps its queues. Idempotent. Do not Close
 // while another goroutine posts.
 func (q *QP) Close() error {
+	if q == nil {
+		return errNilQP
+	}
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroyHooked,
 		func(err error) error { return fmt.Errorf("qp: destroy QP %d: %w", q.qpn, err) }, q.drv.Close)
 }

@@ -103,21 +103,34 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 }
 
 // MaxWR is the number of receives the SRQ holds (at least what was asked).
-func (s *SRQ) MaxWR() uint32 { return s.maxWR }
+func (s *SRQ) MaxWR() uint32 { return s.orZero().maxWR }
 
 // MaxSGE is the number of SGEs per receive.
-func (s *SRQ) MaxSGE() uint32 { return s.maxSGE }
+func (s *SRQ) MaxSGE() uint32 { return s.orZero().maxSGE }
 
 // Num is the SRQ number.
-func (s *SRQ) Num() uint32 { return s.num }
+func (s *SRQ) Num() uint32 { return s.orZero().num }
 
 // IsClosed reports whether Close was called.
-func (s *SRQ) IsClosed() bool { return s.once.IsClosed() }
+func (s *SRQ) IsClosed() bool {
+	if s == nil {
+		return true
+	}
+	return s.once.IsClosed()
+}
 
-func (s *SRQ) String() string { return fmt.Sprintf("SRQ %d on %s", s.num, s.ctx.Name()) }
+func (s *SRQ) String() string {
+	if s == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("SRQ %d on %s", s.num, s.ctx.Name())
+}
 
 // Handle is the kernel handle, for QP creation.
 func (s *SRQ) Handle() (uint32, error) {
+	if s == nil {
+		return 0, errNilSRQ
+	}
 	if s.once.IsClosed() {
 		return 0, ErrClosed
 	}
@@ -126,6 +139,9 @@ func (s *SRQ) Handle() (uint32, error) {
 
 // PostRecv posts a batch of receives (no system call on rxe), all or none.
 func (s *SRQ) PostRecv(wrs []RecvWR) error {
+	if s == nil {
+		return errNilSRQ
+	}
 	if s.once.IsClosed() {
 		return ErrClosed
 	}
@@ -139,6 +155,9 @@ func (s *SRQ) PostRecv(wrs []RecvWR) error {
 // the device reports EventSRQLimitReached once, and the limit is disarmed
 // until set again. 0 disarms.
 func (s *SRQ) SetLimit(limit uint32) error {
+	if s == nil {
+		return errNilSRQ
+	}
 	if s.once.IsClosed() {
 		return ErrClosed
 	}
@@ -166,6 +185,9 @@ type SRQAttr struct {
 // Query asks the kernel for the SRQ's attributes; Limit reads 0 once the
 // limit event fired.
 func (s *SRQ) Query() (SRQAttr, error) {
+	if s == nil {
+		return SRQAttr{}, errNilSRQ
+	}
 	if s.once.IsClosed() {
 		return SRQAttr{}, ErrClosed
 	}
@@ -185,6 +207,9 @@ func (s *SRQ) destroy() error { return uvobj.DestroySRQ(uvobj.Of(s.ctx).File, s.
 
 // Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
 func (s *SRQ) Close() error {
+	if s == nil {
+		return errNilSRQ
+	}
 	return s.once.Close(uvobj.Of(s.ctx).Objects, s, s.user, s.destroy,
 		func(err error) error { return fmt.Errorf("qp: destroy SRQ %d: %w", s.num, err) }, s.drv.Close)
 }

@@ -20,6 +20,9 @@ type UDOptions struct {
 // ToRTS moves a UD QP from RESET (or INIT) to RTS: it can then send to any
 // address handle and receive from any QP that knows its QPN and QKey.
 func (q *QP) ToRTS(o UDOptions) error {
+	if q == nil {
+		return errNilQP
+	}
 	if q.cfg.Type != UD {
 		return fmt.Errorf("qp: ToRTS is for UD QPs; connect a %v QP with Connect", q.cfg.Type)
 	}
@@ -45,7 +48,7 @@ func (q *QP) ToRTS(o UDOptions) error {
 
 // MaxUDPayload is the largest UD message: the port's active MTU when the
 // QP was brought up.
-func (q *QP) MaxUDPayload() int { return int(q.udMTU.Load()) }
+func (q *QP) MaxUDPayload() int { return int(q.orZero().udMTU.Load()) }
 
 // checkUD refuses UD sends larger than the path MTU, which the device would
 // otherwise drop or fail late.

@@ -35,6 +35,9 @@ type AH struct {
 
 // CreateAH makes an address handle in the PD.
 func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
+	if pd == nil {
+		return nil, errNilPD
+	}
 	c := pd.ctx
 	ph, err := pd.Handle()
 	if err != nil {
@@ -96,21 +99,29 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 
 // Provider returns the provider's handle, which UD send work requests carry
 // (SendWR.AH).
-func (ah *AH) Provider() wr.AH { return ah.drv }
+func (ah *AH) Provider() wr.AH { return ah.orZero().drv }
 
 // Attr returns the address the handle was made for.
-func (ah *AH) Attr() AHAttr { return ah.attr }
+func (ah *AH) Attr() AHAttr { return ah.orZero().attr }
 
 // PD returns the protection domain.
-func (ah *AH) PD() *PD { return ah.pd }
+func (ah *AH) PD() *PD { return ah.orZero().pd }
 
 // IsClosed reports whether Close was called.
-func (ah *AH) IsClosed() bool { return ah.once.IsClosed() }
+func (ah *AH) IsClosed() bool {
+	if ah == nil {
+		return true
+	}
+	return ah.once.IsClosed()
+}
 
 func (ah *AH) destroy() error { return uvobj.DestroyAH(ah.pd.ctx.file, ah.handle) }
 
 // Close destroys the address handle. Idempotent.
 func (ah *AH) Close() error {
+	if ah == nil {
+		return errNilAH
+	}
 	return ah.once.Close(&ah.pd.ctx.tab, ah, 0, ah.destroy,
 		func(err error) error { return fmt.Errorf("uverbs: destroy AH: %w", err) }, nil)
 }

@@ -137,6 +137,9 @@ func (c *Context) allocAsyncFD() error {
 // queued events, first). Read the channel promptly: while it is full the
 // kernel queues further events.
 func (c *Context) Events() (<-chan AsyncEvent, error) {
+	if c == nil {
+		return nil, errNilContext
+	}
 	if c.IsClosed() {
 		return nil, ErrClosed
 	}
@@ -169,7 +172,7 @@ func (c *Context) Events() (<-chan AsyncEvent, error) {
 }
 
 // DroppedEvents counts events about objects closed before delivery.
-func (c *Context) DroppedEvents() uint64 { return c.async.dropped.Load() }
+func (c *Context) DroppedEvents() uint64 { return c.orZero().async.dropped.Load() }
 
 func (c *Context) readEvents(a *asyncEvents) {
 	defer close(a.done)

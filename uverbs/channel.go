@@ -105,6 +105,9 @@ func (r *eventReader) read() (int, error) {
 
 // CreateCompChannel creates a completion channel.
 func (c *Context) CreateCompChannel() (*CompChannel, error) {
+	if c == nil {
+		return nil, errNilContext
+	}
 	if c.IsClosed() {
 		return nil, ErrClosed
 	}
@@ -147,17 +150,35 @@ func pollable(fd int, name string) (*os.File, error) {
 }
 
 // Fd returns the channel's descriptor, for the CQ_CREATE command.
-func (ch *CompChannel) Fd() int { return ch.fd }
+func (ch *CompChannel) Fd() int {
+	if ch == nil {
+		return -1
+	}
+	return ch.fd
+}
 
 // Context returns the device context.
-func (ch *CompChannel) Context() *Context { return ch.ctx }
+func (ch *CompChannel) Context() *Context {
+	if ch == nil {
+		return nil
+	}
+	return ch.ctx
+}
 
 // Events is the number of completion events read so far.
-func (ch *CompChannel) Events() uint64 { return ch.events.Load() }
+func (ch *CompChannel) Events() uint64 {
+	if ch == nil {
+		return 0
+	}
+	return ch.events.Load()
+}
 
 // Register returns a channel that receives a token whenever an event for
 // userHandle (the CQ's user handle) arrives; the token is not queued twice.
 func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
+	if ch == nil {
+		return nil, errNilCompChannel
+	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if ch.closed {
@@ -183,6 +204,9 @@ func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
 // It is for a channel with one CQ on it (cq.Options.Events). It fails once
 // Register was called.
 func (ch *CompChannel) Own() error {
+	if ch == nil {
+		return errNilCompChannel
+	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	switch {
@@ -204,6 +228,9 @@ var ErrInterrupted = errors.New("uverbs: completion channel: wait interrupted")
 // transport whose caller takes the wait from its progress goroutine) and
 // for bounding a wait by a timer that is reused. It never blocks.
 func (ch *CompChannel) Interrupt() {
+	if ch == nil {
+		return
+	}
 	ch.intr.Store(true)
 	ch.file.SetReadDeadline(time.Unix(1, 0))
 }
@@ -214,6 +241,9 @@ func (ch *CompChannel) Interrupt() {
 // owned channel (Own), from one goroutine at a time. It allocates nothing
 // while it is given the same ctx as the time before.
 func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
+	if ch == nil {
+		return 0, errNilCompChannel
+	}
 	if !ch.owned {
 		return 0, errors.New("uverbs: completion channel: Next without Own")
 	}
@@ -272,6 +302,9 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 
 // Unregister forgets a CQ's user handle.
 func (ch *CompChannel) Unregister(userHandle uint64) {
+	if ch == nil {
+		return
+	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	delete(ch.waiters, userHandle)
@@ -279,14 +312,23 @@ func (ch *CompChannel) Unregister(userHandle uint64) {
 
 // Err returns the error that stopped the reader, if any.
 func (ch *CompChannel) Err() error {
+	if ch == nil {
+		return errNilCompChannel
+	}
 	if p := ch.err.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
-// Done is closed when the channel's reader stopped (Close, or a read error).
-func (ch *CompChannel) Done() <-chan struct{} { return ch.done }
+// Done is closed when the channel's reader stopped (Close, or a read
+// error); a nil channel's is closed.
+func (ch *CompChannel) Done() <-chan struct{} {
+	if ch == nil {
+		return closedDone
+	}
+	return ch.done
+}
 
 func (ch *CompChannel) read() {
 	defer close(ch.done)
@@ -327,6 +369,9 @@ func (ch *CompChannel) read() {
 // keeps the channel alive for them, but nobody reads it any more. It is
 // idempotent.
 func (ch *CompChannel) Close() error {
+	if ch == nil {
+		return errNilCompChannel
+	}
 	ch.mu.Lock()
 	if ch.closed {
 		ch.mu.Unlock()

@@ -161,20 +161,25 @@ func (c *Context) getContext() error {
 
 // Info returns what sysfs said of the device when it was opened, without
 // the GID tables (see GIDs).
-func (c *Context) Info() DeviceInfo { return c.info }
+func (c *Context) Info() DeviceInfo { return c.orZero().info }
 
 // Name returns the device name.
-func (c *Context) Name() string { return c.info.Name }
+func (c *Context) Name() string { return c.orZero().info.Name }
 
 // NumCompVectors is the number of completion vectors of the device.
-func (c *Context) NumCompVectors() int { return int(c.nvecs) }
+func (c *Context) NumCompVectors() int { return int(c.orZero().nvecs) }
 
 // Attr returns the device attributes queried at Open.
-func (c *Context) Attr() DeviceAttr { return c.attr }
+func (c *Context) Attr() DeviceAttr { return c.orZero().attr }
 
 // IsClosed reports whether Close was called (the name every goverbs
 // object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...).
-func (c *Context) IsClosed() bool { return c.tab.IsClosed() }
+func (c *Context) IsClosed() bool {
+	if c == nil {
+		return true
+	}
+	return c.tab.IsClosed()
+}
 
 // Closed is IsClosed.
 //
@@ -184,6 +189,9 @@ func (c *Context) Closed() bool { return c.IsClosed() }
 // Close destroys every object still open on the context, newest first,
 // unmaps the provider's pages and closes the descriptor. It is idempotent.
 func (c *Context) Close() error {
+	if c == nil {
+		return errNilContext
+	}
 	objs, ok := c.tab.Shut()
 	if !ok {
 		return nil

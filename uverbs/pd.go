@@ -18,6 +18,9 @@ type PD struct {
 
 // AllocPD allocates a protection domain.
 func (c *Context) AllocPD() (*PD, error) {
+	if c == nil {
+		return nil, errNilContext
+	}
 	if c.IsClosed() {
 		return nil, ErrClosed
 	}
@@ -40,10 +43,18 @@ func (c *Context) AllocPD() (*PD, error) {
 }
 
 // Context returns the device context the PD belongs to.
-func (pd *PD) Context() *Context { return pd.ctx }
+func (pd *PD) Context() *Context {
+	if pd == nil {
+		return nil
+	}
+	return pd.ctx
+}
 
 // Handle returns the kernel handle, or an error after Close.
 func (pd *PD) Handle() (uint32, error) {
+	if pd == nil {
+		return 0, errNilPD
+	}
 	if pd.once.IsClosed() {
 		return 0, ErrClosed
 	}
@@ -52,13 +63,21 @@ func (pd *PD) Handle() (uint32, error) {
 
 // IsClosed reports whether the PD was closed (by Close, or by closing its
 // Context).
-func (pd *PD) IsClosed() bool { return pd.once.IsClosed() }
+func (pd *PD) IsClosed() bool {
+	if pd == nil {
+		return true
+	}
+	return pd.once.IsClosed()
+}
 
 func (pd *PD) destroy() error { return uvobj.DeallocPD(pd.ctx.file, pd.handle) }
 
 // Close deallocates the PD. It fails, and the PD stays usable, while memory
 // regions, queue pairs or address handles still use it. Close is idempotent.
 func (pd *PD) Close() error {
+	if pd == nil {
+		return errNilPD
+	}
 	return pd.once.Close(&pd.ctx.tab, pd, 0, pd.destroy,
 		func(err error) error { return fmt.Errorf("uverbs: %s: dealloc PD: %w", pd.ctx.info.Name, err) }, nil)
 }

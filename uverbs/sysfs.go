@@ -61,6 +61,9 @@ type DeviceInfo struct {
 
 // Port returns the port numbered n, or nil.
 func (d *DeviceInfo) Port(n int) *PortInfo {
+	if d == nil {
+		return nil
+	}
 	for i := range d.Ports {
 		if d.Ports[i].Num == n {
 			return &d.Ports[i]

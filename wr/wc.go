@@ -119,6 +119,9 @@ type WC struct {
 // Err returns nil for a successful completion, else an error naming the
 // status, opcode and work request id.
 func (wc *WC) Err() error {
+	if wc == nil {
+		return errNilWC
+	}
 	if wc.Status == WCSuccess {
 		return nil
 	}
@@ -137,5 +140,8 @@ type WCError struct {
 // completion is undefined by the verbs spec (rxe reports garbage there), so
 // it is not named.
 func (e *WCError) Error() string {
+	if e == nil {
+		return "wr: nil WCError"
+	}
 	return fmt.Sprintf("work request %d completed with status %d: %v (vendor error %#x)", e.ID, uint32(e.Status), e.Status, e.VendorErr)
 }

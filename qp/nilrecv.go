@@ -1,0 +1,19 @@
+package qp
+
+import "github.com/goverbs/goverbs/internal/nilerr"
+
+// What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
+var (
+	errNilQP  = nilerr.New("qp: use of a nil QP")
+	errNilSRQ = nilerr.New("qp: use of a nil SRQ")
+)
+
+// orZero is what a nil QP's getters read: the zero QP.
+func (q *QP) orZero() *QP { return nilerr.Or(q, &zeroQP) }
+
+var zeroQP QP // never written
+
+// orZero is what a nil SRQ's getters read: the zero SRQ.
+func (s *SRQ) orZero() *SRQ { return nilerr.Or(s, &zeroSRQ) }
+
+var zeroSRQ SRQ // never written
