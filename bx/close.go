@@ -32,7 +32,7 @@ var ErrStreamClosed = errors.New("bx: stream closed by the peer")
 func (s *Stream) usable(ctx context.Context) error {
 	switch {
 	case s == nil || s.p == nil || s.notify == nil:
-		return errors.New("bx: use of a nil Stream (or one of a nil Peer)")
+		return errNilStream
 	case ctx == nil:
 		return fmt.Errorf("bx: stream %d: nil context", s.id)
 	}
@@ -237,7 +237,7 @@ func (p *Peer) StreamCount() int {
 func (p *Peer) checkCall(ctx context.Context, stream uint32, b *Buffer, buffer bool) error {
 	switch {
 	case p == nil || p.e == nil:
-		return errors.New("bx: Call on a nil Peer")
+		return errNilPeer
 	case ctx == nil:
 		return fmt.Errorf("bx: Call on stream %d: nil context", stream)
 	case buffer && (b == nil || b.e == nil):

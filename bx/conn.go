@@ -73,7 +73,7 @@ const acceptQueue = 64
 // refused it (ErrConnRefused).
 func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) {
 	if e == nil {
-		return nil, errors.New("bx: DialConn on a nil Endpoint")
+		return nil, errNilEndpoint
 	}
 	if ctx == nil {
 		return nil, fmt.Errorf("bx: DialConn %s: nil context", addr)
@@ -296,6 +296,9 @@ func deadlineCtx(p *atomic.Pointer[time.Time]) (context.Context, context.CancelF
 
 // Read reads received bytes.
 func (c *Conn) Read(b []byte) (int, error) {
+	if c == nil {
+		return 0, errNilConn
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	if c.closed.Load() {
@@ -353,6 +356,9 @@ func (c *Conn) Read(b []byte) (int, error) {
 // set (or moved) while it waits, and at Close; it then reports how much of
 // b went out.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c == nil {
+		return 0, errNilConn
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	e := c.s.p.e
@@ -401,7 +407,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 // as a TCP FIN queues behind unread data.
 func (c *Conn) Close() error {
 	if c == nil || c.s == nil {
-		return errors.New("bx: Close of a nil Conn")
+		return errNilConn
 	}
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
@@ -432,14 +438,25 @@ func (c *Conn) wake(read, write bool) {
 
 // LocalAddr names our end.
 func (c *Conn) LocalAddr() net.Addr {
+	if c == nil {
+		return nil
+	}
 	return Addr{Device: c.s.p.e.cfg.Device, Peer: c.s.p.e.id, Stream: c.s.id}
 }
 
 // RemoteAddr names the peer's end.
-func (c *Conn) RemoteAddr() net.Addr { return Addr{Peer: c.s.p.id, Stream: c.s.id} }
+func (c *Conn) RemoteAddr() net.Addr {
+	if c == nil {
+		return nil
+	}
+	return Addr{Peer: c.s.p.id, Stream: c.s.id}
+}
 
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if c == nil {
+		return errNilConn
+	}
 	c.wdl.Store(&t)
 	c.rdl.Store(&t)
 	c.wake(true, true)
@@ -448,6 +465,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 
 // SetReadDeadline bounds Read, including one already blocked.
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c == nil {
+		return errNilConn
+	}
 	c.rdl.Store(&t)
 	c.wake(true, false)
 	return nil
@@ -455,6 +475,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline bounds Write, including one already blocked.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c == nil {
+		return errNilConn
+	}
 	c.wdl.Store(&t)
 	c.wake(false, true)
 	return nil

@@ -581,22 +581,43 @@ func classes(lo, hi int) []int {
 }
 
 // ID is the endpoint's incarnation, as its peers see it (Peer.ID).
-func (e *Endpoint) ID() uint64 { return e.id }
+func (e *Endpoint) ID() uint64 {
+	if e == nil {
+		return 0
+	}
+	return e.id
+}
 
 // Device returns the device name.
-func (e *Endpoint) Device() string { return e.cfg.Device }
+func (e *Endpoint) Device() string {
+	if e == nil {
+		return ""
+	}
+	return e.cfg.Device
+}
 
 // Stats returns the endpoint's counters.
-func (e *Endpoint) Stats() *Stats { return &e.stats }
+func (e *Endpoint) Stats() *Stats {
+	if e == nil {
+		return nil
+	}
+	return &e.stats
+}
 
 // AllocatorStats reports the three buffer pools.
 func (e *Endpoint) AllocatorStats() (eager, large, rndv mr.AllocatorStats) {
+	if e == nil {
+		return eager, large, rndv
+	}
 	return e.eager.Stats(), e.large.Stats(), e.rndv.Stats()
 }
 
 // Close disconnects every peer and releases the device. Calls in flight
 // fail with ErrClosed.
 func (e *Endpoint) Close() error {
+	if e == nil {
+		return errNilEndpoint
+	}
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil
 	}

@@ -20,7 +20,6 @@ package bx
 // whatever stream numbers an application uses.
 
 import (
-	"errors"
 	"net"
 	"sort"
 	"strconv"
@@ -165,7 +164,7 @@ type PoolSnapshot struct {
 // to 64 bytes and made valid UTF-8; an empty one is OtherStreamClass.
 func (e *Endpoint) SetStreamClass(class func(stream uint32) string) error {
 	if e == nil {
-		return errors.New("bx: SetStreamClass on a nil Endpoint")
+		return errNilEndpoint
 	}
 	m := &e.met
 	m.mu.Lock()

@@ -182,8 +182,11 @@ type inbound struct {
 // Dial connects to the endpoint listening at addr (host:port of its
 // control plane).
 func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
-	if e == nil || ctx == nil {
-		return nil, fmt.Errorf("bx: dial %s: nil Endpoint or context", addr)
+	if e == nil {
+		return nil, errNilEndpoint
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("bx: dial %s: nil context", addr)
 	}
 	if e.closed.Load() {
 		return nil, ErrClosed
@@ -207,6 +210,9 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
 // Listen accepts peers on addr (the TCP control plane). Accepted peers are
 // served by the endpoint's handlers and returned by Accept.
 func (e *Endpoint) Listen(addr string) (net.Addr, error) {
+	if e == nil {
+		return nil, errNilEndpoint
+	}
 	if err := e.checkServerTLS(); err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
 	}
@@ -254,6 +260,9 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 
 // ListenAddrs returns the addresses Listen bound.
 func (e *Endpoint) ListenAddrs() []net.Addr {
+	if e == nil {
+		return nil
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	var a []net.Addr
@@ -265,6 +274,9 @@ func (e *Endpoint) ListenAddrs() []net.Addr {
 
 // Accept returns the next peer that connected to a Listen address.
 func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
+	if e == nil {
+		return nil, errNilEndpoint
+	}
 	select {
 	case p := <-e.accepted:
 		return p, nil
@@ -513,16 +525,35 @@ func (p *Peer) destroyLanes() {
 }
 
 // Endpoint returns the local endpoint.
-func (p *Peer) Endpoint() *Endpoint { return p.e }
+func (p *Peer) Endpoint() *Endpoint {
+	if p == nil {
+		return nil
+	}
+	return p.e
+}
 
 // ID is the remote endpoint's incarnation: a restarted peer has a new one.
-func (p *Peer) ID() uint64 { return p.id }
+func (p *Peer) ID() uint64 {
+	if p == nil {
+		return 0
+	}
+	return p.id
+}
 
-// Done is closed when the peer is gone for good; Err says why.
-func (p *Peer) Done() <-chan struct{} { return p.down }
+// Done is closed when the peer is gone for good; Err says why. A nil
+// Peer's is closed.
+func (p *Peer) Done() <-chan struct{} {
+	if p == nil {
+		return closedDone
+	}
+	return p.down
+}
 
 // Err returns why the peer went down, or nil.
 func (p *Peer) Err() error {
+	if p == nil {
+		return errNilPeer
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
@@ -573,7 +604,7 @@ func (p *Peer) writeCtl(typ uint8, body []byte) error {
 // Close disconnects from the peer.
 func (p *Peer) Close() error {
 	if p == nil {
-		return errors.New("bx: Close of a nil Peer")
+		return errNilPeer
 	}
 	p.shutdown(ErrClosed, true)
 	return nil

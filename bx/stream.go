@@ -50,7 +50,7 @@ type Msg struct {
 func (m *Msg) Reply(n int) ([]byte, error) {
 	switch {
 	case m == nil || m.p == nil:
-		return nil, errors.New("bx: Reply on a nil Msg")
+		return nil, errNilMsg
 	case !m.serving.Load():
 		return nil, errors.New("bx: Reply outside the handler of a request")
 	}
@@ -139,6 +139,9 @@ type Buffer struct {
 // use rendezvous memory, written from there straight into the receiver's
 // buffer.
 func (e *Endpoint) Alloc(n int) (*Buffer, error) {
+	if e == nil {
+		return nil, errNilEndpoint
+	}
 	b, err := e.alloc(n)
 	if err != nil {
 		return nil, err
@@ -271,14 +274,14 @@ func (s *Stream) Send(ctx context.Context, data []byte) error {
 // SendBuffer sends b without a copy. bx owns b from then on, whatever the
 // result: it frees it when the peer acknowledged the message.
 func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
+	if err := s.sendable(ctx); err != nil {
+		b.Free() // nothing for a nil or unallocated b
+		return err
+	}
 	if b == nil || b.e == nil {
 		return errors.New("bx: SendBuffer of a nil or unallocated Buffer")
 	}
 	b.handBack()
-	if err := s.sendable(ctx); err != nil {
-		b.Free()
-		return err
-	}
 	return s.p.sendMsg(ctx, s.id, 0, 0, b)
 }
 
@@ -422,6 +425,9 @@ type handler struct {
 // Handle registers the handler for requests on a stream id, for every peer.
 // It runs on a bounded pool of goroutines (Config.Workers) and may block.
 func (e *Endpoint) Handle(stream uint32, h Handler) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h}
@@ -439,6 +445,9 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 // response that cannot go out at once (no credit or window yet) goes
 // through the worker pool.
 func (e *Endpoint) HandleInline(stream uint32, h Handler) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handlers[stream] = handler{h: h, inline: true}
@@ -449,7 +458,12 @@ func (e *Endpoint) HandleInline(stream uint32, h Handler) {
 // RemoteError is a handler's error, as the caller sees it.
 type RemoteError struct{ Msg string }
 
-func (e *RemoteError) Error() string { return "bx: remote handler: " + e.Msg }
+func (e *RemoteError) Error() string {
+	if e == nil {
+		return "bx: nil RemoteError"
+	}
+	return "bx: remote handler: " + e.Msg
+}
 
 func (p *Peer) deliver(m *Msg) {
 	switch {

@@ -87,6 +87,9 @@ func (c *Credits) data() uint64 {
 // Available returns the credits data messages may use now (the control
 // reserve excluded).
 func (c *Credits) Available() uint64 {
+	if c == nil {
+		return 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.data()
@@ -94,6 +97,9 @@ func (c *Credits) Available() uint64 {
 
 // State returns the epoch and the cumulative granted and consumed counters.
 func (c *Credits) State() (epoch uint32, granted, consumed uint64) {
+	if c == nil {
+		return 0, 0, 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.epoch, c.granted, c.consumed
@@ -101,6 +107,9 @@ func (c *Credits) State() (epoch uint32, granted, consumed uint64) {
 
 // Stats returns a snapshot of the counters.
 func (c *Credits) Stats() CreditStats {
+	if c == nil {
+		return CreditStats{}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.st
@@ -111,6 +120,9 @@ func (c *Credits) Stats() CreditStats {
 // TryAcquire takes n data credits if they are available now and nobody is
 // waiting ahead (no barging past blocked Acquires). It never blocks.
 func (c *Credits) TryAcquire(n uint64) bool {
+	if c == nil {
+		return false
+	}
 	c.mu.Lock()
 	ok := !c.closed && c.q.n == 0 && c.data() >= n
 	if ok {
@@ -124,6 +136,9 @@ func (c *Credits) TryAcquire(n uint64) bool {
 // TryAcquireEpoch is TryAcquire that also returns the epoch the credits
 // were consumed in (see AcquireEpoch).
 func (c *Credits) TryAcquireEpoch(n uint64) (uint32, bool) {
+	if c == nil {
+		return 0, false
+	}
 	c.mu.Lock()
 	ok := !c.closed && c.q.n == 0 && c.data() >= n
 	if ok {
@@ -138,6 +153,9 @@ func (c *Credits) TryAcquireEpoch(n uint64) (uint32, bool) {
 // TryAcquireControl takes one credit for a control message (an explicit
 // credit update), which may use the reserve. It never waits behind data.
 func (c *Credits) TryAcquireControl() bool {
+	if c == nil {
+		return false
+	}
 	c.mu.Lock()
 	ok := !c.closed && c.total() >= 1
 	if ok {
@@ -152,6 +170,9 @@ func (c *Credits) TryAcquireControl() bool {
 // them available, ctx is done (ctx.Err() is returned and nothing is
 // consumed) or c is closed (ErrClosed). It spawns no goroutine.
 func (c *Credits) Acquire(ctx context.Context, n uint64) error {
+	if c == nil {
+		return errNilCredits
+	}
 	_, err := c.AcquireEpoch(ctx, n)
 	return err
 }
@@ -160,6 +181,9 @@ func (c *Credits) Acquire(ctx context.Context, n uint64) error {
 // consumed in: after a Resync to a newer epoch they are forgotten, and a
 // message that has not gone out yet needs new ones.
 func (c *Credits) AcquireEpoch(ctx context.Context, n uint64) (uint32, error) {
+	if c == nil {
+		return 0, errNilCredits
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -232,6 +256,9 @@ func (c *Credits) dispatch() {
 // ErrEpochAhead, one the receiver could not have issued
 // ErrImpossibleGrant; neither is applied.
 func (c *Credits) Grant(cumulative uint64, epoch uint32) error {
+	if c == nil {
+		return errNilCredits
+	}
 	c.mu.Lock()
 	err := c.grant(cumulative, epoch)
 	c.mu.Unlock() // not deferred: once per message
@@ -268,6 +295,9 @@ func (c *Credits) grant(cumulative uint64, epoch uint32) error {
 // (a new endpoint incarnation) and will grant afresh in epoch. Until its
 // first grant nothing is available. Waiters keep waiting.
 func (c *Credits) Reset(epoch uint32) error {
+	if c == nil {
+		return errNilCredits
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if epoch <= c.epoch {
@@ -284,6 +314,9 @@ func (c *Credits) Reset(epoch uint32) error {
 // epoch can still arrive at the peer (every QP to it was reset), otherwise
 // its buffer would be counted twice.
 func (c *Credits) Resync(epoch uint32, granted, consumed uint64) error {
+	if c == nil {
+		return errNilCredits
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -301,6 +334,9 @@ func (c *Credits) Resync(epoch uint32, granted, consumed uint64) error {
 // Close fails every waiting and future Acquire with ErrClosed.
 // It is idempotent.
 func (c *Credits) Close() {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
@@ -312,6 +348,9 @@ func (c *Credits) Close() {
 
 // String describes the credits' state, for diagnostics.
 func (c *Credits) String() string {
+	if c == nil {
+		return "<nil>"
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return fmt.Sprintf("epoch %d granted %d consumed %d (total %d, data %d) waiting %d closed %v",

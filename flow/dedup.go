@@ -62,10 +62,18 @@ func NewDedup(window int, first uint64) *Dedup {
 
 // Accept reports whether seq should be delivered: true the first time,
 // false for a duplicate or a sequence beyond the window.
-func (d *Dedup) Accept(seq uint64) bool { return d.Offer(seq) == Deliver }
+func (d *Dedup) Accept(seq uint64) bool {
+	if d == nil {
+		return false
+	}
+	return d.Offer(seq) == Deliver
+}
 
 // Offer classifies seq and records it if it is delivered.
 func (d *Dedup) Offer(seq uint64) Verdict {
+	if d == nil {
+		return 0
+	}
 	if seq < d.next {
 		d.dups++
 		return Duplicate
@@ -110,13 +118,26 @@ func (d *Dedup) advance() {
 }
 
 // Next returns the lowest sequence not yet delivered.
-func (d *Dedup) Next() uint64 { return d.next }
+func (d *Dedup) Next() uint64 {
+	if d == nil {
+		return 0
+	}
+	return d.next
+}
 
 // Window returns the reordering window in sequences.
-func (d *Dedup) Window() int { return int(d.size) }
+func (d *Dedup) Window() int {
+	if d == nil {
+		return 0
+	}
+	return int(d.size)
+}
 
 // Counts returns how many sequences were delivered, dropped as duplicates
 // and dropped as ahead of the window.
 func (d *Dedup) Counts() (delivered, duplicates, ahead uint64) {
+	if d == nil {
+		return 0, 0, 0
+	}
 	return d.delivered, d.dups, d.ahead
 }

@@ -91,6 +91,9 @@ func (r *Returner) granted() uint64 { return r.grant + r.released + r.ctlRelease
 
 // Epoch returns the current epoch, to stamp next to the piggybacked grant.
 func (r *Returner) Epoch() uint32 {
+	if r == nil {
+		return 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.epoch
@@ -100,6 +103,9 @@ func (r *Returner) Epoch() uint32 {
 // buffer), data or control. More than the peer was ever told it may send is
 // a protocol violation: ErrOverrun, and nothing is recorded.
 func (r *Returner) Consumed(n uint64) error {
+	if r == nil {
+		return errNilReturner
+	}
 	r.mu.Lock()
 	if r.consumed+n > r.told {
 		err := fmt.Errorf("%w: %d more messages with %d consumed of %d granted (epoch %d)",
@@ -115,13 +121,23 @@ func (r *Returner) Consumed(n uint64) error {
 
 // Released records n data buffers re-posted after the application let go
 // of them; each becomes a credit to return.
-func (r *Returner) Released(n uint64) error { return r.release(n, false) }
+func (r *Returner) Released(n uint64) error {
+	if r == nil {
+		return errNilReturner
+	}
+	return r.release(n, false)
+}
 
 // ReleasedControl records n control-message buffers (credit updates)
 // re-posted. They become credits too, but make an explicit update due only
 // when the peer has no data credit left, so idle peers do not ping-pong
 // updates.
-func (r *Returner) ReleasedControl(n uint64) error { return r.release(n, true) }
+func (r *Returner) ReleasedControl(n uint64) error {
+	if r == nil {
+		return errNilReturner
+	}
+	return r.release(n, true)
+}
 
 func (r *Returner) release(n uint64, ctl bool) error {
 	r.mu.Lock()
@@ -145,6 +161,9 @@ func (r *Returner) release(n uint64, ctl bool) error {
 // message to the peer, and whether it tells the peer anything new. Call it
 // only for a message that will be sent: the value counts as told.
 func (r *Returner) Piggyback() (cumulative uint64, fresh bool) {
+	if r == nil {
+		return 0, false
+	}
 	r.mu.Lock()
 	g, fresh := r.piggyback()
 	r.mu.Unlock()
@@ -154,6 +173,9 @@ func (r *Returner) Piggyback() (cumulative uint64, fresh bool) {
 // PiggybackEpoch is Piggyback and Epoch under one lock: the grant to put
 // in the next message's header and the epoch to stamp next to it.
 func (r *Returner) PiggybackEpoch() (cumulative uint64, epoch uint32) {
+	if r == nil {
+		return 0, 0
+	}
 	r.mu.Lock()
 	g, _ := r.piggyback()
 	epoch = r.epoch
@@ -177,6 +199,9 @@ func (r *Returner) piggyback() (g uint64, fresh bool) {
 
 // Pending returns the credits not yet told to the peer.
 func (r *Returner) Pending() uint64 {
+	if r == nil {
+		return 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.granted() - r.told
@@ -198,6 +223,9 @@ func (r *Returner) Pending() uint64 {
 // bottleneck (5x the updates for 7% shorter runs in the simulation with 8
 // buffers); a lower Threshold buys that latency where it matters.
 func (r *Returner) NeedsUpdate(now time.Time) bool {
+	if r == nil {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pending := r.granted() - r.told
@@ -226,6 +254,9 @@ func (r *Returner) NeedsUpdate(now time.Time) bool {
 // control reserve. A caller that runs NeedsUpdate on a timer may stop the
 // timer while Quiet holds and start it again on the next event.
 func (r *Returner) Quiet() bool {
+	if r == nil {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pending := r.granted() - r.told
@@ -238,6 +269,9 @@ func (r *Returner) Quiet() bool {
 // State returns the epoch and the cumulative granted, told and consumed
 // counters.
 func (r *Returner) State() (epoch uint32, granted, told, consumed uint64) {
+	if r == nil {
+		return 0, 0, 0, 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.epoch, r.granted(), r.told, r.consumed
@@ -245,6 +279,9 @@ func (r *Returner) State() (epoch uint32, granted, told, consumed uint64) {
 
 // Stats returns a snapshot of the counters.
 func (r *Returner) Stats() ReturnerStats {
+	if r == nil {
+		return ReturnerStats{}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.st
@@ -255,6 +292,9 @@ func (r *Returner) Stats() ReturnerStats {
 // cumulative grant and the messages consumed. Buffers the application
 // still holds stay consumed; their credits come back when released.
 func (r *Returner) Resync(epoch uint32) (granted, consumed uint64, err error) {
+	if r == nil {
+		return 0, 0, errNilReturner
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if epoch <= r.epoch {
@@ -271,6 +311,9 @@ func (r *Returner) Resync(epoch uint32) (granted, consumed uint64, err error) {
 // (everything previously consumed is gone). The peer learns grant through
 // its Credits.Reset followed by Grant(grant, epoch).
 func (r *Returner) Reset(epoch uint32, grant uint64) error {
+	if r == nil {
+		return errNilReturner
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if epoch <= r.epoch {
@@ -287,6 +330,9 @@ func (r *Returner) Reset(epoch uint32, grant uint64) error {
 
 // String describes the returner's state, for diagnostics.
 func (r *Returner) String() string {
+	if r == nil {
+		return "<nil>"
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return fmt.Sprintf("epoch %d grant %d consumed %d released %d control %d (untold %d) told %d pending %d since %v",

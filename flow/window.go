@@ -75,6 +75,9 @@ func NewWindow(l Limits) *Window {
 // NewChild returns a window under w (a QP's under its endpoint's): an
 // acquire at the child also acquires at w and w's ancestors.
 func (w *Window) NewChild(l Limits) *Window {
+	if w == nil {
+		return nil
+	}
 	if len(w.path) >= maxDepth {
 		panic("flow: window tree deeper than 32")
 	}
@@ -84,11 +87,19 @@ func (w *Window) NewChild(l Limits) *Window {
 }
 
 // Limits returns the window's limits.
-func (w *Window) Limits() Limits { return w.lim }
+func (w *Window) Limits() Limits {
+	if w == nil {
+		return Limits{}
+	}
+	return w.lim
+}
 
 // Outstanding returns the messages and bytes outstanding at this window
 // (including those acquired through its children).
 func (w *Window) Outstanding() (msgs, bytes int64) {
+	if w == nil {
+		return 0, 0
+	}
 	w.t.mu.Lock()
 	defer w.t.mu.Unlock()
 	return w.msgs, w.bytes
@@ -96,6 +107,9 @@ func (w *Window) Outstanding() (msgs, bytes int64) {
 
 // Stats returns a snapshot of the counters.
 func (w *Window) Stats() WindowStats {
+	if w == nil {
+		return WindowStats{}
+	}
 	w.t.mu.Lock()
 	defer w.t.mu.Unlock()
 	st := w.st
@@ -154,6 +168,9 @@ func (w *Window) TryAcquire(b int64) bool { return w.TryAcquireN(1, b) }
 // TryAcquireN is TryAcquire of m messages of b bytes in all, all or
 // nothing (a message sent in m parts, each released on its own).
 func (w *Window) TryAcquireN(m, b int64) bool {
+	if w == nil {
+		return false
+	}
 	if b < 0 || m < 1 {
 		return false
 	}
@@ -176,6 +193,9 @@ func (w *Window) Acquire(ctx context.Context, b int64) error { return w.AcquireN
 // whose parts Release one at a time. m messages over Limits.Msgs are
 // admitted alone, as oversize bytes are.
 func (w *Window) AcquireN(ctx context.Context, m, b int64) error {
+	if w == nil {
+		return errNilWindow
+	}
 	if b < 0 || m < 1 {
 		return fmt.Errorf("flow: window acquire of %d messages, %d bytes", m, b)
 	}
@@ -289,6 +309,9 @@ func (w *Window) Release(b int64) error { return w.ReleaseN(1, b) }
 // ReleaseN returns m messages of b bytes in all at once: what an AcquireN
 // took, when none of its parts went out.
 func (w *Window) ReleaseN(m, b int64) error {
+	if w == nil {
+		return errNilWindow
+	}
 	t := w.t
 	t.mu.Lock()
 	for _, x := range w.path {
@@ -308,6 +331,9 @@ func (w *Window) ReleaseN(m, b int64) error {
 // Close fails waiting and future acquires through w (and its children)
 // with ErrClosed. Outstanding messages can still be released. Idempotent.
 func (w *Window) Close() {
+	if w == nil {
+		return
+	}
 	t := w.t
 	t.mu.Lock()
 	defer t.mu.Unlock()

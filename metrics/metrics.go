@@ -107,7 +107,7 @@ func isNil(v any) bool {
 // AddBX adds a bx endpoint.
 func (c *Collector) AddBX(s BXSource) error {
 	if c == nil {
-		return errors.New("metrics: nil Collector")
+		return errNilCollector
 	}
 	if isNil(s) {
 		return errors.New("metrics: AddBX of a nil source")
@@ -121,7 +121,7 @@ func (c *Collector) AddBX(s BXSource) error {
 // AddPSServer adds a parameter server.
 func (c *Collector) AddPSServer(s PSServerSource) error {
 	if c == nil {
-		return errors.New("metrics: nil Collector")
+		return errNilCollector
 	}
 	if isNil(s) {
 		return errors.New("metrics: AddPSServer of a nil source")
@@ -135,7 +135,7 @@ func (c *Collector) AddPSServer(s PSServerSource) error {
 // AddPSClient adds a parameter-server client.
 func (c *Collector) AddPSClient(s PSClientSource) error {
 	if c == nil {
-		return errors.New("metrics: nil Collector")
+		return errNilCollector
 	}
 	if isNil(s) {
 		return errors.New("metrics: AddPSClient of a nil source")
@@ -251,6 +251,9 @@ var (
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	if c == nil {
+		return
+	}
 	for _, m := range all {
 		ch <- m.desc
 	}

@@ -378,10 +378,18 @@ func kprobesSupported() error {
 }
 
 // Status reports every probe, attached or not.
-func (p *Probes) Status() []Status { return slices.Clone(p.status) }
+func (p *Probes) Status() []Status {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.status)
+}
 
 // Attached reports whether the named probe is attached.
 func (p *Probes) Attached(name string) bool {
+	if p == nil {
+		return false
+	}
 	for _, s := range p.status {
 		if s.Name == name {
 			return s.Attached
@@ -392,6 +400,9 @@ func (p *Probes) Attached(name string) bool {
 
 // Close detaches every probe and frees the maps. It is idempotent.
 func (p *Probes) Close() error {
+	if p == nil {
+		return errNilProbes
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -433,9 +444,7 @@ type Command struct {
 }
 
 // Doorbell reports whether the command is rxe's doorbell (write POST_SEND).
-func (c *Command) Doorbell() bool {
-	return c.Kind == "write" && c.Cmd == postSendCmd
-}
+func (c *Command) Doorbell() bool { return c != nil && c.Kind == "write" && c.Cmd == postSendCmd }
 
 const postSendCmd = 0x1c // IB_USER_VERBS_CMD_POST_SEND
 
@@ -486,6 +495,9 @@ type Snapshot struct {
 
 // Snapshot reads the maps.
 func (p *Probes) Snapshot() (*Snapshot, error) {
+	if p == nil {
+		return nil, errNilProbes
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

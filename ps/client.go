@@ -248,10 +248,20 @@ func Dial(cfg ClientConfig) (*Client, error) {
 }
 
 // Close closes every connection.
-func (c *Client) Close() error { return c.t.close() }
+func (c *Client) Close() error {
+	if c == nil {
+		return errNilClient
+	}
+	return c.t.close()
+}
 
-// Ring is the placement of keys and tensors.
-func (c *Client) Ring() *Ring { return c.ring }
+// Ring is the placement of keys and tensors (nil for a nil Client).
+func (c *Client) Ring() *Ring {
+	if c == nil {
+		return nil
+	}
+	return c.ring
+}
 
 // call runs k on server i.
 func (c *Client) call(ctx context.Context, i int, k *call) error {
@@ -306,6 +316,9 @@ func (c *Client) redefine(ctx context.Context, i int) {
 // on every server, a dense tensor on its owner). Defining again with the
 // same spec is harmless.
 func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
+	if c == nil {
+		return errNilClient
+	}
 	defer c.ops.done(OpDefine, time.Now(), &err)
 	for _, s := range specs {
 		if err := s.validate(); err != nil {
@@ -435,6 +448,9 @@ func (c *Client) sparse(ctx context.Context, op Op, table string, dim int, keys 
 // concurrently. Rows are decoded straight from the response buffer (on
 // rdma, the registered buffer the response landed in) into out.
 func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32) (err error) {
+	if c == nil {
+		return errNilClient
+	}
 	defer c.ops.done(OpPull, time.Now(), &err)
 	if len(keys) == 0 {
 		return nil
@@ -454,6 +470,9 @@ type PushResult struct {
 // Push sends gradients (len(keys)*dim values, row i for keys[i]) for the
 // servers' optimizers to apply, batched per server.
 func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) (res PushResult, err error) {
+	if c == nil {
+		return res, errNilClient
+	}
 	defer c.ops.done(OpPush, time.Now(), &err)
 	if len(keys) == 0 {
 		return res, nil
@@ -476,6 +495,9 @@ func (c *Client) dense(ctx context.Context, op Op, name string, vals []float32) 
 
 // PullDense reads a dense tensor (len(out) values) from its server.
 func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err error) {
+	if c == nil {
+		return errNilClient
+	}
 	defer c.ops.done(OpPullDense, time.Now(), &err)
 	_, err = c.dense(ctx, OpPullDense, name, out)
 	return err
@@ -483,6 +505,9 @@ func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err
 
 // PushDense sends a dense tensor's gradient to its server.
 func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (res PushResult, err error) {
+	if c == nil {
+		return res, errNilClient
+	}
 	defer c.ops.done(OpPushDense, time.Now(), &err)
 	return c.dense(ctx, OpPushDense, name, grads)
 }
@@ -496,6 +521,9 @@ type ServerStats struct {
 
 // Stats asks every server for its counters.
 func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
+	if c == nil {
+		return nil, errNilClient
+	}
 	defer c.ops.done(OpStats, time.Now(), &err)
 	out := make([]ServerStats, c.n)
 	req := EncodeStats()
@@ -516,6 +544,9 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 // or the server's error: for tests and tools that need to send what Client
 // would not.
 func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err error) {
+	if c == nil {
+		return nil, errNilClient
+	}
 	op := Op(0) // malformed, unless the request names an op
 	if len(req) > 1 {
 		op = Op(req[1])
@@ -542,12 +573,20 @@ type Pending struct {
 // Wait waits for the operation and returns its result (a pull's: zero
 // PushResult) and error. It may be called more than once.
 func (p *Pending) Wait() (PushResult, error) {
+	if p == nil || p.done == nil {
+		return PushResult{}, errNilPending
+	}
 	<-p.done
 	return p.res, p.err
 }
 
-// Done is closed when the operation is over.
-func (p *Pending) Done() <-chan struct{} { return p.done }
+// Done is closed when the operation is over; a nil Pending's is closed.
+func (p *Pending) Done() <-chan struct{} {
+	if p == nil || p.done == nil {
+		return closedCh
+	}
+	return p.done
+}
 
 // PullAsync starts Pull(ctx, table, keys, out) and returns at once: keys
 // and out must stay untouched until it is done.

@@ -93,15 +93,28 @@ type Request struct {
 }
 
 // Key returns the i-th key.
-func (r *Request) Key(i int) uint64 { return binary.LittleEndian.Uint64(r.keys[8*i:]) }
+func (r *Request) Key(i int) uint64 {
+	if r == nil {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(r.keys[8*i:])
+}
 
 // Float returns the i-th gradient value.
 func (r *Request) Float(i int) float32 {
+	if r == nil {
+		return 0
+	}
 	return math.Float32frombits(binary.LittleEndian.Uint32(r.vals[4*i:]))
 }
 
 // NumFloats is the number of gradient values.
-func (r *Request) NumFloats() int { return len(r.vals) / 4 }
+func (r *Request) NumFloats() int {
+	if r == nil {
+		return 0
+	}
+	return len(r.vals) / 4
+}
 
 func appendHead(b []byte, op Op, name string) []byte {
 	return append(append(b, protoVersion, byte(op), 0, byte(len(name))), name...)
@@ -364,10 +377,20 @@ type ServerError struct {
 	Msg    string
 }
 
-func (e *ServerError) Error() string { return fmt.Sprintf("ps: server %d: %s", e.Server, e.Msg) }
+func (e *ServerError) Error() string {
+	if e == nil {
+		return "ps: nil ServerError"
+	}
+	return fmt.Sprintf("ps: server %d: %s", e.Server, e.Msg)
+}
 
 // Unwrap makes errors.Is(err, ErrUnknownKey) and friends work.
-func (e *ServerError) Unwrap() error { return codeErr[e.Code] }
+func (e *ServerError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return codeErr[e.Code]
+}
 
 // codeError is what the store returns: a code and a message.
 type codeError struct {

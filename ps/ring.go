@@ -43,7 +43,12 @@ func NewRing(n, vnodes int) *Ring {
 }
 
 // Servers is the number of servers.
-func (r *Ring) Servers() int { return r.n }
+func (r *Ring) Servers() int {
+	if r == nil {
+		return 0
+	}
+	return r.n
+}
 
 func (r *Ring) lookup(h uint64) int {
 	if r.n == 1 {
@@ -58,11 +63,19 @@ func (r *Ring) lookup(h uint64) int {
 
 // Key returns the server of a sparse key of a table.
 func (r *Ring) Key(table string, key uint64) int {
+	if r == nil {
+		return 0
+	}
 	return r.lookup(mix(key ^ hashString(table)))
 }
 
 // Tensor returns the server of a dense tensor.
-func (r *Ring) Tensor(name string) int { return r.lookup(hashString(name)) }
+func (r *Ring) Tensor(name string) int {
+	if r == nil {
+		return 0
+	}
+	return r.lookup(hashString(name))
+}
 
 func hashString(s string) uint64 {
 	h := fnv.New64a()

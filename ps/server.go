@@ -135,20 +135,23 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 }
 
 // Addr is the address clients dial.
-func (s *Server) Addr() net.Addr { return s.addr }
+func (s *Server) Addr() net.Addr { return s.orZero().addr }
 
 // Store is the server's shard.
-func (s *Server) Store() *Store { return s.store }
+func (s *Server) Store() *Store { return s.orZero().store }
 
 // Incarnation identifies this run of the server; a restarted server has a
 // new one.
-func (s *Server) Incarnation() uint64 { return s.inc }
+func (s *Server) Incarnation() uint64 { return s.orZero().inc }
 
 // Endpoint is the bx endpoint (rdma), or nil.
-func (s *Server) Endpoint() *bx.Endpoint { return s.ep }
+func (s *Server) Endpoint() *bx.Endpoint { return s.orZero().ep }
 
 // Close stops serving.
 func (s *Server) Close() error {
+	if s == nil {
+		return errNilServer
+	}
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -204,6 +207,9 @@ func (s *Server) respSize(req []byte) int {
 // Every failure, a panic included, becomes an error response: nothing a
 // client sends stops the server.
 func (s *Server) Handle(req, b []byte) (out []byte) {
+	if s == nil {
+		return nil
+	}
 	base := len(b)
 	s.requests.Add(1)
 	start := time.Now()

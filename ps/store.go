@@ -144,6 +144,9 @@ func NewStore(cfg StoreConfig) *Store {
 // Define creates a parameter; defining an existing one with the same spec
 // is a no-op, with a different spec ErrConflict.
 func (s *Store) Define(spec Spec) error {
+	if s == nil {
+		return errNilStore
+	}
 	if err := spec.validate(); err != nil {
 		return err
 	}
@@ -191,6 +194,9 @@ func (s *Store) Define(spec Spec) error {
 
 // Specs lists the defined parameters.
 func (s *Store) Specs() []Spec {
+	if s == nil {
+		return nil
+	}
 	var out []Spec
 	for _, p := range *s.params.Load() {
 		out = append(out, p.spec)
@@ -263,6 +269,9 @@ func (s *Store) checkKeys(p *param, n int, key func(int) uint64) error {
 
 // Pull writes the rows of keys into out (len(keys)*dim).
 func (s *Store) Pull(name string, keys []uint64, out []float32) error {
+	if s == nil {
+		return errNilStore
+	}
 	p, err := s.get(name, Sparse)
 	if err != nil {
 		return err
@@ -371,6 +380,9 @@ func appendU32(b []byte, v uint32) []byte {
 // Push applies gradients (len(keys)*dim) to the rows of keys. It returns
 // the rows applied and skipped (NaN, skip policy).
 func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skipped int, err error) {
+	if s == nil {
+		return 0, 0, errNilStore
+	}
 	p, err := s.get(name, Sparse)
 	if err != nil {
 		return 0, 0, err
@@ -489,6 +501,9 @@ func gradBytes(grads []float32) []byte {
 
 // PullDense copies a dense tensor into out (its size).
 func (s *Store) PullDense(name string, out []float32) error {
+	if s == nil {
+		return errNilStore
+	}
 	p, err := s.get(name, Dense)
 	if err != nil {
 		return err
@@ -527,6 +542,9 @@ func (s *Store) pullDenseReq(r *Request, b []byte) ([]byte, error) {
 
 // PushDense applies a gradient to a dense tensor, chunk by chunk.
 func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, err error) {
+	if s == nil {
+		return 0, 0, errNilStore
+	}
 	p, err := s.get(name, Dense)
 	if err != nil {
 		return 0, 0, err

@@ -45,6 +45,9 @@ type Histogram struct {
 
 // Add adds o's counts to h.
 func (h *Histogram) Add(o Histogram) {
+	if h == nil {
+		return
+	}
 	h.Count += o.Count
 	h.Sum += o.Sum
 	for i := range h.Buckets {
@@ -56,7 +59,7 @@ func (h *Histogram) Add(o Histogram) {
 // inside the bucket; 0 without observations. An estimate in the last
 // bucket is its lower bound.
 func (h *Histogram) Quantile(q float64) time.Duration {
-	if h.Count == 0 || q < 0 || q > 1 || math.IsNaN(q) {
+	if h == nil || h.Count == 0 || q < 0 || q > 1 || math.IsNaN(q) {
 		return 0
 	}
 	want := q * float64(h.Count)
