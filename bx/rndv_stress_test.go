@@ -84,6 +84,17 @@ func TestRendezvousConcurrent(t *testing.T) {
 // on the time without one call completing.
 const stressIdle = 2 * time.Minute
 
+// stressPeerTimeout is the stress endpoints' PeerTimeout. These tests
+// accept a recovery that load explains (loadRecovery), so a recovery must
+// also be given the time a loaded machine takes: the default 10 s is a
+// bound on speed. One of TestRendezvousLargeResponses's peers was shut
+// down so (2026-12-06, bx under -race three times over in a guest while
+// the host built and tested: "no recovery within 10s" after its lanes
+// stalled), and its Calls failed with ErrPeerGone. Scaled by the
+// machine's speed factor, and long enough that only a hung recovery
+// runs out of it.
+var stressPeerTimeout = hang.Scale(time.Minute)
+
 // dialClients makes n client endpoints on dev, each with one peer dialed
 // to addr; they close when the test ends.
 func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]*bx.Endpoint, []*bx.Peer) {
@@ -91,7 +102,7 @@ func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]
 	var eps []*bx.Endpoint
 	var peers []*bx.Peer
 	for range n {
-		e, err := bx.New(bx.Config{Device: dev, Token: token})
+		e, err := bx.New(bx.Config{Device: dev, Token: token, PeerTimeout: stressPeerTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +123,7 @@ func dialClients(ctx context.Context, t *testing.T, dev, addr string, n int) ([]
 func stressSetup(t *testing.T, streams uint32, h bx.Handler) (context.Context, *hang.Watchdog, *bx.Endpoint, []*bx.Endpoint, []*bx.Peer) {
 	t.Helper()
 	da, db := rxetest.Pair(t)
-	srv, err := bx.New(bx.Config{Device: db, Token: token})
+	srv, err := bx.New(bx.Config{Device: db, Token: token, PeerTimeout: stressPeerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
