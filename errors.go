@@ -1,7 +1,8 @@
 // Package goverbs is the root of the module: a pure-Go (cgo-free)
 // userspace RDMA verbs driver (packages uverbs, cq, qp, mr, cm), the
 // ByteExpress transport on top of it (bx, flow), a parameter server (ps)
-// and eBPF probes (probe). It holds the one error they all share.
+// and eBPF probes (probe). It holds the errors they all share: ErrClosed
+// and ErrNil.
 package goverbs
 
 import "errors"
