@@ -6,11 +6,11 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -69,45 +69,40 @@ var errType = reflect.TypeFor[error]()
 // runs.
 func TestNilReceivers(t *testing.T) {
 	bound := hang.Scale(10 * time.Second)
-	var all []any
-	for _, pkg := range sortedKeys(nilTypes) {
+	all := slices.Clone(aliasTypes)
+	for _, pkg := range slices.Sorted(maps.Keys(nilTypes)) {
 		all = append(all, nilTypes[pkg]...)
 	}
-	for _, v := range append(all, aliasTypes...) {
-		{
-			pt := reflect.TypeOf(v)
-			for i := range pt.NumMethod() {
-				m := pt.Method(i)
-				if _, onValue := pt.Elem().MethodByName(m.Name); onValue {
-					continue
-				}
-				name := fmt.Sprintf("(%v).%s", pt, m.Name)
-				out, err := callNil(reflect.Zero(pt).Method(i), bound)
-				if err != nil {
-					t.Errorf("%s on nil: %v", name, err)
-					continue
-				}
-				if n := len(out); n == 0 || m.Type.Out(n-1) != errType || m.Name == "Unwrap" {
-					continue // an error's Unwrap: a nil one wraps nothing
-				}
-				e, _ := out[len(out)-1].Interface().(error)
-				switch {
-				case e == nil:
-					t.Errorf("%s on nil: no error", name)
-				case !errors.Is(e, goverbs.ErrNil):
-					t.Errorf("%s on nil: %q is not goverbs.ErrNil", name, e)
-				case !strings.Contains(e.Error(), "nil "+strings.TrimPrefix(pt.String(), "*")[len(pkgName(pt))+1:]):
-					t.Errorf("%s on nil: %q does not name the nil %v", name, e, pt)
-				}
+	for _, v := range all {
+		pt := reflect.TypeOf(v)
+		for i := range pt.NumMethod() {
+			m := pt.Method(i)
+			if _, onValue := pt.Elem().MethodByName(m.Name); onValue {
+				continue
+			}
+			name := fmt.Sprintf("(%v).%s", pt, m.Name)
+			out, err := callNil(reflect.Zero(pt).Method(i), bound)
+			if err != nil {
+				t.Errorf("%s on nil: %v", name, err)
+				continue
+			}
+			if n := len(out); n == 0 || m.Type.Out(n-1) != errType {
+				continue
+			}
+			if m.Name == "Unwrap" {
+				continue // a nil error wraps nothing
+			}
+			e, _ := out[len(out)-1].Interface().(error)
+			switch {
+			case e == nil:
+				t.Errorf("%s on nil: no error", name)
+			case !errors.Is(e, goverbs.ErrNil):
+				t.Errorf("%s on nil: %q is not goverbs.ErrNil", name, e)
+			case !strings.Contains(e.Error(), "nil "+pt.Elem().Name()):
+				t.Errorf("%s on nil: %q does not name the nil %v", name, e, pt)
 			}
 		}
 	}
-}
-
-// pkgName is the last element of pt's package path: "bx" for *bx.Peer.
-func pkgName(pt reflect.Type) string {
-	p := pt.Elem().PkgPath()
-	return p[strings.LastIndex(p, "/")+1:]
 }
 
 // callNil calls m with zero arguments, in a goroutine so that a call that
@@ -147,13 +142,13 @@ func callNil(m reflect.Value, bound time.Duration) (out []reflect.Value, err err
 // packages' sources declare them, so a new type is not left out of
 // TestNilReceivers.
 func TestNilTypesComplete(t *testing.T) {
-	for _, pkg := range sortedKeys(nilTypes) {
+	for _, pkg := range slices.Sorted(maps.Keys(nilTypes)) {
 		want := pointerTypes(t, pkg)
 		var have []string
 		for _, v := range nilTypes[pkg] {
 			have = append(have, reflect.TypeOf(v).Elem().Name())
 		}
-		sort.Strings(have)
+		slices.Sort(have)
 		if !slices.Equal(have, want) {
 			t.Errorf("%s: nilTypes lists %v, the sources declare pointer methods on %v", pkg, have, want)
 		}
@@ -200,19 +195,5 @@ func pointerTypes(t *testing.T, dir string) []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
+	return slices.Sorted(maps.Keys(seen))
 }
