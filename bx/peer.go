@@ -13,14 +13,14 @@ import (
 
 	"github.com/goverbs/goverbs/cm"
 	"github.com/goverbs/goverbs/flow"
-	"github.com/goverbs/goverbs/internal/closederr"
+	"github.com/goverbs/goverbs/internal/sentinel"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 )
 
 // Errors a caller can tell apart with errors.Is.
 var (
-	ErrClosed     = closederr.New("bx: closed") // goverbs.ErrClosed for errors.Is
+	ErrClosed     = sentinel.Closed("bx: closed") // goverbs.ErrClosed for errors.Is
 	ErrPeerGone   = errors.New("bx: peer gone")
 	ErrRecovering = errors.New("bx: connection recovery in progress")
 	ErrTooLarge   = errors.New("bx: message larger than MaxMessage")
@@ -544,7 +544,7 @@ func (p *Peer) ID() uint64 {
 // Peer's is closed.
 func (p *Peer) Done() <-chan struct{} {
 	if p == nil {
-		return closedDone
+		return sentinel.Done
 	}
 	return p.down
 }

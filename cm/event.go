@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/goverbs/goverbs/internal/closederr"
+	"github.com/goverbs/goverbs/internal/sentinel"
 	"github.com/goverbs/goverbs/uverbs"
 	"golang.org/x/sys/unix"
 )
@@ -87,7 +87,7 @@ func (e Event) String() string {
 
 // Sentinels an *EventError matches with errors.Is.
 var (
-	ErrClosed       = closederr.New("cm: use of closed ID or channel") // goverbs.ErrClosed for errors.Is
+	ErrClosed       = sentinel.Closed("cm: use of closed ID or channel") // goverbs.ErrClosed for errors.Is
 	ErrAddress      = errors.New("cm: address resolution failed")
 	ErrRoute        = errors.New("cm: route resolution failed")
 	ErrUnreachable  = errors.New("cm: peer unreachable")

@@ -1,9 +1,9 @@
 package cm
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilChannel = nilerr.New("cm: use of a nil Channel")
-	errNilID      = nilerr.New("cm: use of a nil ID")
+	errNilChannel = sentinel.Nil("cm: use of a nil Channel")
+	errNilID      = sentinel.Nil("cm: use of a nil ID")
 )

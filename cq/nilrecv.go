@@ -1,8 +1,8 @@
 package cq
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilCQ = nilerr.New("cq: use of a nil CQ")
+	errNilCQ = sentinel.Nil("cq: use of a nil CQ")
 )

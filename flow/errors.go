@@ -3,7 +3,7 @@ package flow
 import (
 	"errors"
 
-	"github.com/goverbs/goverbs/internal/closederr"
+	"github.com/goverbs/goverbs/internal/sentinel"
 )
 
 // Sentinel errors. Functions wrap them with the values that failed, so test
@@ -11,7 +11,7 @@ import (
 var (
 	// ErrClosed: the Credits or Window was closed; blocked waits return it.
 	// It is goverbs.ErrClosed for errors.Is.
-	ErrClosed = closederr.New("flow: closed")
+	ErrClosed = sentinel.Closed("flow: closed")
 	// ErrTooLarge: the request can never be satisfied (more credits than the
 	// receiver can ever grant).
 	ErrTooLarge = errors.New("flow: request exceeds what can ever be granted")

@@ -1,10 +1,10 @@
 package flow
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilCredits  = nilerr.New("flow: use of a nil Credits")
-	errNilReturner = nilerr.New("flow: use of a nil Returner")
-	errNilWindow   = nilerr.New("flow: use of a nil Window")
+	errNilCredits  = sentinel.Nil("flow: use of a nil Credits")
+	errNilReturner = sentinel.Nil("flow: use of a nil Returner")
+	errNilWindow   = sentinel.Nil("flow: use of a nil Window")
 )

@@ -10,12 +10,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/goverbs/goverbs/internal/closederr"
+	"github.com/goverbs/goverbs/internal/sentinel"
 )
 
 // ErrClosed is returned for any use of a closed File or object. It is
 // goverbs.ErrClosed for errors.Is, as every package's ErrClosed is.
-var ErrClosed = closederr.New("use of closed uverbs object")
+var ErrClosed = sentinel.Closed("use of closed uverbs object")
 
 // ErrNotSupported wraps the errno values by which a kernel says it lacks an
 // ioctl method or the ioctl interface itself (EPROTONOSUPPORT, ENOTTY,

@@ -1,6 +1,6 @@
 package metrics
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil Collector return: errors.Is goverbs.ErrNil.
-var errNilCollector = nilerr.New("metrics: use of a nil Collector")
+var errNilCollector = sentinel.Nil("metrics: use of a nil Collector")

@@ -1,8 +1,8 @@
 package probe
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilProbes = nilerr.New("probe: use of a nil Probes")
+	errNilProbes = sentinel.Nil("probe: use of a nil Probes")
 )

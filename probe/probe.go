@@ -17,7 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 
-	"github.com/goverbs/goverbs/internal/closederr"
+	"github.com/goverbs/goverbs/internal/sentinel"
 )
 
 // Options select what Attach counts.
@@ -424,7 +424,7 @@ func (p *Probes) Close() error {
 
 // ErrClosed is returned by Snapshot after Close. It is goverbs.ErrClosed
 // for errors.Is.
-var ErrClosed = closederr.New("probe: closed")
+var ErrClosed = sentinel.Closed("probe: closed")
 
 // Command is one uverbs command of one process and fd: cumulative count,
 // errors and latency since Attach.

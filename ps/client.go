@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/internal/sentinel"
 )
 
 // ClientConfig configures a Client.
@@ -583,7 +584,7 @@ func (p *Pending) Wait() (PushResult, error) {
 // Done is closed when the operation is over; a nil Pending's is closed.
 func (p *Pending) Done() <-chan struct{} {
 	if p == nil || p.done == nil {
-		return closedCh
+		return sentinel.Done
 	}
 	return p.done
 }

@@ -1,19 +1,19 @@
 package qp
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilQP  = nilerr.New("qp: use of a nil QP")
-	errNilSRQ = nilerr.New("qp: use of a nil SRQ")
+	errNilQP  = sentinel.Nil("qp: use of a nil QP")
+	errNilSRQ = sentinel.Nil("qp: use of a nil SRQ")
 )
 
 // orZero is what a nil QP's getters read: the zero QP.
-func (q *QP) orZero() *QP { return nilerr.Or(q, &zeroQP) }
+func (q *QP) orZero() *QP { return sentinel.Or(q, &zeroQP) }
 
 var zeroQP QP // never written
 
 // orZero is what a nil SRQ's getters read: the zero SRQ.
-func (s *SRQ) orZero() *SRQ { return nilerr.Or(s, &zeroSRQ) }
+func (s *SRQ) orZero() *SRQ { return sentinel.Or(s, &zeroSRQ) }
 
 var zeroSRQ SRQ // never written

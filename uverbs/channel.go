@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/goverbs/goverbs/internal/sentinel"
 	"github.com/goverbs/goverbs/ioctl"
 	"golang.org/x/sys/unix"
 )
@@ -325,7 +326,7 @@ func (ch *CompChannel) Err() error {
 // error); a nil channel's is closed.
 func (ch *CompChannel) Done() <-chan struct{} {
 	if ch == nil {
-		return closedDone
+		return sentinel.Done
 	}
 	return ch.done
 }

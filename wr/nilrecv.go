@@ -1,8 +1,8 @@
 package wr
 
-import "github.com/goverbs/goverbs/internal/nilerr"
+import "github.com/goverbs/goverbs/internal/sentinel"
 
 // What the methods of a nil pointer return: errors.Is goverbs.ErrNil.
 var (
-	errNilWC = nilerr.New("wr: use of a nil WC")
+	errNilWC = sentinel.Nil("wr: use of a nil WC")
 )
