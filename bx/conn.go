@@ -71,6 +71,14 @@ const acceptQueue = 64
 // reusing a connected peer when one was dialed to that address before. It
 // returns once the peer queued the Conn for its Listener's Accept, or
 // refused it (ErrConnRefused).
+//
+// Every Conn and stream to one endpoint rides one peer connection and
+// shares its credits: data a Conn's reader leaves unread holds receive
+// buffers, as an unreleased Msg does, and once unread data holds every
+// credit, a Write on any Conn to that peer waits (for a Read or Close on
+// the other end, or for its write deadline). TCP gives each connection a
+// window of its own; here a reader that stops reading one Conn stalls
+// its siblings.
 func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) {
 	if e == nil {
 		return nil, errNilEndpoint
