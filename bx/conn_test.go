@@ -43,6 +43,27 @@ func boundConn(ctx context.Context, c net.Conn) {
 	context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 }
 
+// fillCredits writes 100-byte messages on c until a write blocks for
+// credits (its 2 s write deadline passes: the peer reads nothing) and
+// returns the bytes written.
+func fillCredits(t *testing.T, wd *hang.Watchdog, c net.Conn) int {
+	t.Helper()
+	msg := make([]byte, 100)
+	sent := 0
+	for {
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		n, err := c.Write(msg)
+		sent += n
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("write after %d bytes: %v", sent, err)
+			}
+			return sent
+		}
+		wd.Progress()
+	}
+}
+
 // TestConnCloseReleasesQueued: Conn.Close gives back the receive buffers
 // of every message queued, not only the one being read.
 func TestConnCloseReleasesQueued(t *testing.T) {
@@ -151,21 +172,7 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 	defer wd.Stop()
 	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer sc.Close()
-	// Write until a write blocks for credits: the peer reads nothing.
-	msg := make([]byte, 100)
-	var sent int
-	for {
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		n, err := c.Write(msg)
-		sent += n
-		if err != nil {
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("write after %d bytes: %v", sent, err)
-			}
-			break
-		}
-		wd.Progress()
-	}
+	sent := fillCredits(t, wd, c) // the peer reads nothing
 	done := make(chan error, 1)
 	go func() { done <- c.Close() }()
 	select {
@@ -211,20 +218,7 @@ func TestConnSiblingResumes(t *testing.T) {
 	c2, sc2 := dialConn(t, ctx, cli, srv, ln)
 	defer c2.Close()
 	defer sc2.Close()
-	// Fill the peer's credits with data sc1 does not read.
-	msg := make([]byte, 100)
-	for sent := 0; ; {
-		c1.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		n, err := c1.Write(msg)
-		sent += n
-		if err != nil {
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("c1 write after %d bytes: %v", sent, err)
-			}
-			break
-		}
-		wd.Progress()
-	}
+	fillCredits(t, wd, c1) // sc1 reads nothing
 	data := make([]byte, 3*8192+17)
 	for i := range data {
 		data[i] = byte(i * 7)
