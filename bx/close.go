@@ -123,6 +123,20 @@ func (s *Stream) wake() {
 	}
 }
 
+// wakeWriter wakes a Conn's Write waiting for its window to look again.
+// s.cw is set before the Conn is used and never changes after.
+func (s *Stream) wakeWriter() {
+	s.mu.Lock()
+	cw := s.cw
+	s.mu.Unlock()
+	if cw != nil {
+		select {
+		case cw.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // dropStream takes s out of the peer's table. p.mu and s.mu are held.
 func (p *Peer) dropStream(s *Stream) {
 	if !s.cl.gone && p.streams[s.id] == s {
@@ -149,6 +163,10 @@ func (p *Peer) toStream(m *Msg) {
 		p.closedByPeer(id)
 		return
 	}
+	if m.flags&flagRead != 0 {
+		p.connRead(m)
+		return
+	}
 	p.mu.Lock()
 	s := p.streams[m.Stream]
 	if s == nil {
@@ -165,8 +183,19 @@ func (p *Peer) toStream(m *Msg) {
 		p.e.stats.ClosedDrops.Add(1)
 		return
 	}
+	// A Conn's message that no Recv waits for gives its receive buffer
+	// back now: unread, it would hold a credit of the peer's, which every
+	// stream and Conn to the peer shares (conn.go, "Windows").
+	var h heldBuf
+	spill := s.cw != nil && s.readers.Load() == 0
+	if spill {
+		h = m.spill(0)
+	}
 	s.q = append(s.q, m)
 	s.mu.Unlock()
+	if spill {
+		p.giveBack(h)
+	}
 	s.wake()
 }
 
@@ -194,6 +223,7 @@ func (p *Peer) closedByPeer(id uint32) {
 	p.mu.Unlock()
 	if s != nil {
 		s.wake()
+		s.wakeWriter() // a Write waiting for the window: the reader is gone
 	}
 	if answer {
 		p.sendClose(id)

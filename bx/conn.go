@@ -16,15 +16,20 @@ import (
 // a context dialer) run over RDMA unchanged. Writes are cut into messages
 // of at most EagerSize bytes; Read returns received bytes in order.
 type Conn struct {
-	s      *Stream
-	cur    *Msg
-	off    int
-	rmu    sync.Mutex
-	wmu    sync.Mutex
-	eof    bool
-	closed atomic.Bool
-	rdl    atomic.Pointer[time.Time]
-	wdl    atomic.Pointer[time.Time]
+	s   *Stream
+	cur *Msg
+	off int
+	rmu sync.Mutex
+	wmu sync.Mutex
+	eof bool
+	win uint64 // the window (connWindow)
+	// sent: bytes written (under wmu); read: bytes Read returned, told:
+	// the count last sent to the peer's writer (under rmu).
+	sent       uint64
+	read, told uint64
+	closed     atomic.Bool
+	rdl        atomic.Pointer[time.Time]
+	wdl        atomic.Pointer[time.Time]
 
 	// kick wakes a Read blocked in Recv when the read deadline changes
 	// (net/http aborts a background read by moving it to the past), wkick
@@ -33,6 +38,149 @@ type Conn struct {
 	kmu   sync.Mutex
 	kick  context.CancelFunc
 	wkick context.CancelFunc
+}
+
+// Windows. Every Conn and stream to a peer shares the peer's receive
+// credits, but a Conn's reader cannot stall its siblings, as a TCP
+// connection's cannot stall another's:
+//   - its data holds no receive buffer while no Read waits for it: a
+//     message that arrives with no Recv waiting on the stream, and the
+//     rest of one that a Read took only part of, are copied to the heap
+//     and their receive buffers (and with them the peer's credits) go back
+//     at once (Msg.spill, counted in Stats.Spilled);
+//   - its writer keeps at most connWindow bytes that the reader has not
+//     read, so what a reader that stops reading holds on the heap is
+//     bounded: the reader tells the writer how much it has read in all
+//     (a zero-length message with flagRead, its CallID the count) each
+//     time a quarter of the window more was read since it last told.
+//
+// A writer that waits has a full window, so more than three quarters of
+// it is unread or untold, and a reader that reads it all tells: no
+// deadlock, whatever the sizes. The count is cumulative, so a message
+// resent after a recovery changes nothing. Both ends take the window from
+// EagerSize, which a peer must share.
+
+// connWin is a Conn stream's window state, shared by its Conn and the
+// goroutine that delivers the peer's flagRead messages.
+type connWin struct {
+	read atomic.Uint64 // the most the peer's reader said it read
+	wake chan struct{} // cap 1: a flagRead came, or the stream closed or failed
+}
+
+// connWindow is the bytes a Conn's writer may have sent that the reader
+// has not read: 256 KiB (a socket buffer's order), or four eager messages
+// if more.
+func connWindow(c *Config) uint64 { return uint64(max(256<<10, 4*c.EagerSize)) }
+
+// newConn makes the Conn of stream s, giving the stream its window state
+// before it carries the Conn's data.
+func newConn(s *Stream) *Conn {
+	cw := &connWin{wake: make(chan struct{}, 1)}
+	s.mu.Lock()
+	if s.cw == nil {
+		s.cw = cw
+	}
+	s.mu.Unlock()
+	return &Conn{s: s, win: connWindow(&s.p.e.cfg)}
+}
+
+// connRead takes a flagRead message: the peer's reader of a Conn stream
+// has read m.call bytes in all. It runs on the goroutine that delivers.
+func (p *Peer) connRead(m *Msg) {
+	id, n := m.Stream, m.call
+	m.Release()
+	p.mu.Lock()
+	s := p.streams[id]
+	p.mu.Unlock()
+	if s == nil {
+		return // closed and forgotten here: nothing waits for it
+	}
+	s.mu.Lock()
+	cw := s.cw
+	s.mu.Unlock()
+	if cw == nil {
+		return // not a Conn's stream: a count of nothing
+	}
+	for {
+		old := cw.read.Load()
+		if n <= old || cw.read.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	select {
+	case cw.wake <- struct{}{}:
+	default:
+	}
+}
+
+// waitWindow waits until k more bytes fit c's window, the context ends,
+// or the stream cannot send (closed, by either side, or its peer failed).
+// wmu is held.
+func (c *Conn) waitWindow(ctx context.Context, k int) error {
+	cw := c.s.cw
+	for {
+		read := min(cw.read.Load(), c.sent) // a count above what we sent says nothing more
+		if c.sent-read+uint64(k) <= c.win {
+			return nil
+		}
+		if err := c.s.sendable(ctx); err != nil {
+			return err
+		}
+		if err := c.s.p.Err(); err != nil {
+			return err
+		}
+		select {
+		case <-cw.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// tell sends the peer's writer how much was read, when a quarter of the
+// window more was read since it last heard. Without waiting: from here if
+// a credit is there, else from a worker. rmu is held.
+func (c *Conn) tell() {
+	if c.read-c.told < c.win/4 {
+		return
+	}
+	s := c.s
+	s.mu.Lock()
+	open := s.cl.local == nil && !s.cl.peer // else no Write waits for it
+	s.mu.Unlock()
+	if !open {
+		return
+	}
+	b, err := s.p.e.alloc(0)
+	if err != nil {
+		return // the pool is at its limit: the next Read tells
+	}
+	c.told = c.read
+	s.p.sendOrQueue(s.id, flagRead, c.read, b)
+}
+
+// spillQueued spills the Conn's messages that wait in their receive
+// buffers: ones that came while a Recv waited that then ended without
+// them (its deadline passed).
+func (s *Stream) spillQueued() {
+	for {
+		var h heldBuf
+		found := false
+		s.mu.Lock()
+		if s.readers.Load() == 0 {
+			for _, m := range s.q {
+				if !m.spilled {
+					h, found = m.spill(0), true
+					break
+				}
+			}
+		}
+		s.mu.Unlock()
+		if !found {
+			return
+		}
+		s.p.giveBack(h)
+	}
 }
 
 // expired reports whether the deadline in p has passed.
@@ -73,12 +221,11 @@ const acceptQueue = 64
 // refused it (ErrConnRefused).
 //
 // Every Conn and stream to one endpoint rides one peer connection and
-// shares its credits: data a Conn's reader leaves unread holds receive
-// buffers, as an unreleased Msg does, and once unread data holds every
-// credit, a Write on any Conn to that peer waits (for a Read or Close on
-// the other end, or for its write deadline). TCP gives each connection a
-// window of its own; here a reader that stops reading one Conn stalls
-// its siblings.
+// shares its receive credits, yet a Conn's reader that stops reading
+// stalls only its own writer, as with TCP: its data waits on the heap,
+// holding no receive buffer, and its writer stops once 256 KiB (or four
+// EagerSize messages, if more) are unread. An unreleased Msg of a
+// Stream, by contrast, holds its buffer and credit (Msg).
 func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) {
 	if e == nil {
 		return nil, errNilEndpoint
@@ -94,7 +241,7 @@ func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) 
 	if !p.dialer {
 		id |= 1 << 30
 	}
-	c := &Conn{s: p.Stream(id)}
+	c := newConn(p.Stream(id))
 	if refused, err := p.openConn(ctx, id); err != nil {
 		c.closed.Store(true)
 		if refused {
@@ -258,7 +405,7 @@ func (p *Peer) opened(m *Msg) {
 	id, call, req := m.Stream, m.call, m.flags&flagRequest != 0
 	m.Release()
 	e := p.e
-	c := &Conn{s: p.Stream(id)}
+	c := newConn(p.Stream(id))
 	var refuse string
 	// Queued under the lock Listener.Close drains under: a Conn is
 	// never queued behind the last Listener's back.
@@ -341,6 +488,9 @@ func (c *Conn) Read(b []byte) (int, error) {
 			continue // the deadline moved: look again
 		}
 		if err != nil {
+			// A message that came as the wait ended must not hold its
+			// buffer until the next Read.
+			c.s.spillQueued()
 			switch {
 			case errors.Is(err, context.DeadlineExceeded):
 				return 0, os.ErrDeadlineExceeded
@@ -356,11 +506,19 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	n := copy(b, c.cur.Data()[c.off:])
 	c.off += n
+	if c.off < len(c.cur.data) && !c.cur.spilled {
+		// The rest waits for the next Read on the heap, not in a buffer.
+		c.s.p.giveBack(c.cur.spill(c.off))
+		c.off = 0
+	}
+	c.read += uint64(n)
+	c.tell()
 	return n, nil
 }
 
 // Write sends b, in messages of at most the eager size. A Write blocked
-// for credits or the send window returns at the write deadline, also one
+// for credits, the send window or the Conn's window (the reader's
+// unread bytes; see DialConn) returns at the write deadline, also one
 // set (or moved) while it waits, and at Close; it then reports how much of
 // b went out.
 func (c *Conn) Write(b []byte) (int, error) {
@@ -386,7 +544,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.kmu.Lock()
 		c.wkick = cancel
 		c.kmu.Unlock()
-		err := c.s.Send(ctx, b[n:n+k])
+		err := c.waitWindow(ctx, k)
+		if err == nil {
+			err = c.s.Send(ctx, b[n:n+k])
+		}
 		c.kmu.Lock()
 		c.wkick = nil
 		c.kmu.Unlock()
@@ -403,6 +564,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return n, err
 		}
 		n += k
+		c.sent += uint64(k)
 	}
 	return n, nil
 }

@@ -43,30 +43,66 @@ func boundConn(ctx context.Context, c net.Conn) {
 	context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 }
 
-// fillCredits writes 100-byte messages on c until a write blocks for
-// credits (its 2 s write deadline passes: the peer reads nothing) and
-// returns the bytes written.
-func fillCredits(t *testing.T, wd *hang.Watchdog, c net.Conn) int {
+// fillCredits sends 100-byte messages on stream s, which the peer does not
+// read, until a send waits for a credit (its 2 s context ends), and
+// returns how many went.
+func fillCredits(t *testing.T, wd *hang.Watchdog, s *bx.Stream) int {
 	t.Helper()
 	msg := make([]byte, 100)
-	sent := 0
-	for {
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		n, err := c.Write(msg)
-		sent += n
+	for n := 0; ; n++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.Send(ctx, msg)
+		cancel()
 		if err != nil {
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("write after %d bytes: %v", sent, err)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("send after %d messages: %v", n, err)
 			}
-			return sent
+			return n
 		}
 		wd.Progress()
 	}
 }
 
-// TestConnCloseReleasesQueued: Conn.Close gives back the receive buffers
-// of every message queued, not only the one being read.
-func TestConnCloseReleasesQueued(t *testing.T) {
+// fillWindow writes 1 KiB pieces of streamBytes(off) on c until a write waits
+// (its 2 s write deadline passes: the peer reads nothing) and returns the
+// bytes written.
+func fillWindow(t *testing.T, wd *hang.Watchdog, c net.Conn) int {
+	t.Helper()
+	sent := 0
+	for {
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		n, err := c.Write(streamBytes(sent, 1024))
+		sent += n
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("write after %d bytes: %v", sent, err)
+			}
+			c.SetWriteDeadline(time.Time{})
+			return sent
+		}
+		if sent > 4<<20 {
+			t.Fatalf("wrote %d bytes unread and no write waited: no window", sent)
+		}
+		wd.Progress()
+	}
+}
+
+// streamBytes is n bytes of a stream's content from offset off on.
+func streamBytes(off, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		x := off + i
+		b[i] = byte(x ^ x>>8 ^ x>>16)
+	}
+	return b
+}
+
+// TestConnUnreadHoldsNoBuffer: a Conn's messages that no Read waits for
+// give their receive buffers (the peer's credits) back on arrival, and so
+// does the rest of a message a Read took part of; their bytes are read
+// whole after, and Conn.Close lets go of what is left unread. (Before,
+// the 6 messages held 6 buffers until read or closed.)
+func TestConnUnreadHoldsNoBuffer(t *testing.T) {
 	srv, cli, _, _ := pair(t, nil)
 	ln := srv.Listener()
 	defer ln.Close()
@@ -79,32 +115,64 @@ func TestConnCloseReleasesQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eager, _, _ := inUse(srv)
+	live := srv.LiveMsgsForTest()
+	spilled := srv.Stats().Spilled.Load()
+	var want []byte
 	for i := range 6 {
-		if _, err := c.Write(fmt.Appendf(nil, "part %d;", i)); err != nil {
+		part := fmt.Appendf(nil, "part %d;", i)
+		want = append(want, part...)
+		if _, err := c.Write(part); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "6 messages held", func() bool { return sp.HeldForTest() == 6 })
-	b := make([]byte, 3)
-	if _, err := io.ReadFull(sc, b); err != nil || string(b) != "par" {
-		t.Fatalf("read %q, %v", b, err)
+	eventually(t, "6 messages arrived and spilled", func() bool { return srv.Stats().Spilled.Load()-spilled == 6 })
+	// Eventually: a control message being received counts as held
+	// between its arrival and its re-post.
+	eventually(t, "no receive buffer held by the unread messages", func() bool { return sp.HeldForTest() == 0 })
+	if n := srv.LiveMsgsForTest() - live; n != 6 {
+		t.Errorf("%d messages waiting for Read, want 6", n)
+	}
+	got := make([]byte, len(want)-5)
+	if _, err := io.ReadFull(sc, got); err != nil || !bytes.Equal(got, want[:len(got)]) {
+		t.Fatalf("read %q, %v; want %q", got, err, want[:len(got)])
 	}
 	if err := sc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Eventually, not at once: a control message (a credit update) being
-	// received counts as held between its arrival and its re-post
-	// (most likely what run AC saw: 1 held, once). The queued ones the old
-	// code kept stay held.
-	eventually(t, "no receive buffer held after Conn.Close (old code kept 5, the queued ones)", func() bool { return sp.HeldForTest() == 0 })
-	// (The close message the server sends holds one until acknowledged.)
-	eventually(t, "server eager buffers back", func() bool { e, _, _ := inUse(srv); return e <= eager })
+	eventually(t, "the unread message let go at Close", func() bool { return srv.LiveMsgsForTest() == live })
+	eventually(t, "no receive buffer held after Close", func() bool { return sp.HeldForTest() == 0 })
+	b := make([]byte, 3)
 	if _, err := sc.Read(b); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Read after Close: %v, want net.ErrClosed", err)
 	}
 	if _, err := c.Read(b); err != io.EOF {
 		t.Errorf("dialer's Read after the peer closed: %v, want io.EOF", err)
+	}
+	// A Read that takes part of a message: the rest leaves its buffer.
+	c2, sc2 := dialConn(t, ctx, cli, srv, ln)
+	defer c2.Close()
+	defer sc2.Close()
+	msg := streamBytes(0, 3000)
+	reading := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, 1000) // a Read waits: the message comes unspilled
+		n, _ := io.ReadFull(sc2, b)
+		reading <- b[:n]
+	}()
+	eventually(t, "the reader waits", func() bool { return bx.ConnReadersForTest(sc2) > 0 })
+	spilled = srv.Stats().Spilled.Load()
+	if _, err := c2.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	first := <-reading
+	eventually(t, "the rest of the message spilled", func() bool { return srv.Stats().Spilled.Load()-spilled == 1 })
+	eventually(t, "no receive buffer held by the rest", func() bool { return sp.HeldForTest() == 0 })
+	rest := make([]byte, 2000)
+	if _, err := io.ReadFull(sc2, rest); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(append(first, rest...), msg) {
+		t.Fatal("the message read in two parts is not what was written")
 	}
 }
 
@@ -159,11 +227,12 @@ func TestConnAcceptQueueFull(t *testing.T) {
 }
 
 // TestConnCloseDoesNotWait: Conn.Close returns while the peer holds every
-// credit (it is not reading), as a TCP Close does; the close message goes
-// out once a credit comes back, and the peer then reads what was written
-// and io.EOF. Before, Close waited for a credit up to HandshakeTimeout
-// (here 30 minutes, past the hang bound however slow the machine;
-// nettest's PresentTimeout showed the default 10 s).
+// credit (here a stream of the same peer that it does not read), as a TCP
+// Close does; the close message goes out once a credit comes back, and
+// the peer then reads what was written and io.EOF. Before, Close waited
+// for a credit up to HandshakeTimeout (here 30 minutes, past the hang
+// bound however slow the machine; nettest's PresentTimeout showed the
+// default 10 s).
 func TestConnCloseDoesNotWait(t *testing.T) {
 	srv, cli, _, _ := pair(t, func(c *bx.Config) { c.HandshakeTimeout = 30 * time.Minute })
 	ln := srv.Listener()
@@ -172,7 +241,16 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 	defer wd.Stop()
 	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer sc.Close()
-	sent := fillCredits(t, wd, c) // the peer reads nothing
+	data := streamBytes(0, 5000)
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := srv.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = 99
+	n := fillCredits(t, wd, bx.ConnPeerForTest(c).Stream(id)) // the server does not read stream 99
 	done := make(chan error, 1)
 	go func() { done <- c.Close() }()
 	select {
@@ -183,17 +261,31 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("Close did not return with the peer's credits exhausted: %v", hang.Cause(ctx, ctx.Err()))
 	}
-	// The peer reads everything, then io.EOF: the close went out behind it.
 	type result struct {
-		n   int
+		b   []byte
 		err error
 	}
 	read := make(chan result, 1)
-	go func() { b, err := io.ReadAll(sc); read <- result{len(b), err} }()
+	go func() { b, err := io.ReadAll(sc); read <- result{b, err} }()
+	// The close cannot go out before a credit comes back: the read waits.
 	select {
 	case r := <-read:
-		if r.err != nil || r.n != sent {
-			t.Fatalf("peer read %d of %d bytes, then %v", r.n, sent, r.err)
+		t.Fatalf("the peer's read ended (%d bytes, %v) while every credit was held", len(r.b), r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	st := sp.Stream(id)
+	for range n {
+		m, err := st.Recv(ctx)
+		if err != nil {
+			t.Fatalf("server stream %d: %v", id, hang.Cause(ctx, err))
+		}
+		m.Release()
+	}
+	// The peer reads everything, then io.EOF: the close went out behind it.
+	select {
+	case r := <-read:
+		if r.err != nil || !bytes.Equal(r.b, data) {
+			t.Fatalf("peer read %d of %d bytes (same: %v), then %v", len(r.b), len(data), bytes.Equal(r.b, data), r.err)
 		}
 	case <-ctx.Done():
 		sc.Close()
@@ -201,13 +293,14 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 	}
 }
 
-// TestConnSiblingResumes: Conns to one peer share its credits (DialConn),
-// so a Write on one waits while its sibling's unread data holds every
-// credit; once the sibling's reader closes (its buffers go back) the
-// Write completes and its data arrives whole. TestOpenCloseProperty drew
-// this state at random once and hung at its write, the model's fault (it
-// left too much unread), not bx's; here the way out of it is checked.
-func TestConnSiblingResumes(t *testing.T) {
+// TestConnIsolation: a Conn whose reader reads nothing stalls only its own
+// writer, as a TCP connection does, though every Conn to the peer shares
+// its credits: the writer stops at the Conn's window, the unread data
+// holds no receive buffer, a sibling Conn's write goes through, and once
+// the reader reads, the writer goes on. Before, the unread data held the
+// peer's credits and the sibling's Write waited for them (the hang bound
+// ended the test).
+func TestConnIsolation(t *testing.T) {
 	srv, cli, _, _ := pair(t, nil)
 	ln := srv.Listener()
 	defer ln.Close()
@@ -215,37 +308,44 @@ func TestConnSiblingResumes(t *testing.T) {
 	defer wd.Stop()
 	c1, sc1 := dialConn(t, ctx, cli, srv, ln)
 	defer c1.Close()
+	defer sc1.Close()
 	c2, sc2 := dialConn(t, ctx, cli, srv, ln)
 	defer c2.Close()
 	defer sc2.Close()
-	fillCredits(t, wd, c1) // sc1 reads nothing
-	data := make([]byte, 3*8192+17)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
-	wrote := make(chan error, 1)
-	go func() { _, err := c2.Write(data); wrote <- err }()
-	select {
-	case err := <-wrote:
-		t.Fatalf("c2's write returned (%v) while c1's unread data held every credit: DialConn's doc is wrong", err)
-	case <-time.After(500 * time.Millisecond):
-	}
-	if err := sc1.Close(); err != nil {
+	sp, err := srv.Accept(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-wrote:
-		if err != nil {
-			t.Fatalf("c2 write after sc1 closed: %v", hang.Cause(ctx, err))
-		}
-	case <-ctx.Done():
-		t.Fatalf("c2's write did not resume after sc1 released its buffers: %v", hang.Cause(ctx, ctx.Err()))
+	win := cli.ConnWindowForTest()
+	sent := fillWindow(t, wd, c1) // sc1 reads nothing
+	if sent > win || sent <= win-1024 {
+		t.Fatalf("c1 wrote %d bytes before it waited, want the window: %d (less at most one 1 KiB write)", sent, win)
+	}
+	eventually(t, "no receive buffer held by c1's unread data", func() bool { return sp.HeldForTest() == 0 })
+	data := streamBytes(7, 3*8192+17)
+	if _, err := c2.Write(data); err != nil {
+		t.Fatalf("c2 write beside c1's unread data: %v", hang.Cause(ctx, err))
 	}
 	got := make([]byte, len(data))
-	if _, err := io.ReadFull(sc2, got); err != nil {
-		t.Fatalf("sc2 read: %v", hang.Cause(ctx, err))
+	if _, err := io.ReadFull(sc2, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("sc2 read %v (same bytes: %v)", hang.Cause(ctx, err), bytes.Equal(got, data))
 	}
-	if !bytes.Equal(got, data) {
-		t.Fatal("sc2 read other bytes than c2 wrote")
+	// The reader reads what waited and twice a window more, which the
+	// writer can send only as the reader tells it what it read.
+	more := 2 * win
+	wrote := make(chan error, 1)
+	go func() { _, err := c1.Write(streamBytes(sent, more)); wrote <- err }()
+	all := make([]byte, sent+more)
+	if _, err := io.ReadFull(sc1, all); err != nil {
+		t.Fatalf("sc1 read: %v", hang.Cause(ctx, err))
+	}
+	if !bytes.Equal(all, streamBytes(0, sent+more)) {
+		t.Fatal("sc1 read other bytes than c1 wrote")
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("c1's second write: %v", err)
+	}
+	if n := srv.Stats().Spilled.Load(); n == 0 {
+		t.Error("no message spilled, though sc1 read nothing for a window")
 	}
 }

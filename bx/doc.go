@@ -84,7 +84,10 @@
 //     receive buffers, spares messages up to it the rendezvous's extra
 //     round trip.
 //   - Conn, through Endpoint.DialConn and Endpoint.Listener: a stream as a
-//     net.Conn, for net/http, net/rpc or gRPC (package bx/bxgrpc).
+//     net.Conn, for net/http, net/rpc or gRPC (package bx/bxgrpc). Like a
+//     TCP connection it has a window of its own (256 KiB, or four
+//     EagerSize messages if more): a reader that stops reading stalls its
+//     writer only, and its unread data holds no receive buffer.
 //
 // # Lifecycle
 //

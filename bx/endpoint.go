@@ -438,6 +438,10 @@ type Stats struct {
 	// waiting for its FIN and were copied out of their receive buffers,
 	// which went back at once (a held one would keep a credit).
 	Copied atomic.Uint64
+	// Spilled counts a Conn's messages (or the rest of one a Read took
+	// part of) copied to the heap because no Read waited for them, their
+	// receive buffers going back at once (conn.go, "Windows").
+	Spilled atomic.Uint64
 	// Compact counts data messages sent without their header, which
 	// the immediate stood for (wire.go).
 	Compact atomic.Uint64

@@ -3,6 +3,7 @@ package bx
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/goverbs/goverbs/qp"
@@ -404,3 +405,13 @@ func (p *Peer) HoldLaneForTest(i int) func() {
 	l.mu.Lock()
 	return l.mu.Unlock
 }
+
+// ConnWindowForTest is the bytes a Conn's writer may have unread
+// (connWindow).
+func (e *Endpoint) ConnWindowForTest() int { return int(connWindow(&e.cfg)) }
+
+// ConnPeerForTest is the peer a Conn of this package rides on.
+func ConnPeerForTest(c net.Conn) *Peer { return c.(*Conn).s.p }
+
+// ConnReadersForTest is how many Reads wait on a Conn of this package.
+func ConnReadersForTest(c net.Conn) int32 { return c.(*Conn).s.readers.Load() }

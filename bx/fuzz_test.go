@@ -17,6 +17,9 @@ func FuzzHeader(f *testing.F) {
 		{Type: typFin, Stream: 7, Seq: 10, Length: finSize},
 		{Type: typSplit, Flags: flagResponse, Stream: 3, Seq: 11, CallID: 9, Length: rndvSize + 5},
 		{Type: typPart, Flags: flagResponse, Stream: 3, Seq: 12, CallID: 9, Length: 5},
+		{Type: typData, Flags: flagRead, Stream: connBit | 5, Seq: 13, CallID: 1 << 20},
+		{Type: typData, Flags: flagRead, Stream: connBit | 5, Seq: 14, CallID: 1 << 20, Length: 2}, // refused: a count has no payload
+		{Type: typData, Flags: flagRead | flagRequest, Stream: connBit | 5, Seq: 15, CallID: 3},    // refused
 	} {
 		b := make([]byte, HeaderSize+int(h.Length))
 		h.encode(b)
@@ -32,6 +35,9 @@ func FuzzHeader(f *testing.F) {
 		h.encode(out)
 		if !bytes.Equal(out, b[:HeaderSize]) {
 			t.Fatalf("round trip differs: %x vs %x", out, b[:HeaderSize])
+		}
+		if h.Flags&flagRead != 0 && (h.Type != typData || h.Flags != flagRead || len(b) != HeaderSize) {
+			t.Fatalf("accepted a read count in %+v with %d payload bytes", h, len(b)-HeaderSize)
 		}
 		switch h.Type {
 		case typRndv:
@@ -119,7 +125,7 @@ func FuzzCompact(f *testing.F) {
 			seq++
 			h.Seq = seq
 			h.Type = typData
-			h.Flags = []uint16{0, flagRequest, flagResponse, flagRequest | flagOpen, flagResponse | flagError, flagClose, flagOpen, 0}[step[0]&7]
+			h.Flags = []uint16{0, flagRequest, flagResponse, flagRequest | flagOpen, flagResponse | flagError, flagClose, flagOpen, flagRead}[step[0]&7]
 			if step[0]&8 != 0 {
 				h.Type = typCredit
 			}

@@ -102,6 +102,9 @@ type Counters struct {
 	// Copied: messages copied out of their receive buffers behind a
 	// rendezvous (see Stats).
 	Copied uint64
+	// Spilled: a Conn's messages copied to the heap, no Read waiting
+	// (see Stats).
+	Spilled uint64
 	// Compact: data messages sent without their header (see Stats).
 	Compact uint64
 	// Split: messages received in parts (see Stats).
@@ -359,7 +362,7 @@ func (e *Endpoint) Snapshot() Snapshot {
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
-		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load(), Compact: st.Compact.Load(), Split: st.Split.Load()}
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load(), Spilled: st.Spilled.Load(), Compact: st.Compact.Load(), Split: st.Split.Load()}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

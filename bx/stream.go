@@ -22,10 +22,13 @@ type Msg struct {
 	buf    mr.Buf
 	large  bool // buf is a rendezvous target
 	copied bool // buf is the eager pool's, not a receive buffer (Peer.copyOut)
-	data   []byte
-	call   uint64
-	flags  uint16
-	remote string // RPC error text
+	// spilled: data is on the heap and no buffer is held (a Conn's
+	// message nobody waited for: Msg.spill).
+	spilled bool
+	data    []byte
+	call    uint64
+	flags   uint16
+	remote  string // RPC error text
 	// done: released. A CAS, not a sync.Once, whose slow path (every
 	// message's) takes a lock: about 200 instructions a message.
 	done atomic.Bool
@@ -115,12 +118,46 @@ func (m *Msg) Release() {
 	e := m.p.e
 	e.liveMsgs.Add(-1)
 	switch {
+	case m.spilled:
 	case m.large:
 		e.large.Free(m.buf)
 	case m.copied:
 		e.eager.Free(m.buf)
 	default:
 		e.releaseRecv(m.buf, m.p)
+	}
+}
+
+// heldBuf is the buffer a message held before it was spilled, to give
+// back (Peer.giveBack) outside the stream's lock.
+type heldBuf struct {
+	buf           mr.Buf
+	large, copied bool
+}
+
+// spill moves m's payload from byte from on to the heap and returns the
+// buffer it held, which the caller gives back: a Conn's data then holds no
+// receive buffer, and no credit of the peer's, while it waits for a
+// reader (conn.go, "Windows"). m must not be released yet.
+func (m *Msg) spill(from int) heldBuf {
+	h := heldBuf{buf: m.buf, large: m.large, copied: m.copied}
+	d := make([]byte, len(m.data)-from)
+	copy(d, m.data[from:])
+	m.buf, m.data, m.large, m.copied, m.spilled = mr.Buf{}, d, false, false, true
+	m.p.e.stats.Spilled.Add(1)
+	return h
+}
+
+// giveBack returns a spilled message's old buffer, as Release would have.
+func (p *Peer) giveBack(h heldBuf) {
+	e := p.e
+	switch {
+	case h.large:
+		e.large.Free(h.buf)
+	case h.copied:
+		e.eager.Free(h.buf)
+	default:
+		e.releaseRecv(h.buf, p)
 	}
 }
 
@@ -218,6 +255,13 @@ type Stream struct {
 	notify chan struct{}
 	err    error
 	cl     closeState // under mu: Close and the peer's close (close.go)
+
+	// A Conn's stream: cw is its window (conn.go; set under mu before
+	// the stream carries data, nil for other streams), readers the Recvs
+	// waiting on it (changed under mu or after; toStream reads it under
+	// mu to choose whether a message waits in its buffer or spilled).
+	cw      *connWin
+	readers atomic.Int32
 }
 
 // Stream returns the stream with the given id to the peer, making it if
@@ -359,6 +403,9 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 			return m, nil
 		}
 		err := s.err
+		if err == nil {
+			s.readers.Add(1)
+		}
 		s.mu.Unlock()
 		if err != nil {
 			return nil, err
@@ -381,6 +428,7 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 			}
 		}
 		e.waiting.Add(-1)
+		s.readers.Add(-1)
 		if !woke {
 			return nil, ctx.Err()
 		}
@@ -408,6 +456,7 @@ func (s *Stream) fail(err error) {
 	case s.notify <- struct{}{}:
 	default:
 	}
+	s.wakeWriter()
 }
 
 // Handler serves RPC requests of one stream id: it returns the response

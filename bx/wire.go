@@ -15,8 +15,10 @@ const HeaderSize = 48
 // 3: the CTS names a memory window bound for the one transfer, the FIN is a
 // SEND_WITH_INV of it, and a recovery setup carries the new windows of
 // transfers in progress (grant.go). 4: compact data messages (below). 5:
-// split messages (below).
-const wireVersion = 5
+// split messages (below). 6: a Conn's reader tells its writer how much it
+// has read (flagRead), and the writer keeps at most a window of bytes
+// unread (conn.go).
+const wireVersion = 6
 
 // Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
 // resent after a QP failure until acknowledged); credit updates are not.
@@ -38,6 +40,7 @@ const (
 	flagOpen     = 1 << 3 // first message of a net.Conn stream
 	flagClose    = 1 << 4 // the sender closed its side of a net.Conn stream
 	flagWindow   = 1 << 5 // CTS: the rkey is a memory window; the FIN must invalidate it (SEND_WITH_INV)
+	flagRead     = 1 << 6 // a Conn's reader has read CallID bytes of the stream in all (no payload)
 )
 
 // header is the data-plane message header. Every message carries the
@@ -272,8 +275,11 @@ func (h *header) parse(b []byte, n int) error {
 	default:
 		return fmt.Errorf("bx: unknown message type %d", h.Type)
 	}
-	if h.Flags&^(flagRequest|flagResponse|flagError|flagOpen|flagClose|flagWindow) != 0 {
+	if h.Flags&^(flagRequest|flagResponse|flagError|flagOpen|flagClose|flagWindow|flagRead) != 0 {
 		return fmt.Errorf("bx: unknown flags %#x", h.Flags)
+	}
+	if h.Flags&flagRead != 0 && (h.Type != typData || h.Flags != flagRead || h.Length != 0) {
+		return fmt.Errorf("bx: read count in a message of type %d, flags %#x, %d payload bytes", h.Type, h.Flags, h.Length)
 	}
 	if h.Type != typCTS && h.Flags&flagWindow != 0 {
 		return fmt.Errorf("bx: message type %d with the window flag", h.Type)
