@@ -189,6 +189,7 @@ func BenchmarkConn(b *testing.B) {
 				}
 				done <- err
 			}()
+			spilled := srv.Stats().Spilled.Load()
 			for range b.N {
 				if _, err := c.Write(data); err != nil {
 					b.Fatal(err)
@@ -197,6 +198,8 @@ func BenchmarkConn(b *testing.B) {
 			if err := <-done; err != nil {
 				b.Fatal(err)
 			}
+			// Messages no Read waited for (copied to the heap).
+			b.ReportMetric(float64(srv.Stats().Spilled.Load()-spilled)/float64(b.N), "spills/op")
 		})
 	}
 }

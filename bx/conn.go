@@ -31,13 +31,55 @@ type Conn struct {
 	rdl        atomic.Pointer[time.Time]
 	wdl        atomic.Pointer[time.Time]
 
-	// kick wakes a Read blocked in Recv when the read deadline changes
-	// (net/http aborts a background read by moving it to the past), wkick
-	// a Write blocked in Send (for credits or window) when the write
-	// deadline changes; Close wakes both.
-	kmu   sync.Mutex
-	kick  context.CancelFunc
-	wkick context.CancelFunc
+	// rw and ww are the contexts Reads and Writes wait under. Cancelling
+	// rw's wakes a Read blocked in Recv when the read deadline changes
+	// (net/http aborts a background read by moving it to the past),
+	// ww's a Write blocked in Send (for credits or a window) when the
+	// write deadline changes; Close cancels both. Their cancel funcs are
+	// set under kmu.
+	kmu sync.Mutex
+	rw  waitCtx // under rmu
+	ww  waitCtx // under wmu
+}
+
+// waitCtx is the context a Conn's Reads (or Writes) wait under, kept from
+// one to the next while the deadline stays: a context made for each cost
+// a Read and a Write two allocations each.
+type waitCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	dl     *time.Time // the deadline it was made for (what the setter stored)
+}
+
+// waitCtx returns the context to wait under for the deadline in p, made
+// anew when the deadline changed or it ended. The Read's (Write's) lock is
+// held.
+func (c *Conn) waitCtx(w *waitCtx, p *atomic.Pointer[time.Time]) context.Context {
+	for {
+		dl := p.Load()
+		if w.ctx != nil && w.dl == dl && w.ctx.Err() == nil {
+			return w.ctx
+		}
+		if w.cancel != nil {
+			w.cancel()
+		}
+		var ctx context.Context
+		var cancel context.CancelFunc
+		if dl != nil && !dl.IsZero() {
+			ctx, cancel = context.WithDeadline(context.Background(), *dl)
+		} else {
+			ctx, cancel = context.WithCancel(context.Background())
+		}
+		c.kmu.Lock()
+		w.cancel = cancel
+		c.kmu.Unlock()
+		w.ctx, w.dl = ctx, dl
+		// A deadline set as this was made: its wake may have missed it.
+		// One set from here on cancels it.
+		if p.Load() == dl {
+			return ctx
+		}
+	}
 }
 
 // Windows. Every Conn and stream to a peer shares the peer's receive
@@ -442,13 +484,6 @@ func (p *Peer) opened(m *Msg) {
 	p.sendOrQueue(id, flags, call, b)
 }
 
-func deadlineCtx(p *atomic.Pointer[time.Time]) (context.Context, context.CancelFunc) {
-	if t := p.Load(); t != nil && !t.IsZero() {
-		return context.WithDeadline(context.Background(), *t)
-	}
-	return context.WithCancel(context.Background())
-}
-
 // Read reads received bytes.
 func (c *Conn) Read(b []byte) (int, error) {
 	if c == nil {
@@ -475,15 +510,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		if c.eof {
 			return 0, io.EOF
 		}
-		ctx, cancel := deadlineCtx(&c.rdl)
-		c.kmu.Lock()
-		c.kick = cancel
-		c.kmu.Unlock()
-		m, err := c.s.Recv(ctx)
-		c.kmu.Lock()
-		c.kick = nil
-		c.kmu.Unlock()
-		cancel()
+		m, err := c.s.Recv(c.waitCtx(&c.rw, &c.rdl))
 		if errors.Is(err, context.Canceled) && !c.closed.Load() {
 			continue // the deadline moved: look again
 		}
@@ -540,18 +567,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return 0, nil
 		}
 		k := min(len(b)-n, e.cfg.EagerSize)
-		ctx, cancel := deadlineCtx(&c.wdl)
-		c.kmu.Lock()
-		c.wkick = cancel
-		c.kmu.Unlock()
+		ctx := c.waitCtx(&c.ww, &c.wdl)
 		err := c.waitWindow(ctx, k)
 		if err == nil {
 			err = c.s.Send(ctx, b[n:n+k])
 		}
-		c.kmu.Lock()
-		c.wkick = nil
-		c.kmu.Unlock()
-		cancel()
 		if err != nil {
 			switch {
 			case c.closed.Load():
@@ -597,11 +617,11 @@ func (c *Conn) Close() error {
 // the deadlines and the closed flag again.
 func (c *Conn) wake(read, write bool) {
 	c.kmu.Lock()
-	if read && c.kick != nil {
-		c.kick()
+	if read && c.rw.cancel != nil {
+		c.rw.cancel()
 	}
-	if write && c.wkick != nil {
-		c.wkick()
+	if write && c.ww.cancel != nil {
+		c.ww.cancel()
 	}
 	c.kmu.Unlock()
 }

@@ -398,6 +398,7 @@ type Endpoint struct {
 	closed atomic.Bool
 	stats  Stats
 	met    metricsState // RPC latency per stream class (metrics.go)
+	spills sync.Pool    // *[]byte of EagerSize: spilled messages' payloads (Msg.spill)
 }
 
 // Stats counts what an endpoint did. Sent and Received count messages

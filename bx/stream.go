@@ -25,6 +25,7 @@ type Msg struct {
 	// spilled: data is on the heap and no buffer is held (a Conn's
 	// message nobody waited for: Msg.spill).
 	spilled bool
+	sbuf    *[]byte // the spilled payload's buffer, from Endpoint.spills
 	data    []byte
 	call    uint64
 	flags   uint16
@@ -119,6 +120,9 @@ func (m *Msg) Release() {
 	e.liveMsgs.Add(-1)
 	switch {
 	case m.spilled:
+		if m.sbuf != nil {
+			e.spills.Put(m.sbuf)
+		}
 	case m.large:
 		e.large.Free(m.buf)
 	case m.copied:
@@ -141,10 +145,23 @@ type heldBuf struct {
 // reader (conn.go, "Windows"). m must not be released yet.
 func (m *Msg) spill(from int) heldBuf {
 	h := heldBuf{buf: m.buf, large: m.large, copied: m.copied}
-	d := make([]byte, len(m.data)-from)
+	e := m.p.e
+	n := len(m.data) - from
+	var sb *[]byte
+	var d []byte
+	if n <= e.cfg.EagerSize { // a Conn's message: from the pool
+		sb, _ = e.spills.Get().(*[]byte)
+		if sb == nil {
+			b := make([]byte, e.cfg.EagerSize)
+			sb = &b
+		}
+		d = (*sb)[:n]
+	} else {
+		d = make([]byte, n)
+	}
 	copy(d, m.data[from:])
-	m.buf, m.data, m.large, m.copied, m.spilled = mr.Buf{}, d, false, false, true
-	m.p.e.stats.Spilled.Add(1)
+	m.buf, m.data, m.sbuf, m.large, m.copied, m.spilled = mr.Buf{}, d, sb, false, false, true
+	e.stats.Spilled.Add(1)
 	return h
 }
 
