@@ -349,3 +349,90 @@ func TestConnIsolation(t *testing.T) {
 		t.Error("no message spilled, though sc1 read nothing for a window")
 	}
 }
+
+// TestConnWindowRecovery: the reader's counts (flagRead) are sequenced
+// messages, resent after a QP failure like data: with the lanes forced to
+// ERR while a writer streams through its window and the reader reads,
+// every byte arrives once and in order and the writer does not wait
+// forever for a count lost with the QP.
+func TestConnWindowRecovery(t *testing.T) {
+	srv, cli, _, _ := pair(t, nil)
+	ln := srv.Listener()
+	defer ln.Close()
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	c, sc := dialConn(t, ctx, cli, srv, ln)
+	defer c.Close()
+	defer sc.Close()
+	win := cli.ConnWindowForTest()
+	total := 6 * win
+	wrote := make(chan error, 1)
+	go func() {
+		for off := 0; off < total; off += 8 << 10 {
+			if _, err := c.Write(streamBytes(off, min(8<<10, total-off))); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	got := make([]byte, 0, total)
+	buf := make([]byte, 5000)
+	broken := 0
+	for len(got) < total {
+		n, err := sc.Read(buf)
+		if err != nil {
+			t.Fatalf("read after %d of %d bytes: %v", len(got), total, hang.Cause(ctx, err))
+		}
+		got = append(got, buf[:n]...)
+		wd.Progress()
+		// Twice, a window apart: the writer waits for counts then.
+		if broken < 2 && len(got) >= (broken+1)*2*win {
+			p := bx.ConnPeerForTest(c)
+			for p.BreakLanesForTest() != nil { // a recovery under way: again
+				time.Sleep(10 * time.Millisecond)
+			}
+			broken++
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, streamBytes(0, total)) {
+		t.Fatal("the bytes read are not the bytes written, in order")
+	}
+	if r := cli.Stats().Recoveries.Load(); r == 0 {
+		t.Error("no recovery counted: the lanes did not fail")
+	}
+}
+
+// TestConnWindowPeerGone: a Write waiting for its window (the reader
+// reads nothing) returns an error when the peer's endpoint closes; it
+// does not wait for a count that cannot come.
+func TestConnWindowPeerGone(t *testing.T) {
+	srv, cli, _, _ := pair(t, nil)
+	ln := srv.Listener()
+	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	c, _ := dialConn(t, ctx, cli, srv, ln)
+	defer c.Close()
+	sent := fillWindow(t, wd, c)
+	wrote := make(chan error, 1)
+	go func() { _, err := c.Write(streamBytes(sent, 4096)); wrote <- err }()
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write past the window returned (%v) while the reader read nothing", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	ln.Close()
+	srv.Close()
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the write past the window succeeded with the peer gone")
+		}
+		t.Logf("write with the peer gone: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("the write waiting for its window did not end with the peer gone: %v", hang.Cause(ctx, ctx.Err()))
+	}
+}
