@@ -105,6 +105,51 @@ func TestNilReceivers(t *testing.T) {
 	}
 }
 
+// TestZeroReceivers: the same methods called on a zero value that no
+// constructor made (new(T), a struct field never set up): none panics or
+// blocks, and one that returns an error returns one that is
+// goverbs.ErrNil for errors.Is and names the type, as on a nil pointer.
+// Nothing of a zero value is a kernel object: a method must not take its
+// zero fd (0, the process's stdin) for one.
+func TestZeroReceivers(t *testing.T) {
+	bound := hang.Scale(10 * time.Second)
+	var all []any
+	for _, pkg := range slices.Sorted(maps.Keys(nilTypes)) {
+		all = append(all, nilTypes[pkg]...)
+	}
+	for _, v := range all {
+		pt := reflect.TypeOf(v)
+		for i := range pt.NumMethod() {
+			m := pt.Method(i)
+			if _, onValue := pt.Elem().MethodByName(m.Name); onValue {
+				continue
+			}
+			name := fmt.Sprintf("(%v).%s", pt, m.Name)
+			out, err := callNil(reflect.New(pt.Elem()).Method(i), bound)
+			if err != nil {
+				t.Errorf("%s on a zero value: %v", name, err)
+				continue
+			}
+			if n := len(out); n == 0 || m.Type.Out(n-1) != errType || m.Name == "Unwrap" {
+				continue
+			}
+			e, _ := out[len(out)-1].Interface().(error)
+			switch {
+			case e == nil:
+				// A zero value may be a usable one (bx.Histogram's is).
+			case !errors.Is(e, goverbs.ErrNil) && !errors.Is(e, goverbs.ErrClosed):
+				t.Errorf("%s on a zero value: %q is neither goverbs.ErrNil nor goverbs.ErrClosed", name, e)
+			case !strings.Contains(e.Error(), pt.Elem().Name()):
+				t.Errorf("%s on a zero value: %q does not name the %v", name, e, pt)
+			}
+		}
+	}
+	// fd 0 is still open: no Close of a zero value closed it.
+	if _, err := os.Stdin.Stat(); err != nil {
+		t.Errorf("stdin after the zero values' methods: %v", err)
+	}
+}
+
 // callNil calls m with zero arguments, in a goroutine so that a call that
 // blocks is reported (after bound) instead of hanging the test.
 func callNil(m reflect.Value, bound time.Duration) (out []reflect.Value, err error) {
