@@ -31,7 +31,7 @@ var ErrStreamClosed = errors.New("bx: stream closed by the peer")
 // usable checks the receiver and the context of a public Stream method.
 func (s *Stream) usable(ctx context.Context) error {
 	switch {
-	case s == nil || s.p == nil || s.notify == nil:
+	case s.bad():
 		return errNilStream
 	case ctx == nil:
 		return fmt.Errorf("bx: stream %d: nil context", s.id)
@@ -255,7 +255,7 @@ func (p *Peer) sendOrQueue(id uint32, flags uint16, call uint64, b Buffer) {
 // closed ones whose close the peer has not answered yet or whose messages
 // are not read yet.
 func (p *Peer) StreamCount() int {
-	if p == nil {
+	if p.bad() {
 		return 0
 	}
 	p.mu.Lock()
@@ -266,7 +266,7 @@ func (p *Peer) StreamCount() int {
 // checkCall validates a Call's arguments; buffer says b is CallBuffer's.
 func (p *Peer) checkCall(ctx context.Context, stream uint32, b *Buffer, buffer bool) error {
 	switch {
-	case p == nil || p.e == nil:
+	case p.bad():
 		return errNilPeer
 	case ctx == nil:
 		return fmt.Errorf("bx: Call on stream %d: nil context", stream)

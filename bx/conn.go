@@ -269,7 +269,7 @@ const acceptQueue = 64
 // EagerSize messages, if more) are unread. An unreleased Msg of a
 // Stream, by contrast, holds its buffer and credit (Msg).
 func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) {
-	if e == nil {
+	if e.bad() {
 		return nil, errNilEndpoint
 	}
 	if ctx == nil {
@@ -365,7 +365,7 @@ func (e *Endpoint) peerFor(ctx context.Context, addr string) (*Peer, error) {
 // peer's DialConn fails with ErrConnRefused. Every Listener of an endpoint
 // shares one accept queue.
 func (e *Endpoint) Listener() net.Listener {
-	if e == nil {
+	if e.bad() {
 		return &listener{done: closedCh}
 	}
 	e.mu.Lock()
@@ -387,7 +387,7 @@ type listener struct {
 
 func (l *listener) Accept() (net.Conn, error) {
 	if l.e == nil {
-		return nil, fmt.Errorf("bx: Accept on the Listener of a nil Endpoint: %w", net.ErrClosed)
+		return nil, fmt.Errorf("bx: Accept on the Listener of a nil or zero Endpoint: %w", net.ErrClosed)
 	}
 	select {
 	case <-l.done:
@@ -486,7 +486,7 @@ func (p *Peer) opened(m *Msg) {
 
 // Read reads received bytes.
 func (c *Conn) Read(b []byte) (int, error) {
-	if c == nil {
+	if c.bad() {
 		return 0, errNilConn
 	}
 	c.rmu.Lock()
@@ -549,7 +549,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 // set (or moved) while it waits, and at Close; it then reports how much of
 // b went out.
 func (c *Conn) Write(b []byte) (int, error) {
-	if c == nil {
+	if c.bad() {
 		return 0, errNilConn
 	}
 	c.wmu.Lock()
@@ -596,7 +596,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 // reading), the close message goes out from a worker once one comes back,
 // as a TCP FIN queues behind unread data.
 func (c *Conn) Close() error {
-	if c == nil || c.s == nil {
+	if c.bad() {
 		return errNilConn
 	}
 	if !c.closed.CompareAndSwap(false, true) {
@@ -628,7 +628,7 @@ func (c *Conn) wake(read, write bool) {
 
 // LocalAddr names our end.
 func (c *Conn) LocalAddr() net.Addr {
-	if c == nil {
+	if c.bad() {
 		return nil
 	}
 	return Addr{Device: c.s.p.e.cfg.Device, Peer: c.s.p.e.id, Stream: c.s.id}
@@ -636,7 +636,7 @@ func (c *Conn) LocalAddr() net.Addr {
 
 // RemoteAddr names the peer's end.
 func (c *Conn) RemoteAddr() net.Addr {
-	if c == nil {
+	if c.bad() {
 		return nil
 	}
 	return Addr{Peer: c.s.p.id, Stream: c.s.id}
@@ -644,7 +644,7 @@ func (c *Conn) RemoteAddr() net.Addr {
 
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
-	if c == nil {
+	if c.bad() {
 		return errNilConn
 	}
 	c.wdl.Store(&t)
@@ -655,7 +655,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 
 // SetReadDeadline bounds Read, including one already blocked.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	if c == nil {
+	if c.bad() {
 		return errNilConn
 	}
 	c.rdl.Store(&t)
@@ -665,7 +665,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline bounds Write, including one already blocked.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if c == nil {
+	if c.bad() {
 		return errNilConn
 	}
 	c.wdl.Store(&t)

@@ -587,7 +587,7 @@ func classes(lo, hi int) []int {
 
 // ID is the endpoint's incarnation, as its peers see it (Peer.ID).
 func (e *Endpoint) ID() uint64 {
-	if e == nil {
+	if e.bad() {
 		return 0
 	}
 	return e.id
@@ -595,7 +595,7 @@ func (e *Endpoint) ID() uint64 {
 
 // Device returns the device name.
 func (e *Endpoint) Device() string {
-	if e == nil {
+	if e.bad() {
 		return ""
 	}
 	return e.cfg.Device
@@ -603,7 +603,7 @@ func (e *Endpoint) Device() string {
 
 // Stats returns the endpoint's counters.
 func (e *Endpoint) Stats() *Stats {
-	if e == nil {
+	if e.bad() {
 		return nil
 	}
 	return &e.stats
@@ -611,7 +611,7 @@ func (e *Endpoint) Stats() *Stats {
 
 // AllocatorStats reports the three buffer pools.
 func (e *Endpoint) AllocatorStats() (eager, large, rndv mr.AllocatorStats) {
-	if e == nil {
+	if e.bad() {
 		return eager, large, rndv
 	}
 	return e.eager.Stats(), e.large.Stats(), e.rndv.Stats()
@@ -620,7 +620,7 @@ func (e *Endpoint) AllocatorStats() (eager, large, rndv mr.AllocatorStats) {
 // Close disconnects every peer and releases the device. Calls in flight
 // fail with ErrClosed.
 func (e *Endpoint) Close() error {
-	if e == nil {
+	if e.bad() {
 		return errNilEndpoint
 	}
 	if !e.closed.CompareAndSwap(false, true) {

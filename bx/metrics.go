@@ -166,10 +166,15 @@ type PoolSnapshot struct {
 // call) and must be fast and safe for concurrent use. Class names are cut
 // to 64 bytes and made valid UTF-8; an empty one is OtherStreamClass.
 func (e *Endpoint) SetStreamClass(class func(stream uint32) string) error {
-	if e == nil {
+	if e.bad() {
 		return errNilEndpoint
 	}
-	m := &e.met
+	e.met.setClass(class)
+	return nil
+}
+
+// setClass is SetStreamClass.
+func (m *metricsState) setClass(class func(stream uint32) string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if class == nil {
@@ -178,7 +183,6 @@ func (e *Endpoint) SetStreamClass(class func(stream uint32) string) error {
 		m.classFn = class
 	}
 	m.streams.Store(nil)
-	return nil
 }
 
 // metricsState is what an Endpoint keeps for Snapshot beyond its Stats.
@@ -352,9 +356,10 @@ func (m *metricsState) snapshot() []ClassSnapshot {
 // Snapshot returns the endpoint's counters, peers, RPC latency per stream
 // class and buffer pools. It takes no lock a send or the progress
 // goroutine holds for long and may be called at any time, also after
-// Close (then without peers). A nil Endpoint gives an empty Snapshot.
+// Close (then without peers). A nil Endpoint, or a zero one (not from
+// New), gives an empty Snapshot.
 func (e *Endpoint) Snapshot() Snapshot {
-	if e == nil {
+	if e.bad() {
 		return Snapshot{}
 	}
 	s := Snapshot{Device: e.cfg.Device, ID: e.id, Time: time.Now(), Closed: e.closed.Load()}

@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// Host tests of the RPC accounting (no device: the metrics state alone).
+// Host tests of the RPC accounting (no device: the metrics state alone,
+// of a zero Endpoint, whose public methods refuse it).
 
 func TestCallClasses(t *testing.T) {
 	var e Endpoint
@@ -20,7 +21,7 @@ func TestCallClasses(t *testing.T) {
 	m.observeCall(7, start, context.DeadlineExceeded)
 	m.observeCall(9, start, fmt.Errorf("wrapped: %w", &RemoteError{Msg: "no"}))
 	m.observeCall(9, start, ErrPeerGone)
-	s := e.Snapshot()
+	s := Snapshot{Classes: e.met.snapshot()}
 	want := []ClassSnapshot{{Class: "7", RemoteErrors: 1, Failures: 1}, {Class: "9", RemoteErrors: 1, Failures: 1}}
 	if len(s.Classes) != len(want) {
 		t.Fatalf("classes %+v", s.Classes)
@@ -75,14 +76,12 @@ func TestSetStreamClass(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var e Endpoint
-			if err := e.SetStreamClass(tt.class); err != nil {
-				t.Fatal(err)
-			}
+			e.met.setClass(tt.class)
 			for _, s := range tt.streams {
 				e.met.observeCall(s, time.Now(), nil)
 			}
 			got := map[string]uint64{}
-			for _, c := range e.Snapshot().Classes {
+			for _, c := range e.met.snapshot() {
 				got[c.Class] = c.Latency.Count
 			}
 			if len(got) != len(tt.want) {
@@ -102,12 +101,12 @@ func TestSetStreamClass(t *testing.T) {
 func TestSetStreamClassAgain(t *testing.T) {
 	var e Endpoint
 	e.met.observeCall(3, time.Now(), nil)
-	e.SetStreamClass(func(uint32) string { return "all" })
+	e.met.setClass(func(uint32) string { return "all" })
 	e.met.observeCall(3, time.Now(), nil)
-	e.SetStreamClass(nil)
+	e.met.setClass(nil)
 	e.met.observeCall(3, time.Now(), errors.New("x"))
 	got := map[string][2]uint64{}
-	for _, c := range e.Snapshot().Classes {
+	for _, c := range e.met.snapshot() {
 		got[c.Class] = [2]uint64{c.Latency.Count, c.Failures}
 	}
 	if len(got) != 2 || got["3"] != [2]uint64{1, 1} || got["all"] != [2]uint64{1, 0} {
@@ -119,6 +118,14 @@ func TestSetStreamClassAgain(t *testing.T) {
 	}
 	if s := nilEP.Snapshot(); s.Device != "" || s.Peers != nil {
 		t.Errorf("nil Endpoint snapshot %+v", s)
+	}
+	// A zero Endpoint (not from New), such as e, is refused as a nil one
+	// is, its metrics state set or not.
+	if err := e.SetStreamClass(nil); err != errNilEndpoint {
+		t.Errorf("SetStreamClass on a zero Endpoint: %v", err)
+	}
+	if s := e.Snapshot(); !s.Time.IsZero() || s.Classes != nil {
+		t.Errorf("zero Endpoint snapshot %+v", s)
 	}
 }
 
@@ -156,7 +163,7 @@ func TestStreamCacheSpill(t *testing.T) {
 		t.Errorf("cache holds %d streams, want %d", n, streams)
 	}
 	calls := map[string]uint64{}
-	for _, c := range e.Snapshot().Classes {
+	for _, c := range e.met.snapshot() {
 		calls[c.Class] = c.Latency.Count
 	}
 	for s := range streams {
@@ -164,9 +171,7 @@ func TestStreamCacheSpill(t *testing.T) {
 			t.Errorf("class %d: %d calls, want 3", s, got)
 		}
 	}
-	if err := e.SetStreamClass(func(s uint32) string { return []string{"a", "b", "c"}[s%3] }); err != nil {
-		t.Fatal(err)
-	}
+	e.met.setClass(func(s uint32) string { return []string{"a", "b", "c"}[s%3] })
 	for s := range uint32(streams) {
 		if got, want := m.class(s).name, []string{"a", "b", "c"}[s%3]; got != want {
 			t.Errorf("after SetStreamClass: stream %d in class %q, want %q", s, got, want)

@@ -182,7 +182,7 @@ type inbound struct {
 // Dial connects to the endpoint listening at addr (host:port of its
 // control plane).
 func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
-	if e == nil {
+	if e.bad() {
 		return nil, errNilEndpoint
 	}
 	if ctx == nil {
@@ -210,7 +210,7 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Peer, error) {
 // Listen accepts peers on addr (the TCP control plane). Accepted peers are
 // served by the endpoint's handlers and returned by Accept.
 func (e *Endpoint) Listen(addr string) (net.Addr, error) {
-	if e == nil {
+	if e.bad() {
 		return nil, errNilEndpoint
 	}
 	if err := e.checkServerTLS(); err != nil {
@@ -260,7 +260,7 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 
 // ListenAddrs returns the addresses Listen bound.
 func (e *Endpoint) ListenAddrs() []net.Addr {
-	if e == nil {
+	if e.bad() {
 		return nil
 	}
 	e.mu.RLock()
@@ -274,8 +274,11 @@ func (e *Endpoint) ListenAddrs() []net.Addr {
 
 // Accept returns the next peer that connected to a Listen address.
 func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
-	if e == nil {
+	if e.bad() {
 		return nil, errNilEndpoint
+	}
+	if ctx == nil {
+		return nil, errors.New("bx: Accept: nil context")
 	}
 	select {
 	case p := <-e.accepted:
@@ -526,7 +529,7 @@ func (p *Peer) destroyLanes() {
 
 // Endpoint returns the local endpoint.
 func (p *Peer) Endpoint() *Endpoint {
-	if p == nil {
+	if p.bad() {
 		return nil
 	}
 	return p.e
@@ -534,16 +537,16 @@ func (p *Peer) Endpoint() *Endpoint {
 
 // ID is the remote endpoint's incarnation: a restarted peer has a new one.
 func (p *Peer) ID() uint64 {
-	if p == nil {
+	if p.bad() {
 		return 0
 	}
 	return p.id
 }
 
 // Done is closed when the peer is gone for good; Err says why. A nil
-// Peer's is closed.
+// Peer's, or a zero one's (not from Dial or Accept), is closed.
 func (p *Peer) Done() <-chan struct{} {
-	if p == nil {
+	if p.bad() {
 		return sentinel.Done
 	}
 	return p.down
@@ -551,7 +554,7 @@ func (p *Peer) Done() <-chan struct{} {
 
 // Err returns why the peer went down, or nil.
 func (p *Peer) Err() error {
-	if p == nil {
+	if p.bad() {
 		return errNilPeer
 	}
 	p.mu.Lock()
@@ -603,7 +606,7 @@ func (p *Peer) writeCtl(typ uint8, body []byte) error {
 
 // Close disconnects from the peer.
 func (p *Peer) Close() error {
-	if p == nil {
+	if p.bad() {
 		return errNilPeer
 	}
 	p.shutdown(ErrClosed, true)

@@ -53,7 +53,7 @@ type Msg struct {
 // 0..MaxMessage (ErrTooLarge).
 func (m *Msg) Reply(n int) ([]byte, error) {
 	switch {
-	case m == nil || m.p == nil:
+	case m.bad():
 		return nil, errNilMsg
 	case !m.serving.Load():
 		return nil, errors.New("bx: Reply outside the handler of a request")
@@ -110,7 +110,7 @@ func (m *Msg) Data() []byte {
 // Release returns the message's buffer: to the shared receive queue (and a
 // receive credit to the peer), or to the pool. It is idempotent.
 func (m *Msg) Release() {
-	if m == nil || m.p == nil {
+	if m.bad() {
 		return
 	}
 	if !m.done.CompareAndSwap(false, true) {
@@ -193,7 +193,7 @@ type Buffer struct {
 // use rendezvous memory, written from there straight into the receiver's
 // buffer.
 func (e *Endpoint) Alloc(n int) (*Buffer, error) {
-	if e == nil {
+	if e.bad() {
 		return nil, errNilEndpoint
 	}
 	b, err := e.alloc(n)
@@ -284,10 +284,10 @@ type Stream struct {
 // Stream returns the stream with the given id to the peer, making it if
 // there is none. A closed stream stays in the peer's table, and is what
 // Stream returns for its id, until both sides have closed it (see
-// Stream.Close); then the id names a new stream. A nil Peer returns a
-// Stream whose every method fails.
+// Stream.Close); then the id names a new stream. A nil Peer (or a zero
+// one, not from Dial or Accept) returns a Stream whose every method fails.
 func (p *Peer) Stream(id uint32) *Stream {
-	if p == nil {
+	if p.bad() {
 		return &Stream{id: id}
 	}
 	p.mu.Lock()
@@ -311,7 +311,7 @@ func (s *Stream) ID() uint32 {
 	return s.id
 }
 
-// Peer returns the peer (nil for a nil Stream).
+// Peer returns the peer (nil for a nil or zero Stream, or one of a nil Peer).
 func (s *Stream) Peer() *Peer {
 	if s == nil {
 		return nil
@@ -491,7 +491,7 @@ type handler struct {
 // Handle registers the handler for requests on a stream id, for every peer.
 // It runs on a bounded pool of goroutines (Config.Workers) and may block.
 func (e *Endpoint) Handle(stream uint32, h Handler) {
-	if e == nil {
+	if e.bad() {
 		return
 	}
 	e.mu.Lock()
@@ -511,7 +511,7 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 // response that cannot go out at once (no credit or window yet) goes
 // through the worker pool.
 func (e *Endpoint) HandleInline(stream uint32, h Handler) {
-	if e == nil {
+	if e.bad() {
 		return
 	}
 	e.mu.Lock()
