@@ -51,6 +51,9 @@ type CreditStats struct {
 // message that consumes a receive (SEND, SEND_WITH_IMM, WRITE_WITH_IMM)
 // needs one. Grants are cumulative per epoch, so duplicates and reordering
 // are harmless. It is safe for concurrent use.
+//
+// Make one with NewCredits: a nil or zero Credits grants nothing, and its
+// methods that return an error return one that is goverbs.ErrNil.
 type Credits struct {
 	mu       sync.Mutex
 	epoch    uint32
@@ -59,6 +62,7 @@ type Credits struct {
 	maxGrant uint64
 	inOrder  bool
 	closed   bool
+	made     bool // by NewCredits, never written again: false in a zero Credits (bad)
 	q        waitq
 	st       CreditStats
 }
@@ -70,6 +74,7 @@ func NewCredits(cfg CreditsConfig) *Credits {
 		granted:  cfg.Initial,
 		maxGrant: cfg.MaxGrant,
 		inOrder:  cfg.InOrderGrants,
+		made:     true,
 	}
 }
 
@@ -87,7 +92,7 @@ func (c *Credits) data() uint64 {
 // Available returns the credits data messages may use now (the control
 // reserve excluded).
 func (c *Credits) Available() uint64 {
-	if c == nil {
+	if c.bad() {
 		return 0
 	}
 	c.mu.Lock()
@@ -97,7 +102,7 @@ func (c *Credits) Available() uint64 {
 
 // State returns the epoch and the cumulative granted and consumed counters.
 func (c *Credits) State() (epoch uint32, granted, consumed uint64) {
-	if c == nil {
+	if c.bad() {
 		return 0, 0, 0
 	}
 	c.mu.Lock()
@@ -107,7 +112,7 @@ func (c *Credits) State() (epoch uint32, granted, consumed uint64) {
 
 // Stats returns a snapshot of the counters.
 func (c *Credits) Stats() CreditStats {
-	if c == nil {
+	if c.bad() {
 		return CreditStats{}
 	}
 	c.mu.Lock()
@@ -120,7 +125,7 @@ func (c *Credits) Stats() CreditStats {
 // TryAcquire takes n data credits if they are available now and nobody is
 // waiting ahead (no barging past blocked Acquires). It never blocks.
 func (c *Credits) TryAcquire(n uint64) bool {
-	if c == nil {
+	if c.bad() {
 		return false
 	}
 	c.mu.Lock()
@@ -136,7 +141,7 @@ func (c *Credits) TryAcquire(n uint64) bool {
 // TryAcquireEpoch is TryAcquire that also returns the epoch the credits
 // were consumed in (see AcquireEpoch).
 func (c *Credits) TryAcquireEpoch(n uint64) (uint32, bool) {
-	if c == nil {
+	if c.bad() {
 		return 0, false
 	}
 	c.mu.Lock()
@@ -153,7 +158,7 @@ func (c *Credits) TryAcquireEpoch(n uint64) (uint32, bool) {
 // TryAcquireControl takes one credit for a control message (an explicit
 // credit update), which may use the reserve. It never waits behind data.
 func (c *Credits) TryAcquireControl() bool {
-	if c == nil {
+	if c.bad() {
 		return false
 	}
 	c.mu.Lock()
@@ -170,10 +175,7 @@ func (c *Credits) TryAcquireControl() bool {
 // them available, ctx is done (ctx.Err() is returned and nothing is
 // consumed) or c is closed (ErrClosed). It spawns no goroutine.
 func (c *Credits) Acquire(ctx context.Context, n uint64) error {
-	if c == nil {
-		return errNilCredits
-	}
-	_, err := c.AcquireEpoch(ctx, n)
+	_, err := c.AcquireEpoch(ctx, n) // which checks c
 	return err
 }
 
@@ -181,7 +183,7 @@ func (c *Credits) Acquire(ctx context.Context, n uint64) error {
 // consumed in: after a Resync to a newer epoch they are forgotten, and a
 // message that has not gone out yet needs new ones.
 func (c *Credits) AcquireEpoch(ctx context.Context, n uint64) (uint32, error) {
-	if c == nil {
+	if c.bad() {
 		return 0, errNilCredits
 	}
 	if err := ctx.Err(); err != nil {
@@ -256,7 +258,7 @@ func (c *Credits) dispatch() {
 // ErrEpochAhead, one the receiver could not have issued
 // ErrImpossibleGrant; neither is applied.
 func (c *Credits) Grant(cumulative uint64, epoch uint32) error {
-	if c == nil {
+	if c.bad() {
 		return errNilCredits
 	}
 	c.mu.Lock()
@@ -295,7 +297,7 @@ func (c *Credits) grant(cumulative uint64, epoch uint32) error {
 // (a new endpoint incarnation) and will grant afresh in epoch. Until its
 // first grant nothing is available. Waiters keep waiting.
 func (c *Credits) Reset(epoch uint32) error {
-	if c == nil {
+	if c.bad() {
 		return errNilCredits
 	}
 	c.mu.Lock()
@@ -314,7 +316,7 @@ func (c *Credits) Reset(epoch uint32) error {
 // epoch can still arrive at the peer (every QP to it was reset), otherwise
 // its buffer would be counted twice.
 func (c *Credits) Resync(epoch uint32, granted, consumed uint64) error {
-	if c == nil {
+	if c.bad() {
 		return errNilCredits
 	}
 	c.mu.Lock()
@@ -334,7 +336,7 @@ func (c *Credits) Resync(epoch uint32, granted, consumed uint64) error {
 // Close fails every waiting and future Acquire with ErrClosed.
 // It is idempotent.
 func (c *Credits) Close() {
-	if c == nil {
+	if c.bad() {
 		return
 	}
 	c.mu.Lock()
@@ -348,8 +350,11 @@ func (c *Credits) Close() {
 
 // String describes the credits' state, for diagnostics.
 func (c *Credits) String() string {
-	if c == nil {
+	switch {
+	case c == nil:
 		return "<nil>"
+	case c.bad():
+		return "<zero Credits>"
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

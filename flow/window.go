@@ -54,8 +54,12 @@ type wtree struct {
 // waits).
 //
 // It is safe for concurrent use.
+//
+// Make one with NewWindow or NewChild: a nil or zero Window admits
+// nothing, and its methods that return an error return one that is
+// goverbs.ErrNil.
 type Window struct {
-	t      *wtree
+	t      *wtree    // set by NewWindow and NewChild, never written again: nil in a zero Window (bad)
 	path   []*Window // this window, then its ancestors
 	lim    Limits
 	closed bool
@@ -73,9 +77,10 @@ func NewWindow(l Limits) *Window {
 }
 
 // NewChild returns a window under w (a QP's under its endpoint's): an
-// acquire at the child also acquires at w and w's ancestors.
+// acquire at the child also acquires at w and w's ancestors. It returns
+// nil when w is nil or zero.
 func (w *Window) NewChild(l Limits) *Window {
-	if w == nil {
+	if w.bad() {
 		return nil
 	}
 	if len(w.path) >= maxDepth {
@@ -88,7 +93,7 @@ func (w *Window) NewChild(l Limits) *Window {
 
 // Limits returns the window's limits.
 func (w *Window) Limits() Limits {
-	if w == nil {
+	if w.bad() {
 		return Limits{}
 	}
 	return w.lim
@@ -97,7 +102,7 @@ func (w *Window) Limits() Limits {
 // Outstanding returns the messages and bytes outstanding at this window
 // (including those acquired through its children).
 func (w *Window) Outstanding() (msgs, bytes int64) {
-	if w == nil {
+	if w.bad() {
 		return 0, 0
 	}
 	w.t.mu.Lock()
@@ -107,7 +112,7 @@ func (w *Window) Outstanding() (msgs, bytes int64) {
 
 // Stats returns a snapshot of the counters.
 func (w *Window) Stats() WindowStats {
-	if w == nil {
+	if w.bad() {
 		return WindowStats{}
 	}
 	w.t.mu.Lock()
@@ -168,7 +173,7 @@ func (w *Window) TryAcquire(b int64) bool { return w.TryAcquireN(1, b) }
 // TryAcquireN is TryAcquire of m messages of b bytes in all, all or
 // nothing (a message sent in m parts, each released on its own).
 func (w *Window) TryAcquireN(m, b int64) bool {
-	if w == nil {
+	if w.bad() {
 		return false
 	}
 	if b < 0 || m < 1 {
@@ -193,7 +198,7 @@ func (w *Window) Acquire(ctx context.Context, b int64) error { return w.AcquireN
 // whose parts Release one at a time. m messages over Limits.Msgs are
 // admitted alone, as oversize bytes are.
 func (w *Window) AcquireN(ctx context.Context, m, b int64) error {
-	if w == nil {
+	if w.bad() {
 		return errNilWindow
 	}
 	if b < 0 || m < 1 {
@@ -309,7 +314,7 @@ func (w *Window) Release(b int64) error { return w.ReleaseN(1, b) }
 // ReleaseN returns m messages of b bytes in all at once: what an AcquireN
 // took, when none of its parts went out.
 func (w *Window) ReleaseN(m, b int64) error {
-	if w == nil {
+	if w.bad() {
 		return errNilWindow
 	}
 	t := w.t
@@ -331,7 +336,7 @@ func (w *Window) ReleaseN(m, b int64) error {
 // Close fails waiting and future acquires through w (and its children)
 // with ErrClosed. Outstanding messages can still be released. Idempotent.
 func (w *Window) Close() {
-	if w == nil {
+	if w.bad() {
 		return
 	}
 	t := w.t

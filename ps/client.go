@@ -30,7 +30,8 @@ type ClientConfig struct {
 var DefaultClientBX = bx.Config{Lanes: 2, Credits: 64, MaxMessage: 4 << 20}
 
 // Client is a worker's handle on the servers. It is safe for concurrent
-// use by many goroutines.
+// use by many goroutines. Make one with Dial: the methods of a nil or zero
+// Client that return an error return one that is goverbs.ErrNil.
 type Client struct {
 	ring    *Ring
 	t       transport
@@ -250,15 +251,16 @@ func Dial(cfg ClientConfig) (*Client, error) {
 
 // Close closes every connection.
 func (c *Client) Close() error {
-	if c == nil {
+	if c.bad() {
 		return errNilClient
 	}
 	return c.t.close()
 }
 
-// Ring is the placement of keys and tensors (nil for a nil Client).
+// Ring is the placement of keys and tensors (nil for a nil or zero
+// Client).
 func (c *Client) Ring() *Ring {
-	if c == nil {
+	if c.bad() {
 		return nil
 	}
 	return c.ring
@@ -317,7 +319,7 @@ func (c *Client) redefine(ctx context.Context, i int) {
 // on every server, a dense tensor on its owner). Defining again with the
 // same spec is harmless.
 func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
-	if c == nil {
+	if c.bad() {
 		return errNilClient
 	}
 	defer c.ops.done(OpDefine, time.Now(), &err)
@@ -449,7 +451,7 @@ func (c *Client) sparse(ctx context.Context, op Op, table string, dim int, keys 
 // concurrently. Rows are decoded straight from the response buffer (on
 // rdma, the registered buffer the response landed in) into out.
 func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []float32) (err error) {
-	if c == nil {
+	if c.bad() {
 		return errNilClient
 	}
 	defer c.ops.done(OpPull, time.Now(), &err)
@@ -471,7 +473,7 @@ type PushResult struct {
 // Push sends gradients (len(keys)*dim values, row i for keys[i]) for the
 // servers' optimizers to apply, batched per server.
 func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []float32) (res PushResult, err error) {
-	if c == nil {
+	if c.bad() {
 		return res, errNilClient
 	}
 	defer c.ops.done(OpPush, time.Now(), &err)
@@ -496,7 +498,7 @@ func (c *Client) dense(ctx context.Context, op Op, name string, vals []float32) 
 
 // PullDense reads a dense tensor (len(out) values) from its server.
 func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err error) {
-	if c == nil {
+	if c.bad() {
 		return errNilClient
 	}
 	defer c.ops.done(OpPullDense, time.Now(), &err)
@@ -506,7 +508,7 @@ func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err
 
 // PushDense sends a dense tensor's gradient to its server.
 func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (res PushResult, err error) {
-	if c == nil {
+	if c.bad() {
 		return res, errNilClient
 	}
 	defer c.ops.done(OpPushDense, time.Now(), &err)
@@ -522,7 +524,7 @@ type ServerStats struct {
 
 // Stats asks every server for its counters.
 func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilClient
 	}
 	defer c.ops.done(OpStats, time.Now(), &err)
@@ -545,7 +547,7 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 // or the server's error: for tests and tools that need to send what Client
 // would not.
 func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilClient
 	}
 	op := Op(0) // malformed, unless the request names an op
@@ -574,16 +576,17 @@ type Pending struct {
 // Wait waits for the operation and returns its result (a pull's: zero
 // PushResult) and error. It may be called more than once.
 func (p *Pending) Wait() (PushResult, error) {
-	if p == nil || p.done == nil {
+	if p.bad() {
 		return PushResult{}, errNilPending
 	}
 	<-p.done
 	return p.res, p.err
 }
 
-// Done is closed when the operation is over; a nil Pending's is closed.
+// Done is closed when the operation is over; a nil or zero Pending's is
+// closed.
 func (p *Pending) Done() <-chan struct{} {
-	if p == nil || p.done == nil {
+	if p.bad() {
 		return sentinel.Done
 	}
 	return p.done

@@ -35,17 +35,17 @@ type ClientMetrics struct {
 	Ops       []OpMetrics // operations with calls, in Op order
 }
 
-// Metrics returns the server's counters. A nil Server gives none.
+// Metrics returns the server's counters. A nil or zero Server gives none.
 func (s *Server) Metrics() ServerMetrics {
-	if s == nil {
+	if s.bad() {
 		return ServerMetrics{}
 	}
 	return ServerMetrics{Transport: s.cfg.Transport, Requests: s.requests.Load(), Errors: s.errs.Load(), Ops: s.ops.read()}
 }
 
-// Metrics returns the client's counters. A nil Client gives none.
+// Metrics returns the client's counters. A nil or zero Client gives none.
 func (c *Client) Metrics() ClientMetrics {
-	if c == nil {
+	if c.bad() {
 		return ClientMetrics{}
 	}
 	m := ClientMetrics{Ops: c.ops.read()}
@@ -60,7 +60,7 @@ func (c *Client) Metrics() ClientMetrics {
 
 // Endpoint is the client's bx endpoint (rdma), or nil.
 func (c *Client) Endpoint() *bx.Endpoint {
-	if c == nil {
+	if c.bad() {
 		return nil
 	}
 	if t, ok := c.t.(*rdmaClient); ok {

@@ -92,23 +92,25 @@ type Request struct {
 	Spec Spec   // OpDefine
 }
 
-// Key returns the i-th key.
+// Key returns the i-th key, or 0 if the request has none at i (i outside
+// 0..N-1 of a decoded pull or push; a nil or zero Request has none).
 func (r *Request) Key(i int) uint64 {
-	if r == nil {
+	if r == nil || uint(i) >= uint(len(r.keys)/8) {
 		return 0
 	}
 	return binary.LittleEndian.Uint64(r.keys[8*i:])
 }
 
-// Float returns the i-th gradient value.
+// Float returns the i-th gradient value, or 0 if the request has none at
+// i (i outside 0..NumFloats()-1; a nil or zero Request has none).
 func (r *Request) Float(i int) float32 {
-	if r == nil {
+	if r == nil || uint(i) >= uint(len(r.vals)/4) {
 		return 0
 	}
 	return math.Float32frombits(binary.LittleEndian.Uint32(r.vals[4*i:]))
 }
 
-// NumFloats is the number of gradient values.
+// NumFloats is the number of gradient values (0 for a nil Request).
 func (r *Request) NumFloats() int {
 	if r == nil {
 		return 0

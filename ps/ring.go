@@ -42,7 +42,7 @@ func NewRing(n, vnodes int) *Ring {
 	return r
 }
 
-// Servers is the number of servers.
+// Servers is the number of servers (0 for a nil or zero Ring).
 func (r *Ring) Servers() int {
 	if r == nil {
 		return 0
@@ -61,17 +61,19 @@ func (r *Ring) lookup(h uint64) int {
 	return r.owner[i]
 }
 
-// Key returns the server of a sparse key of a table.
+// Key returns the server of a sparse key of a table: 0 for a nil or zero
+// Ring, or one of no servers.
 func (r *Ring) Key(table string, key uint64) int {
-	if r == nil {
+	if r.bad() {
 		return 0
 	}
 	return r.lookup(mix(key ^ hashString(table)))
 }
 
-// Tensor returns the server of a dense tensor.
+// Tensor returns the server of a dense tensor: 0 for a nil or zero Ring,
+// or one of no servers.
 func (r *Ring) Tensor(name string) int {
-	if r == nil {
+	if r.bad() {
 		return 0
 	}
 	return r.lookup(hashString(name))

@@ -63,7 +63,9 @@ func bxDefaults(c, def bx.Config) bx.Config {
 	return c
 }
 
-// Server serves one shard over one transport.
+// Server serves one shard over one transport. Make one with NewServer:
+// a nil or zero Server serves nothing, and its Close returns an error that
+// is goverbs.ErrNil.
 type Server struct {
 	store *Store
 	inc   uint64
@@ -149,7 +151,7 @@ func (s *Server) Endpoint() *bx.Endpoint { return s.orZero().ep }
 
 // Close stops serving.
 func (s *Server) Close() error {
-	if s == nil {
+	if s.bad() {
 		return errNilServer
 	}
 	if !s.closed.CompareAndSwap(false, true) {
@@ -207,7 +209,7 @@ func (s *Server) respSize(req []byte) int {
 // Every failure, a panic included, becomes an error response: nothing a
 // client sends stops the server.
 func (s *Server) Handle(req, b []byte) (out []byte) {
-	if s == nil {
+	if s.bad() {
 		return nil
 	}
 	base := len(b)

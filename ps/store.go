@@ -101,7 +101,9 @@ const stripes = 256
 const chunk = 4096
 
 // Store is one server's shard: parameters by name. It is safe for
-// concurrent use; pushes to one row (dense chunk) are atomic.
+// concurrent use; pushes to one row (dense chunk) are atomic. Make one
+// with NewStore: the methods of a nil or zero Store that return an error
+// return one that is goverbs.ErrNil.
 type Store struct {
 	cfg StoreConfig
 	// params is read without a lock (an immutable map, replaced whole by
@@ -144,7 +146,7 @@ func NewStore(cfg StoreConfig) *Store {
 // Define creates a parameter; defining an existing one with the same spec
 // is a no-op, with a different spec ErrConflict.
 func (s *Store) Define(spec Spec) error {
-	if s == nil {
+	if s.bad() {
 		return errNilStore
 	}
 	if err := spec.validate(); err != nil {
@@ -194,7 +196,7 @@ func (s *Store) Define(spec Spec) error {
 
 // Specs lists the defined parameters.
 func (s *Store) Specs() []Spec {
-	if s == nil {
+	if s.bad() {
 		return nil
 	}
 	var out []Spec
@@ -269,7 +271,7 @@ func (s *Store) checkKeys(p *param, n int, key func(int) uint64) error {
 
 // Pull writes the rows of keys into out (len(keys)*dim).
 func (s *Store) Pull(name string, keys []uint64, out []float32) error {
-	if s == nil {
+	if s.bad() {
 		return errNilStore
 	}
 	p, err := s.get(name, Sparse)
@@ -380,7 +382,7 @@ func appendU32(b []byte, v uint32) []byte {
 // Push applies gradients (len(keys)*dim) to the rows of keys. It returns
 // the rows applied and skipped (NaN, skip policy).
 func (s *Store) Push(name string, keys []uint64, grads []float32) (applied, skipped int, err error) {
-	if s == nil {
+	if s.bad() {
 		return 0, 0, errNilStore
 	}
 	p, err := s.get(name, Sparse)
@@ -501,7 +503,7 @@ func gradBytes(grads []float32) []byte {
 
 // PullDense copies a dense tensor into out (its size).
 func (s *Store) PullDense(name string, out []float32) error {
-	if s == nil {
+	if s.bad() {
 		return errNilStore
 	}
 	p, err := s.get(name, Dense)
@@ -542,7 +544,7 @@ func (s *Store) pullDenseReq(r *Request, b []byte) ([]byte, error) {
 
 // PushDense applies a gradient to a dense tensor, chunk by chunk.
 func (s *Store) PushDense(name string, grads []float32) (applied, skipped int, err error) {
-	if s == nil {
+	if s.bad() {
 		return 0, 0, errNilStore
 	}
 	p, err := s.get(name, Dense)

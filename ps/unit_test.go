@@ -277,3 +277,35 @@ func (s *Store) get2(t *testing.T, name string) *param {
 	}
 	return p
 }
+
+// TestShortData: a Request's accessors and a Ring's placement answer 0
+// where there is nothing to read (an index outside a decoded request, a
+// ring of no servers) instead of panicking.
+func TestShortData(t *testing.T) {
+	r, err := DecodeRequest(EncodePush("emb", 2, []uint64{7, 9}, []float32{1, 2, 3, 4}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Key(0) != 7 || r.Key(1) != 9 || r.Float(3) != 4 || r.NumFloats() != 4 {
+		t.Fatalf("push decoded as keys %d %d, float 3 = %v of %d", r.Key(0), r.Key(1), r.Float(3), r.NumFloats())
+	}
+	for _, i := range []int{-1, 2, 1 << 40, math.MaxInt, math.MinInt} {
+		if k := r.Key(i); k != 0 {
+			t.Errorf("Key(%d) of 2 keys = %d, want 0", i, k)
+		}
+	}
+	for _, i := range []int{-1, 4, 1 << 40, math.MaxInt, math.MinInt} {
+		if f := r.Float(i); f != 0 {
+			t.Errorf("Float(%d) of 4 floats = %v, want 0", i, f)
+		}
+	}
+	var zero Request
+	if zero.Key(0) != 0 || zero.Float(0) != 0 || zero.NumFloats() != 0 {
+		t.Error("a zero Request has data")
+	}
+	for _, ring := range []*Ring{NewRing(0, 0), new(Ring), nil} {
+		if ring.Key("emb", 1) != 0 || ring.Tensor("x") != 0 || ring.Servers() != 0 {
+			t.Errorf("ring of no servers places something: %d %d %d", ring.Key("emb", 1), ring.Tensor("x"), ring.Servers())
+		}
+	}
+}
