@@ -59,7 +59,7 @@ func Open() (*Channel, error) {
 // Close destroys every ID still open on the channel, then closes the
 // descriptor and waits for the event reader to end. Idempotent.
 func (ch *Channel) Close() error {
-	if ch == nil {
+	if ch.bad() {
 		return errNilChannel
 	}
 	ch.mu.Lock()
@@ -90,10 +90,11 @@ func (ch *Channel) Close() error {
 }
 
 // Fd returns the descriptor (for diagnostics; the channel owns it), or -1
-// once closed. It does not use os.File.Fd, which would make the
-// descriptor blocking and take it away from the netpoller.
+// once closed (and for a nil or zero Channel, which has none). It does
+// not use os.File.Fd, which would make the descriptor blocking and take
+// it away from the netpoller.
 func (ch *Channel) Fd() int {
-	if ch == nil {
+	if ch.bad() {
 		return -1
 	}
 	fd := -1

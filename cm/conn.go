@@ -18,7 +18,7 @@ import (
 // Q_Key). The ID owns the QP: Close destroys it. pd must be on the ID's
 // device (Device).
 func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
-	if id == nil {
+	if id.bad() {
 		return nil, errNilID
 	}
 	if pd == nil {
@@ -83,7 +83,7 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 // InitQPAttr asks the kernel for the attributes that move a QP of this ID
 // to state (INIT_QP_ATTR), as librdmacm's rdma_init_qp_attr.
 func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
-	if id == nil {
+	if id.bad() {
 		return qp.Attr{}, 0, errNilID
 	}
 	if err := id.check("init QP attributes"); err != nil {
@@ -211,7 +211,7 @@ func (id *ID) connParam(p ConnParam, op string, maxData int) (ioctl.UcmConnParam
 // carries the peer's private data. A reject is an *EventError with the
 // reason and the peer's private data.
 func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
-	if id == nil {
+	if id.bad() {
 		return Event{}, errNilID
 	}
 	if ctx == nil {
@@ -264,7 +264,7 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 // QP it moves the QP to RTR and RTS first, then answers and waits for
 // ESTABLISHED.
 func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
-	if id == nil {
+	if id.bad() {
 		return Event{}, errNilID
 	}
 	if ctx == nil {
@@ -306,7 +306,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 // MaxRejectData bytes) and a reason (0: the kernel's default, consumer
 // defined, 28).
 func (id *ID) Reject(data []byte, reason uint8) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if err := id.check("reject"); err != nil {
@@ -327,7 +327,7 @@ func (id *ID) Reject(data []byte, reason uint8) error {
 // with flush errors) and sends a disconnect request; the peer gets
 // DISCONNECTED, and so does this ID once the peer answered (WaitDisconnect).
 func (id *ID) Disconnect() error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if err := id.check("disconnect"); err != nil {
@@ -352,7 +352,7 @@ func (id *ID) Disconnect() error {
 // with Disconnect, which sends the reply the peer waits for), or the peer
 // answered our Disconnect (or did not, within the CM's timeout).
 func (id *ID) WaitDisconnect(ctx context.Context) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	for {

@@ -79,7 +79,7 @@ type ID struct {
 // CreateID makes an ID in port space ps: an RC ID in TCP and IB, a UD ID
 // in UDP.
 func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
-	if ch == nil {
+	if ch.bad() {
 		return nil, errNilChannel
 	}
 	t := qp.RC
@@ -93,7 +93,7 @@ func (ch *Channel) CreateID(ps PortSpace) (*ID, error) {
 // qp.RC, UDP qp.UD, IB either. The type decides how the ID connects (a
 // connection, or a SIDR exchange for UD) and the QP CreateQP makes.
 func (ch *Channel) CreateIDType(ps PortSpace, t qp.Type) (*ID, error) {
-	if ch == nil {
+	if ch.bad() {
 		return nil, errNilChannel
 	}
 	switch {
@@ -184,7 +184,7 @@ func (id *ID) wake() {
 // Wait returns the ID's next event. A connect request's Event.ID belongs
 // to the caller from then on.
 func (id *ID) Wait(ctx context.Context) (Event, error) {
-	if id == nil {
+	if id.bad() {
 		return Event{}, errNilID
 	}
 	if ctx == nil {
@@ -253,7 +253,7 @@ func (id *ID) check(op string) error {
 // Bind binds the ID to a local address (an unspecified address binds every
 // device; port 0 picks one).
 func (id *ID) Bind(addr netip.AddrPort) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if err := id.check("bind"); err != nil {
@@ -298,7 +298,7 @@ const resolveAttempt = 500 * time.Millisecond
 // (after DefaultResolveTimeout without one), with the kernel's last address
 // error (ETIMEDOUT when no neighbour answered) or the context's error.
 func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPort) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if ctx == nil {
@@ -355,7 +355,7 @@ func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPor
 // ResolveRoute resolves the route to the resolved address and waits for
 // ROUTE_RESOLVED.
 func (id *ID) ResolveRoute(ctx context.Context) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if ctx == nil {
@@ -374,7 +374,7 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 
 // Listen makes a bound ID a listener with room for backlog pending requests.
 func (id *ID) Listen(backlog int) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	if err := id.check("listen"); err != nil {
@@ -394,7 +394,7 @@ func (id *ID) Listen(backlog int) error {
 // it; the request's ID (ev.ID) is the caller's to accept or reject and to
 // Close.
 func (id *ID) GetRequest(ctx context.Context) (Event, error) {
-	if id == nil {
+	if id.bad() {
 		return Event{}, errNilID
 	}
 	ev, err := id.waitFor(ctx, "get request", ConnectRequest)
@@ -406,7 +406,7 @@ func (id *ID) GetRequest(ctx context.Context) (Event, error) {
 
 // Query returns the ID's addresses, device and GIDs (QUERY_ROUTE).
 func (id *ID) Query() (Route, error) {
-	if id == nil {
+	if id.bad() {
 		return Route{}, errNilID
 	}
 	if err := id.check("query"); err != nil {
@@ -434,7 +434,7 @@ func (id *ID) Query() (Route, error) {
 // needs a resolved address, a bound address on one device, or a
 // connect request's ID.
 func (id *ID) Device() (string, uint8, error) {
-	if id == nil {
+	if id.bad() {
 		return "", 0, errNilID
 	}
 	rt, err := id.Query()
@@ -459,7 +459,7 @@ func (id *ID) Device() (string, uint8, error) {
 // Close destroys the ID's QP (if CreateQP made one) and the kernel ID. A
 // listener's connect requests not yet taken are destroyed too. Idempotent.
 func (id *ID) Close() error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	id.mu.Lock()

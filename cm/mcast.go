@@ -72,7 +72,7 @@ func (m *Multicast) String() string {
 // later is attached by CreateQP. The group is left by LeaveMulticast or by
 // Close. A MULTICAST_ERROR event is an *EventError matching ErrMulticast.
 func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions) (*Multicast, error) {
-	if id == nil {
+	if id.bad() {
 		return nil, errNilID
 	}
 	op := fmt.Sprintf("join multicast %v", addr)
@@ -194,7 +194,7 @@ func (id *ID) Multicasts() []*Multicast {
 // the kernel leaves it (LEAVE_MCAST). Events of the group not yet taken
 // with Wait are dropped.
 func (id *ID) LeaveMulticast(addr netip.Addr) error {
-	if id == nil {
+	if id.bad() {
 		return errNilID
 	}
 	op := fmt.Sprintf("leave multicast %v", addr)

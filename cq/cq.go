@@ -173,7 +173,7 @@ func (q *CQ) Len() int {
 
 // Handle is the kernel handle, for packages that create queue pairs.
 func (q *CQ) Handle() (uint32, error) {
-	if q == nil {
+	if q.bad() {
 		return 0, errNilCQ
 	}
 	q.once.Lock()
@@ -196,7 +196,7 @@ func (q *CQ) Context() *uverbs.Context {
 // makes no system call and allocates nothing. It returns ErrClosed after
 // Close. Check each WC's Status (or wc[i].Err()).
 func (q *CQ) Poll(wc []WC) (int, error) {
-	if q == nil {
+	if q.bad() {
 		return 0, errNilCQ
 	}
 	if q.once.IsClosed() {
@@ -206,10 +206,10 @@ func (q *CQ) Poll(wc []WC) (int, error) {
 }
 
 // Empty reports whether the CQ holds no completion to poll now (a closed
-// CQ is empty, and so is a nil one). Like Poll it makes no system call; a
-// completion may arrive just after it looked.
+// CQ is empty, and so is a nil or zero one). Like Poll it makes no system
+// call; a completion may arrive just after it looked.
 func (q *CQ) Empty() bool {
-	if q == nil {
+	if q.bad() {
 		return true
 	}
 	if q.once.IsClosed() {
@@ -224,7 +224,7 @@ func (q *CQ) destroy() error { return uvobj.DestroyCQ(uvobj.Of(q.ctx).File, q.ha
 // pair still uses it. Idempotent. Do not Close while another goroutine
 // polls: the ring is unmapped.
 func (q *CQ) Close() error {
-	if q == nil {
+	if q.bad() {
 		return errNilCQ
 	}
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,

@@ -21,7 +21,7 @@ var ErrNoChannel = errors.New("cq: the CQ has no completion channel (create it w
 // solicited or error completion) raises one event on its channel. Arming
 // again before the event fired is harmless.
 func (q *CQ) Notify(solicitedOnly bool) error {
-	if q == nil {
+	if q.bad() {
 		return errNilCQ
 	}
 	if q.once.IsClosed() {
@@ -74,7 +74,7 @@ type armCmd struct {
 //
 // No thread is blocked: the channel's descriptor is in Go's netpoller.
 func (q *CQ) Wait(ctx context.Context) error {
-	if q == nil {
+	if q.bad() {
 		return errNilCQ
 	}
 	return q.wait(ctx, false)
@@ -98,7 +98,7 @@ func (q *CQ) Interrupt() bool {
 
 // WaitSolicited is Wait for solicited (and error) completions only.
 func (q *CQ) WaitSolicited(ctx context.Context) error {
-	if q == nil {
+	if q.bad() {
 		return errNilCQ
 	}
 	return q.wait(ctx, true)

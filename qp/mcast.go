@@ -14,7 +14,7 @@ import (
 // 0xFFFFFF) are then delivered to this QP too. It is the ATTACH_MCAST
 // command (ibv_attach_mcast); rdma_cm's join does it for the ID's QP.
 func (q *QP) AttachMcast(gid net.IP, mlid uint16) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	return q.mcast(ioctl.IB_USER_VERBS_CMD_ATTACH_MCAST, "ATTACH_MCAST", "attach to", gid, mlid)
@@ -24,7 +24,7 @@ func (q *QP) AttachMcast(gid net.IP, mlid uint16) error {
 // destroy a QP that is still attached to a group (Close fails with EBUSY):
 // detach it first (cm's LeaveMulticast and ID.Close do).
 func (q *QP) DetachMcast(gid net.IP, mlid uint16) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	return q.mcast(ioctl.IB_USER_VERBS_CMD_DETACH_MCAST, "DETACH_MCAST", "detach from", gid, mlid)

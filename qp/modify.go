@@ -78,7 +78,7 @@ type Attr struct {
 // moves the QP to attr.State. Port, MTU and GID index are checked against
 // the device before the kernel sees them.
 func (q *QP) Modify(attr *Attr, mask AttrMask) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	q.once.Lock()
@@ -214,7 +214,7 @@ func (q *QP) check(attr *Attr, mask AttrMask) error {
 
 // Query asks the kernel for the QP's current attributes and state.
 func (q *QP) Query() (Attr, error) {
-	if q == nil {
+	if q.bad() {
 		return Attr{}, errNilQP
 	}
 	q.once.Lock()
@@ -277,7 +277,7 @@ type ConnectOptions struct {
 // the port and access it was given by Init); one in any other state is
 // reset first, which drops its outstanding work requests.
 func (q *QP) Connect(remote Remote, o ConnectOptions) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if q.cfg.Type == UD {
@@ -342,7 +342,7 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 // Init moves a RESET QP to INIT on port with the given remote access; a
 // receive may be posted from then on.
 func (q *QP) Init(port uint8, access mr.Access) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if port == 0 {

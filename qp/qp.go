@@ -275,7 +275,7 @@ func (q *QP) State() State { return State(q.orZero().state.Load()) }
 // batch is posted or none of it: ErrQueueFull when it does not fit, an error
 // naming the request when one is invalid. The QP must be in RTS.
 func (q *QP) PostSend(wrs []SendWR) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if err := q.checkSend("post send", wrs); err != nil || len(wrs) == 0 {
@@ -311,7 +311,7 @@ func (q *QP) checkSend(op string, wrs []SendWR) error {
 // whoever rings covers all of them. QueueSend and PostSend must not run
 // concurrently on one QP; Ring may.
 func (q *QP) QueueSend(wrs []SendWR) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if err := q.checkSend("queue send", wrs); err != nil || len(wrs) == 0 {
@@ -325,7 +325,7 @@ func (q *QP) QueueSend(wrs []SendWR) error {
 // queues; it waits for a Close in progress and returns ErrClosed after
 // one.
 func (q *QP) Ring() error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	q.once.Lock()
@@ -339,7 +339,7 @@ func (q *QP) Ring() error {
 // PostRecv posts a batch of receive work requests (no system call on rxe).
 // The whole batch is posted or none of it. The QP must be past RESET.
 func (q *QP) PostRecv(wrs []RecvWR) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if q.once.IsClosed() {
@@ -393,7 +393,7 @@ func (q *QP) destroy() error { return uvobj.DestroyQP(uvobj.Of(q.ctx).File, q.ha
 // Close destroys the QP and unmaps its queues. Idempotent. Do not Close
 // while another goroutine posts.
 func (q *QP) Close() error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroyHooked,

@@ -128,7 +128,7 @@ func (s *SRQ) String() string {
 
 // Handle is the kernel handle, for QP creation.
 func (s *SRQ) Handle() (uint32, error) {
-	if s == nil {
+	if s.bad() {
 		return 0, errNilSRQ
 	}
 	if s.once.IsClosed() {
@@ -139,7 +139,7 @@ func (s *SRQ) Handle() (uint32, error) {
 
 // PostRecv posts a batch of receives (no system call on rxe), all or none.
 func (s *SRQ) PostRecv(wrs []RecvWR) error {
-	if s == nil {
+	if s.bad() {
 		return errNilSRQ
 	}
 	if s.once.IsClosed() {
@@ -155,7 +155,7 @@ func (s *SRQ) PostRecv(wrs []RecvWR) error {
 // the device reports EventSRQLimitReached once, and the limit is disarmed
 // until set again. 0 disarms.
 func (s *SRQ) SetLimit(limit uint32) error {
-	if s == nil {
+	if s.bad() {
 		return errNilSRQ
 	}
 	if s.once.IsClosed() {
@@ -185,7 +185,7 @@ type SRQAttr struct {
 // Query asks the kernel for the SRQ's attributes; Limit reads 0 once the
 // limit event fired.
 func (s *SRQ) Query() (SRQAttr, error) {
-	if s == nil {
+	if s.bad() {
 		return SRQAttr{}, errNilSRQ
 	}
 	if s.once.IsClosed() {
@@ -207,7 +207,7 @@ func (s *SRQ) destroy() error { return uvobj.DestroySRQ(uvobj.Of(s.ctx).File, s.
 
 // Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
 func (s *SRQ) Close() error {
-	if s == nil {
+	if s.bad() {
 		return errNilSRQ
 	}
 	return s.once.Close(uvobj.Of(s.ctx).Objects, s, s.user, s.destroy,

@@ -20,7 +20,7 @@ type UDOptions struct {
 // ToRTS moves a UD QP from RESET (or INIT) to RTS: it can then send to any
 // address handle and receive from any QP that knows its QPN and QKey.
 func (q *QP) ToRTS(o UDOptions) error {
-	if q == nil {
+	if q.bad() {
 		return errNilQP
 	}
 	if q.cfg.Type != UD {
