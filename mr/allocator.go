@@ -285,7 +285,7 @@ func newAllocator(pd *uverbs.PD, cfg AllocatorConfig, reg registrar) (*Allocator
 
 // Config returns the configuration with defaults filled in.
 func (a *Allocator) Config() AllocatorConfig {
-	if a == nil {
+	if a.bad() {
 		return AllocatorConfig{}
 	}
 	c := a.cfg
@@ -414,7 +414,7 @@ func (a *Allocator) slot(id uint32) (*chunk, *slot) {
 // serves (Cap tells); with none either it fails with ErrAllocatorFull. It
 // fails with ErrTooLarge above the largest class.
 func (a *Allocator) Alloc(n int) (Buf, error) {
-	if a == nil {
+	if a.bad() {
 		return Buf{}, errNilAllocator
 	}
 	c, err := a.classOf(n)
@@ -505,7 +505,7 @@ func (a *Allocator) badFree(b Buf) error {
 // that is not in use (ErrDoubleFree), not from this allocator
 // (ErrForeignBuf), or after Close.
 func (a *Allocator) Free(b Buf) error {
-	if a == nil {
+	if a.bad() {
 		return errNilAllocator
 	}
 	sl, err := a.check(b)
@@ -665,7 +665,7 @@ func (a *Allocator) newRegion(size int) (*region, error) {
 // class size), e.g. the address of a receive completion. It does not find
 // free buffers, or anything after Close. O(log regions).
 func (a *Allocator) Lookup(addr uint64) (Buf, bool) {
-	if a == nil {
+	if a.bad() {
 		return Buf{}, false
 	}
 	if a.closed.Load() {
@@ -704,7 +704,7 @@ func (a *Allocator) Lookup(addr uint64) (Buf, bool) {
 // FromHandle returns the buffer a Handle names, if that allocation is still
 // in use. O(1).
 func (a *Allocator) FromHandle(h uint64) (Buf, bool) {
-	if a == nil {
+	if a.bad() {
 		return Buf{}, false
 	}
 	id := uint32(h)
@@ -759,7 +759,7 @@ type ClassStats struct {
 // Stats returns a snapshot. Under concurrent use the counts are each
 // consistent with some moment (InUse never negative), not all with one.
 func (a *Allocator) Stats() AllocatorStats {
-	if a == nil {
+	if a.bad() {
 		return AllocatorStats{}
 	}
 	a.mu.Lock()
@@ -814,7 +814,7 @@ func (a *Allocator) statsLocked() AllocatorStats {
 // nothing. Close is idempotent and safe against concurrent Allocs (which
 // then fail). Buffers held in Caches count as free.
 func (a *Allocator) Close() error {
-	if a == nil {
+	if a.bad() {
 		return errNilAllocator
 	}
 	return a.close(false)
@@ -827,7 +827,7 @@ func (a *Allocator) Close() error {
 // are safe (they fail or do nothing); Buf.Bytes of a buffer from before it
 // is not.
 func (a *Allocator) Discard() error {
-	if a == nil {
+	if a.bad() {
 		return errNilAllocator
 	}
 	return a.close(true)
@@ -888,9 +888,9 @@ type cacheClass struct {
 }
 
 // NewCache returns a Cache holding up to Config().CacheSize free buffers per
-// class. Close it to hand them back.
+// class. Close it to hand them back. A nil or zero Allocator returns nil.
 func (a *Allocator) NewCache() *Cache {
-	if a == nil {
+	if a.bad() {
 		return nil
 	}
 	k := &Cache{a: a, cls: make([]cacheClass, len(a.classes))}
@@ -907,7 +907,7 @@ var errCacheClosed = fmt.Errorf("mr: allocator cache: %w", uverbs.ErrClosed)
 
 // Alloc is Allocator.Alloc through the cache.
 func (k *Cache) Alloc(n int) (Buf, error) {
-	if k == nil {
+	if k.bad() {
 		return Buf{}, errNilCache
 	}
 	if k.closed {
@@ -959,7 +959,7 @@ func (k *Cache) refill(c int) error {
 
 // Free is Allocator.Free through the cache.
 func (k *Cache) Free(b Buf) error {
-	if k == nil {
+	if k.bad() {
 		return errNilCache
 	}
 	if k.closed {
@@ -1000,7 +1000,7 @@ func (k *Cache) spill(c, n int) {
 
 // Flush hands every cached free buffer back to the allocator.
 func (k *Cache) Flush() {
-	if k == nil {
+	if k.bad() {
 		return
 	}
 	for c := range k.cls {
@@ -1011,7 +1011,7 @@ func (k *Cache) Flush() {
 // Close flushes the cache and detaches it; its counters stay in the
 // allocator's Stats. Idempotent.
 func (k *Cache) Close() error {
-	if k == nil {
+	if k.bad() {
 		return errNilCache
 	}
 	if k.closed {

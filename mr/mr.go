@@ -57,7 +57,8 @@ const known = LocalWrite | RemoteWrite | RemoteRead | RemoteAtomic | MWBind
 // Memory is a block of memory outside the Go heap.
 type Memory struct {
 	mu   sync.Mutex
-	buf  []byte
+	buf  []byte // nil after Close
+	size int    // Alloc's size, never cleared: 0 only in a zero Memory
 	huge bool
 }
 
@@ -76,7 +77,7 @@ func Alloc(size int) (*Memory, error) {
 	if size%hugePage == 0 {
 		// hugetlb mappings are aligned to the huge page size.
 		if p, err := unix.MmapPtr(-1, 0, nil, uintptr(size), prot, anon|unix.MAP_HUGETLB); err == nil {
-			return &Memory{buf: unsafe.Slice((*byte)(p), size), huge: true}, nil
+			return &Memory{buf: unsafe.Slice((*byte)(p), size), size: size, huge: true}, nil
 		}
 		align = hugePage
 	}
@@ -84,7 +85,7 @@ func Alloc(size int) (*Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mr: alloc %d bytes: %w", size, err)
 	}
-	return &Memory{buf: unsafe.Slice((*byte)(p), size)}, nil
+	return &Memory{buf: unsafe.Slice((*byte)(p), size), size: size}, nil
 }
 
 const (
@@ -124,9 +125,10 @@ func mmapAligned(size, align int) (unsafe.Pointer, error) {
 	return q, nil
 }
 
-// Bytes returns the memory, or nil after Close.
+// Bytes returns the memory, or nil after Close (or of a nil or zero
+// Memory).
 func (m *Memory) Bytes() []byte {
-	if m == nil {
+	if m.bad() {
 		return nil
 	}
 	m.mu.Lock()
@@ -136,7 +138,7 @@ func (m *Memory) Bytes() []byte {
 
 // Huge reports whether the memory sits on huge pages.
 func (m *Memory) Huge() bool {
-	if m == nil {
+	if m.bad() {
 		return false
 	}
 	return m.huge
@@ -144,7 +146,7 @@ func (m *Memory) Huge() bool {
 
 // Close unmaps the memory. Deregister every MR on it first. Idempotent.
 func (m *Memory) Close() error {
-	if m == nil {
+	if m.bad() {
 		return errNilMemory
 	}
 	m.mu.Lock()
@@ -215,13 +217,17 @@ func (m *MR) LKey() uint32 { return m.orZero().lkey }
 // RKey is the remote key a peer uses for RDMA and atomics.
 func (m *MR) RKey() uint32 { return m.orZero().rkey }
 
-// Addr is the address of the first byte, as work requests name it.
+// Addr is the address of the first byte, as work requests name it (0 for
+// a nil or zero MR).
 func (m *MR) Addr() uint64 {
-	if m == nil {
+	if m.bad() {
 		return 0
 	}
-	return uint64(uintptr(unsafe.Pointer(&m.buf[0])))
+	return m.addr()
 }
+
+// addr is Addr of an MR that is not bad: buf has a first byte.
+func (m *MR) addr() uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(m.buf)))) }
 
 // Len is the region's length in bytes.
 func (m *MR) Len() int { return len(m.orZero().buf) }
@@ -237,10 +243,10 @@ func (m *MR) PD() *uverbs.PD { return m.orZero().pd }
 
 // Contains reports whether [addr, addr+n) lies inside the region.
 func (m *MR) Contains(addr uint64, n int) bool {
-	if m == nil {
+	if m.bad() {
 		return false
 	}
-	a := m.Addr()
+	a := m.addr()
 	return addr >= a && n >= 0 && addr+uint64(n) <= a+uint64(len(m.buf)) && addr+uint64(n) >= addr
 }
 
@@ -248,7 +254,7 @@ func (m *MR) Contains(addr uint64, n int) bool {
 // is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
 // longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
-	if m == nil {
+	if m.bad() {
 		return uverbs.SGE{}, errNilMR
 	}
 	if m.once.IsClosed() {
@@ -257,7 +263,7 @@ func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
 	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
 		return uverbs.SGE{}, fmt.Errorf("mr: SGE [%d, %d) outside the %d-byte region", off, off+n, len(m.buf))
 	}
-	return uverbs.SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.lkey}, nil
+	return uverbs.SGE{Addr: m.addr() + uint64(off), Length: uint32(n), LKey: m.lkey}, nil
 }
 
 func (m *MR) destroy() error { return uvobj.DeregMR(uvobj.Of(m.pd.Context()).File, m.handle) }
@@ -265,9 +271,9 @@ func (m *MR) destroy() error { return uvobj.DeregMR(uvobj.Of(m.pd.Context()).Fil
 var errMRClosed = fmt.Errorf("mr: SGE: %w", uverbs.ErrClosed)
 
 // IsClosed reports whether the MR was closed (by Close, or by closing its
-// Context).
+// Context). It is true of a nil or zero MR.
 func (m *MR) IsClosed() bool {
-	if m == nil {
+	if m.bad() {
 		return true
 	}
 	return m.once.IsClosed()
@@ -275,7 +281,7 @@ func (m *MR) IsClosed() bool {
 
 // Close deregisters the region. Idempotent.
 func (m *MR) Close() error {
-	if m == nil {
+	if m.bad() {
 		return errNilMR
 	}
 	return m.once.Close(uvobj.Of(m.pd.Context()).Objects, m, 0, m.destroy,

@@ -102,9 +102,9 @@ func (w *MW) Type() MWType { return w.orZero().typ }
 func (w *MW) PD() *uverbs.PD { return w.orZero().pd }
 
 // IsClosed reports whether the window was closed (by Close, or by closing
-// its Context).
+// its Context). It is true of a nil or zero MW.
 func (w *MW) IsClosed() bool {
-	if w == nil {
+	if w.bad() {
 		return true
 	}
 	return w.once.IsClosed()
@@ -130,14 +130,14 @@ var errMWClosed = fmt.Errorf("mr: bind MW: %w", uverbs.ErrClosed)
 // rkey stops working; 8 bits give 255 binds before a key comes back.
 // Bind allocates nothing.
 func (w *MW) Bind(m *MR, off, n int, access Access, key uint8) (uverbs.MWBind, error) {
-	if w == nil {
+	if w.bad() {
 		return uverbs.MWBind{}, errNilMW
 	}
 	if w.once.IsClosed() {
 		return uverbs.MWBind{}, errMWClosed
 	}
-	if m == nil {
-		return uverbs.MWBind{}, errors.New("mr: bind MW: nil memory region")
+	if m.bad() {
+		return uverbs.MWBind{}, errNilBindMR
 	}
 	if m.IsClosed() {
 		return uverbs.MWBind{}, errBindMRClosed
@@ -170,6 +170,8 @@ func (w *MW) Bind(m *MR, off, n int, access Access, key uint8) (uverbs.MWBind, e
 		Addr: m.Addr() + uint64(off), Length: uint64(n)}, nil
 }
 
+var errNilBindMR = errors.New("mr: bind MW: nil memory region (or a zero one, not from Register)")
+
 var errBindMRClosed = fmt.Errorf("mr: bind MW: memory region: %w", uverbs.ErrClosed)
 
 func (w *MW) destroy() error { return uvobj.DeallocMW(uvobj.Of(w.pd.Context()).File, w.handle) }
@@ -177,7 +179,7 @@ func (w *MW) destroy() error { return uvobj.DeallocMW(uvobj.Of(w.pd.Context()).F
 // Close deallocates the window; a bound window stops opening its range.
 // Idempotent.
 func (w *MW) Close() error {
-	if w == nil {
+	if w.bad() {
 		return errNilMW
 	}
 	return w.once.Close(uvobj.Of(w.pd.Context()).Objects, w, 0, w.destroy,

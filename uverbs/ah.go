@@ -35,7 +35,7 @@ type AH struct {
 
 // CreateAH makes an address handle in the PD.
 func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
-	if pd == nil {
+	if pd.bad() {
 		return nil, errNilPD
 	}
 	c := pd.ctx
@@ -107,9 +107,10 @@ func (ah *AH) Attr() AHAttr { return ah.orZero().attr }
 // PD returns the protection domain.
 func (ah *AH) PD() *PD { return ah.orZero().pd }
 
-// IsClosed reports whether Close was called.
+// IsClosed reports whether Close was called. It is true of a nil or zero
+// AH.
 func (ah *AH) IsClosed() bool {
-	if ah == nil {
+	if ah.bad() {
 		return true
 	}
 	return ah.once.IsClosed()
@@ -119,7 +120,7 @@ func (ah *AH) destroy() error { return uvobj.DestroyAH(ah.pd.ctx.file, ah.handle
 
 // Close destroys the address handle. Idempotent.
 func (ah *AH) Close() error {
-	if ah == nil {
+	if ah.bad() {
 		return errNilAH
 	}
 	return ah.once.Close(&ah.pd.ctx.tab, ah, 0, ah.destroy,

@@ -137,7 +137,7 @@ func (c *Context) allocAsyncFD() error {
 // queued events, first). Read the channel promptly: while it is full the
 // kernel queues further events.
 func (c *Context) Events() (<-chan AsyncEvent, error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilContext
 	}
 	if c.IsClosed() {

@@ -106,7 +106,7 @@ func (r *eventReader) read() (int, error) {
 
 // CreateCompChannel creates a completion channel.
 func (c *Context) CreateCompChannel() (*CompChannel, error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilContext
 	}
 	if c.IsClosed() {
@@ -150,9 +150,10 @@ func pollable(fd int, name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// Fd returns the channel's descriptor, for the CQ_CREATE command.
+// Fd returns the channel's descriptor, for the CQ_CREATE command: -1 (no
+// channel) for a nil or zero CompChannel.
 func (ch *CompChannel) Fd() int {
-	if ch == nil {
+	if ch.bad() {
 		return -1
 	}
 	return ch.fd
@@ -160,7 +161,7 @@ func (ch *CompChannel) Fd() int {
 
 // Context returns the device context.
 func (ch *CompChannel) Context() *Context {
-	if ch == nil {
+	if ch.bad() {
 		return nil
 	}
 	return ch.ctx
@@ -168,7 +169,7 @@ func (ch *CompChannel) Context() *Context {
 
 // Events is the number of completion events read so far.
 func (ch *CompChannel) Events() uint64 {
-	if ch == nil {
+	if ch.bad() {
 		return 0
 	}
 	return ch.events.Load()
@@ -177,7 +178,7 @@ func (ch *CompChannel) Events() uint64 {
 // Register returns a channel that receives a token whenever an event for
 // userHandle (the CQ's user handle) arrives; the token is not queued twice.
 func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
-	if ch == nil {
+	if ch.bad() {
 		return nil, errNilCompChannel
 	}
 	ch.mu.Lock()
@@ -205,7 +206,7 @@ func (ch *CompChannel) Register(userHandle uint64) (<-chan struct{}, error) {
 // It is for a channel with one CQ on it (cq.Options.Events). It fails once
 // Register was called.
 func (ch *CompChannel) Own() error {
-	if ch == nil {
+	if ch.bad() {
 		return errNilCompChannel
 	}
 	ch.mu.Lock()
@@ -229,7 +230,7 @@ var ErrInterrupted = errors.New("uverbs: completion channel: wait interrupted")
 // transport whose caller takes the wait from its progress goroutine) and
 // for bounding a wait by a timer that is reused. It never blocks.
 func (ch *CompChannel) Interrupt() {
-	if ch == nil {
+	if ch.bad() {
 		return
 	}
 	ch.intr.Store(true)
@@ -242,7 +243,7 @@ func (ch *CompChannel) Interrupt() {
 // owned channel (Own), from one goroutine at a time. It allocates nothing
 // while it is given the same ctx as the time before.
 func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
-	if ch == nil {
+	if ch.bad() {
 		return 0, errNilCompChannel
 	}
 	if !ch.owned {
@@ -303,7 +304,7 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 
 // Unregister forgets a CQ's user handle.
 func (ch *CompChannel) Unregister(userHandle uint64) {
-	if ch == nil {
+	if ch.bad() {
 		return
 	}
 	ch.mu.Lock()
@@ -313,7 +314,7 @@ func (ch *CompChannel) Unregister(userHandle uint64) {
 
 // Err returns the error that stopped the reader, if any.
 func (ch *CompChannel) Err() error {
-	if ch == nil {
+	if ch.bad() {
 		return errNilCompChannel
 	}
 	if p := ch.err.Load(); p != nil {
@@ -323,9 +324,9 @@ func (ch *CompChannel) Err() error {
 }
 
 // Done is closed when the channel's reader stopped (Close, or a read
-// error); a nil channel's is closed.
+// error); a nil or zero channel's is closed.
 func (ch *CompChannel) Done() <-chan struct{} {
-	if ch == nil {
+	if ch.bad() {
 		return sentinel.Done
 	}
 	return ch.done
@@ -370,7 +371,7 @@ func (ch *CompChannel) read() {
 // keeps the channel alive for them, but nobody reads it any more. It is
 // idempotent.
 func (ch *CompChannel) Close() error {
-	if ch == nil {
+	if ch.bad() {
 		return errNilCompChannel
 	}
 	ch.mu.Lock()

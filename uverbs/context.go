@@ -173,9 +173,10 @@ func (c *Context) NumCompVectors() int { return int(c.orZero().nvecs) }
 func (c *Context) Attr() DeviceAttr { return c.orZero().attr }
 
 // IsClosed reports whether Close was called (the name every goverbs
-// object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...).
+// object uses: cq.CQ, qp.QP, mr.MR, uverbs.AH...). It is true of a nil
+// or zero Context, which has no device open.
 func (c *Context) IsClosed() bool {
-	if c == nil {
+	if c.bad() {
 		return true
 	}
 	return c.tab.IsClosed()
@@ -188,8 +189,10 @@ func (c *Context) Closed() bool { return c.IsClosed() }
 
 // Close destroys every object still open on the context, newest first,
 // unmaps the provider's pages and closes the descriptor. It is idempotent.
+// A nil or zero Context has nothing to close: Close returns an error that
+// is goverbs.ErrNil.
 func (c *Context) Close() error {
-	if c == nil {
+	if c.bad() {
 		return errNilContext
 	}
 	objs, ok := c.tab.Shut()

@@ -64,7 +64,11 @@
 // Any use of a closed object returns ErrClosed (the same value as
 // ioctl.ErrClosed). A failed kernel command is an *ioctl.Error that
 // unwraps to its unix.Errno, so errors.Is(err, unix.EBUSY) works, and to
-// ioctl.ErrNotSupported when the kernel lacks the method.
+// ioctl.ErrNotSupported when the kernel lacks the method. A method of a
+// nil pointer, or of a zero value that no constructor made (new(Context),
+// a field never set up), returns an error that is goverbs.ErrNil and
+// names the type (a getter returns its zero value, IsClosed true); it
+// touches no descriptor (a zero Context's is 0, stdin).
 //
 // # Providers
 //

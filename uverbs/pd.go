@@ -18,7 +18,7 @@ type PD struct {
 
 // AllocPD allocates a protection domain.
 func (c *Context) AllocPD() (*PD, error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilContext
 	}
 	if c.IsClosed() {
@@ -50,9 +50,10 @@ func (pd *PD) Context() *Context {
 	return pd.ctx
 }
 
-// Handle returns the kernel handle, or an error after Close.
+// Handle returns the kernel handle, or an error after Close (or for a nil
+// or zero PD, which has none).
 func (pd *PD) Handle() (uint32, error) {
-	if pd == nil {
+	if pd.bad() {
 		return 0, errNilPD
 	}
 	if pd.once.IsClosed() {
@@ -62,9 +63,9 @@ func (pd *PD) Handle() (uint32, error) {
 }
 
 // IsClosed reports whether the PD was closed (by Close, or by closing its
-// Context).
+// Context). It is true of a nil or zero PD.
 func (pd *PD) IsClosed() bool {
-	if pd == nil {
+	if pd.bad() {
 		return true
 	}
 	return pd.once.IsClosed()
@@ -75,7 +76,7 @@ func (pd *PD) destroy() error { return uvobj.DeallocPD(pd.ctx.file, pd.handle) }
 // Close deallocates the PD. It fails, and the PD stays usable, while memory
 // regions, queue pairs or address handles still use it. Close is idempotent.
 func (pd *PD) Close() error {
-	if pd == nil {
+	if pd.bad() {
 		return errNilPD
 	}
 	return pd.once.Close(&pd.ctx.tab, pd, 0, pd.destroy,

@@ -72,7 +72,7 @@ func (c *Context) queryDevice() (DeviceAttr, error) {
 
 // QueryDevice asks the kernel for the device attributes again.
 func (c *Context) QueryDevice() (DeviceAttr, error) {
-	if c == nil {
+	if c.bad() {
 		return DeviceAttr{}, errNilContext
 	}
 	if c.IsClosed() {
@@ -171,7 +171,7 @@ func (c *Context) checkPort(port int) error {
 
 // QueryPort asks the kernel for a port's attributes. Ports count from 1.
 func (c *Context) QueryPort(port int) (PortAttr, error) {
-	if c == nil {
+	if c.bad() {
 		return PortAttr{}, errNilContext
 	}
 	if c.IsClosed() {
@@ -210,7 +210,7 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 // GIDs returns the port's populated GID table entries. It asks the kernel
 // (QUERY_GID_TABLE, one ioctl) and reads sysfs on kernels without that method.
 func (c *Context) GIDs(port int) ([]GID, error) {
-	if c == nil {
+	if c.bad() {
 		return nil, errNilContext
 	}
 	if c.IsClosed() {
@@ -282,7 +282,7 @@ func (c *Context) sysfsGIDs(port int) ([]GID, error) {
 // GID returns the entry at index, failing with a clear error when the
 // index is outside the table or the entry is empty.
 func (c *Context) GID(port, index int) (GID, error) {
-	if c == nil {
+	if c.bad() {
 		return GID{}, errNilContext
 	}
 	gids, err := c.GIDs(port)
@@ -324,7 +324,7 @@ func gidIndexes(gids []GID) string {
 // link-local GID, which does not route: picking by type and address, not
 // by number, avoids the most common RoCE setup mistake.
 func (c *Context) DefaultGID(port int) (GID, error) {
-	if c == nil {
+	if c.bad() {
 		return GID{}, errNilContext
 	}
 	gids, err := c.GIDs(port)
