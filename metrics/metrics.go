@@ -58,7 +58,6 @@
 package metrics
 
 import (
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -81,7 +80,9 @@ type PSClientSource interface{ Metrics() ps.ClientMetrics }
 
 // Collector is a prometheus.Collector of bx endpoints and ps servers and
 // clients. It is safe for concurrent use; sources may be added and removed
-// while it is registered.
+// while it is registered. The zero Collector is ready to use, without
+// sources, as NewCollector's is; a nil one collects nothing and its Add
+// methods return an error that is goverbs.ErrNil.
 type Collector struct {
 	mu   sync.Mutex
 	bx   []BXSource
@@ -110,7 +111,7 @@ func (c *Collector) AddBX(s BXSource) error {
 		return errNilCollector
 	}
 	if isNil(s) {
-		return errors.New("metrics: AddBX of a nil source")
+		return errNilBX
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -124,7 +125,7 @@ func (c *Collector) AddPSServer(s PSServerSource) error {
 		return errNilCollector
 	}
 	if isNil(s) {
-		return errors.New("metrics: AddPSServer of a nil source")
+		return errNilPSServer
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -138,7 +139,7 @@ func (c *Collector) AddPSClient(s PSClientSource) error {
 		return errNilCollector
 	}
 	if isNil(s) {
-		return errors.New("metrics: AddPSClient of a nil source")
+		return errNilPSClient
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -249,9 +250,9 @@ var (
 		srvReqs, srvErrs, srvLat, cliCalls, cliErrs, cliLat}
 )
 
-// Describe sends every metric's description.
+// Describe sends every metric's description; to a nil channel, nothing.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	if c == nil {
+	if c == nil || ch == nil {
 		return
 	}
 	for _, m := range all {
@@ -259,9 +260,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect takes a snapshot of every source and sends its metrics.
+// Collect takes a snapshot of every source and sends its metrics; to a
+// nil channel, nothing.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	if c == nil {
+	if c == nil || ch == nil {
 		return
 	}
 	c.mu.Lock()

@@ -40,7 +40,9 @@
 // # Errors
 //
 // Snapshot after Close returns ErrClosed (this package's own value, not
-// uverbs'). Attach's error joins every probe's reason.
+// uverbs'). Attach's error joins every probe's reason. A nil Probes, or a
+// zero one no Attach made, holds nothing: its Close and Snapshot return an
+// error that is goverbs.ErrNil, its Status is empty.
 //
 // docs/observability.md describes each probe, what its counters mean, how
 // the tests check them and goverbs top; docs/perf.md measures what the

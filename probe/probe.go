@@ -379,7 +379,7 @@ func kprobesSupported() error {
 
 // Status reports every probe, attached or not.
 func (p *Probes) Status() []Status {
-	if p == nil {
+	if p.bad() {
 		return nil
 	}
 	return slices.Clone(p.status)
@@ -387,7 +387,7 @@ func (p *Probes) Status() []Status {
 
 // Attached reports whether the named probe is attached.
 func (p *Probes) Attached(name string) bool {
-	if p == nil {
+	if p.bad() {
 		return false
 	}
 	for _, s := range p.status {
@@ -400,7 +400,7 @@ func (p *Probes) Attached(name string) bool {
 
 // Close detaches every probe and frees the maps. It is idempotent.
 func (p *Probes) Close() error {
-	if p == nil {
+	if p.bad() {
 		return errNilProbes
 	}
 	p.mu.Lock()
@@ -495,7 +495,7 @@ type Snapshot struct {
 
 // Snapshot reads the maps.
 func (p *Probes) Snapshot() (*Snapshot, error) {
-	if p == nil {
+	if p.bad() {
 		return nil, errNilProbes
 	}
 	p.mu.Lock()
