@@ -18,7 +18,8 @@ var ErrClosed = errors.New("goverbs: use of a closed object")
 
 // ErrNil is what a method of a goverbs object returns, wrapped in an error
 // that names the object, when it is called on a nil pointer (a
-// constructor's error ignored, a field never set): errors.Is(err,
-// goverbs.ErrNil) holds for every package's. A method that returns no
-// error does nothing on a nil pointer, or returns its zero values.
+// constructor's error ignored, a field never set) or on a zero value that
+// no constructor made (new(qp.QP)): errors.Is(err, goverbs.ErrNil) holds
+// for every package's. A method that returns no error does nothing on
+// such a receiver, or returns its zero values.
 var ErrNil = errors.New("goverbs: use of a nil object")
