@@ -64,15 +64,34 @@ var errType = reflect.TypeFor[error]()
 // user-facing type, called on a nil pointer with zero arguments (a
 // constructor's error ignored, a field never set), returns at once and
 // does not panic; one that returns an error returns one that names what
-// was nil and is goverbs.ErrNil for errors.Is. Methods of value receivers
-// are not asked: Go itself dereferences the pointer before such a method
-// runs.
+// was nil and is goverbs.ErrNil for errors.Is.
 func TestNilReceivers(t *testing.T) {
-	bound := hang.Scale(10 * time.Second)
 	all := slices.Clone(aliasTypes)
 	for _, pkg := range slices.Sorted(maps.Keys(nilTypes)) {
 		all = append(all, nilTypes[pkg]...)
 	}
+	eachMethod(t, all, reflect.Zero, "on nil", func(name string, pt reflect.Type, e error) {
+		switch {
+		case e == nil:
+			t.Errorf("%s on nil: no error", name)
+		case !errors.Is(e, goverbs.ErrNil):
+			t.Errorf("%s on nil: %q is not goverbs.ErrNil", name, e)
+		case !strings.Contains(e.Error(), "nil "+pt.Elem().Name()):
+			t.Errorf("%s on nil: %q does not name the nil %v", name, e, pt)
+		}
+	})
+}
+
+// eachMethod calls every method declared on a pointer receiver of the
+// types of all (methods of value receivers are not asked: Go itself
+// dereferences the pointer before such a method runs) on the receiver
+// recv makes of the pointer type, with zero arguments. A call that panics
+// or blocks fails the test (what names the receiver); check gets the
+// error of each method that returns one (not Unwrap: a nil error wraps
+// nothing).
+func eachMethod(t *testing.T, all []any, recv func(reflect.Type) reflect.Value, what string, check func(name string, pt reflect.Type, err error)) {
+	t.Helper()
+	bound := hang.Scale(10 * time.Second)
 	for _, v := range all {
 		pt := reflect.TypeOf(v)
 		for i := range pt.NumMethod() {
@@ -81,26 +100,16 @@ func TestNilReceivers(t *testing.T) {
 				continue
 			}
 			name := fmt.Sprintf("(%v).%s", pt, m.Name)
-			out, err := callNil(reflect.Zero(pt).Method(i), bound)
+			out, err := callNil(recv(pt).Method(i), bound)
 			if err != nil {
-				t.Errorf("%s on nil: %v", name, err)
+				t.Errorf("%s %s: %v", name, what, err)
 				continue
 			}
-			if n := len(out); n == 0 || m.Type.Out(n-1) != errType {
+			if n := len(out); n == 0 || m.Type.Out(n-1) != errType || m.Name == "Unwrap" {
 				continue
-			}
-			if m.Name == "Unwrap" {
-				continue // a nil error wraps nothing
 			}
 			e, _ := out[len(out)-1].Interface().(error)
-			switch {
-			case e == nil:
-				t.Errorf("%s on nil: no error", name)
-			case !errors.Is(e, goverbs.ErrNil):
-				t.Errorf("%s on nil: %q is not goverbs.ErrNil", name, e)
-			case !strings.Contains(e.Error(), "nil "+pt.Elem().Name()):
-				t.Errorf("%s on nil: %q does not name the nil %v", name, e, pt)
-			}
+			check(name, pt, e)
 		}
 	}
 }
@@ -112,38 +121,21 @@ func TestNilReceivers(t *testing.T) {
 // Nothing of a zero value is a kernel object: a method must not take its
 // zero fd (0, the process's stdin) for one.
 func TestZeroReceivers(t *testing.T) {
-	bound := hang.Scale(10 * time.Second)
 	var all []any
 	for _, pkg := range slices.Sorted(maps.Keys(nilTypes)) {
 		all = append(all, nilTypes[pkg]...)
 	}
-	for _, v := range all {
-		pt := reflect.TypeOf(v)
-		for i := range pt.NumMethod() {
-			m := pt.Method(i)
-			if _, onValue := pt.Elem().MethodByName(m.Name); onValue {
-				continue
-			}
-			name := fmt.Sprintf("(%v).%s", pt, m.Name)
-			out, err := callNil(reflect.New(pt.Elem()).Method(i), bound)
-			if err != nil {
-				t.Errorf("%s on a zero value: %v", name, err)
-				continue
-			}
-			if n := len(out); n == 0 || m.Type.Out(n-1) != errType || m.Name == "Unwrap" {
-				continue
-			}
-			e, _ := out[len(out)-1].Interface().(error)
-			switch {
-			case e == nil:
-				// A zero value may be a usable one (bx.Histogram's is).
-			case !errors.Is(e, goverbs.ErrNil) && !errors.Is(e, goverbs.ErrClosed):
-				t.Errorf("%s on a zero value: %q is neither goverbs.ErrNil nor goverbs.ErrClosed", name, e)
-			case !strings.Contains(e.Error(), pt.Elem().Name()):
-				t.Errorf("%s on a zero value: %q does not name the %v", name, e, pt)
-			}
+	zero := func(pt reflect.Type) reflect.Value { return reflect.New(pt.Elem()) }
+	eachMethod(t, all, zero, "on a zero value", func(name string, pt reflect.Type, e error) {
+		switch {
+		case e == nil:
+			// A zero value may be a usable one (metrics.Collector's is).
+		case !errors.Is(e, goverbs.ErrNil) && !errors.Is(e, goverbs.ErrClosed):
+			t.Errorf("%s on a zero value: %q is neither goverbs.ErrNil nor goverbs.ErrClosed", name, e)
+		case !strings.Contains(e.Error(), pt.Elem().Name()):
+			t.Errorf("%s on a zero value: %q does not name the %v", name, e, pt)
 		}
-	}
+	})
 	// fd 0 is still open: no Close of a zero value closed it.
 	if _, err := os.Stdin.Stat(); err != nil {
 		t.Errorf("stdin after the zero values' methods: %v", err)
