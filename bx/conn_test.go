@@ -16,6 +16,20 @@ import (
 	"github.com/goverbs/goverbs/internal/hang"
 )
 
+// connTest sets up a Conn test: a pair of endpoints (mod changes their
+// Config), the server's Listener, and a hang bound of idle (no progress),
+// not a speed bound. The Listener closes and the watchdog stops when the
+// test ends.
+func connTest(t *testing.T, idle time.Duration, mod func(*bx.Config)) (srv, cli *bx.Endpoint, ln net.Listener, ctx context.Context, wd *hang.Watchdog) {
+	t.Helper()
+	srv, cli, _, _ = pair(t, mod)
+	ln = srv.Listener()
+	t.Cleanup(func() { ln.Close() })
+	ctx, wd = hang.For(t, "", idle)
+	t.Cleanup(wd.Stop)
+	return srv, cli, ln, ctx, wd
+}
+
 // dialConn dials a Conn from cli to srv and accepts it on srv's Listener
 // ln.
 func dialConn(t *testing.T, ctx context.Context, cli, srv *bx.Endpoint, ln net.Listener) (c, sc net.Conn) {
@@ -103,11 +117,7 @@ func streamBytes(off, n int) []byte {
 // whole after, and Conn.Close lets go of what is left unread. (Before,
 // the 6 messages held 6 buffers until read or closed.)
 func TestConnUnreadHoldsNoBuffer(t *testing.T) {
-	srv, cli, _, _ := pair(t, nil)
-	ln := srv.Listener()
-	defer ln.Close()
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, ln, ctx, _ := connTest(t, 30*time.Second, nil)
 	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer c.Close()
 	// DialConn dialed a peer connection of its own.
@@ -234,11 +244,7 @@ func TestConnAcceptQueueFull(t *testing.T) {
 // bound however slow the machine; nettest's PresentTimeout showed the
 // default 10 s).
 func TestConnCloseDoesNotWait(t *testing.T) {
-	srv, cli, _, _ := pair(t, func(c *bx.Config) { c.HandshakeTimeout = 30 * time.Minute })
-	ln := srv.Listener()
-	defer ln.Close()
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, ln, ctx, wd := connTest(t, 30*time.Second, func(c *bx.Config) { c.HandshakeTimeout = 30 * time.Minute })
 	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer sc.Close()
 	data := streamBytes(0, 5000)
@@ -301,11 +307,7 @@ func TestConnCloseDoesNotWait(t *testing.T) {
 // peer's credits and the sibling's Write waited for them (the hang bound
 // ended the test).
 func TestConnIsolation(t *testing.T) {
-	srv, cli, _, _ := pair(t, nil)
-	ln := srv.Listener()
-	defer ln.Close()
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, ln, ctx, wd := connTest(t, 30*time.Second, nil)
 	c1, sc1 := dialConn(t, ctx, cli, srv, ln)
 	defer c1.Close()
 	defer sc1.Close()
@@ -356,11 +358,7 @@ func TestConnIsolation(t *testing.T) {
 // every byte arrives once and in order and the writer does not wait
 // forever for a count lost with the QP.
 func TestConnWindowRecovery(t *testing.T) {
-	srv, cli, _, _ := pair(t, nil)
-	ln := srv.Listener()
-	defer ln.Close()
-	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, ln, ctx, wd := connTest(t, 60*time.Second, nil)
 	c, sc := dialConn(t, ctx, cli, srv, ln)
 	defer c.Close()
 	defer sc.Close()
@@ -410,10 +408,7 @@ func TestConnWindowRecovery(t *testing.T) {
 // reads nothing) returns an error when the peer's endpoint closes; it
 // does not wait for a count that cannot come.
 func TestConnWindowPeerGone(t *testing.T) {
-	srv, cli, _, _ := pair(t, nil)
-	ln := srv.Listener()
-	ctx, wd := hang.For(t, "", 30*time.Second) // a hang bound (no progress), not a speed bound
-	defer wd.Stop()
+	srv, cli, ln, ctx, wd := connTest(t, 30*time.Second, nil)
 	c, _ := dialConn(t, ctx, cli, srv, ln)
 	defer c.Close()
 	sent := fillWindow(t, wd, c)
