@@ -19,11 +19,18 @@ type Ring struct {
 // DefaultVNodes is the number of virtual nodes per server.
 const DefaultVNodes = 128
 
-// NewRing builds a ring of n servers.
+// MaxVNodes bounds the virtual nodes per server NewRing makes.
+const MaxVNodes = 1 << 12
+
+// NewRing builds a ring of n servers, each at vnodes points (DefaultVNodes
+// for 0 or less, at most MaxVNodes). A ring of no servers (n 0 or less)
+// places every key on server 0.
 func NewRing(n, vnodes int) *Ring {
 	if vnodes <= 0 {
 		vnodes = DefaultVNodes
 	}
+	vnodes = min(vnodes, MaxVNodes)
+	n = max(n, 0)
 	type pt struct {
 		h uint64
 		s int

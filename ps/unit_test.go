@@ -303,7 +303,7 @@ func TestShortData(t *testing.T) {
 	if zero.Key(0) != 0 || zero.Float(0) != 0 || zero.NumFloats() != 0 {
 		t.Error("a zero Request has data")
 	}
-	for _, ring := range []*Ring{NewRing(0, 0), new(Ring), nil} {
+	for _, ring := range []*Ring{NewRing(0, 0), NewRing(-3, 0), NewRing(-1, -1), new(Ring), nil} {
 		if ring.Key("emb", 1) != 0 || ring.Tensor("x") != 0 || ring.Servers() != 0 {
 			t.Errorf("ring of no servers places something: %d %d %d", ring.Key("emb", 1), ring.Tensor("x"), ring.Servers())
 		}
