@@ -23,7 +23,7 @@ type ClientConfig struct {
 	// Pool bounds idle TCP connections per server (default 64); calls
 	// beyond it dial more, one call per connection at a time.
 	Pool   int
-	VNodes int // ring virtual nodes per server (DefaultVNodes)
+	VNodes int // ring virtual nodes per server (DefaultVNodes; at most MaxVNodes)
 }
 
 // DefaultClientBX is a worker endpoint's bx configuration.
@@ -231,6 +231,9 @@ func (c *Client) putBatch(b *batch) {
 func Dial(cfg ClientConfig) (*Client, error) {
 	if len(cfg.Servers) == 0 {
 		return nil, errors.New("ps: no servers")
+	}
+	if cfg.VNodes > MaxVNodes {
+		return nil, fmt.Errorf("ps: VNodes %d above MaxVNodes (%d)", cfg.VNodes, MaxVNodes)
 	}
 	c := &Client{ring: NewRing(len(cfg.Servers), cfg.VNodes), n: len(cfg.Servers),
 		inc: make([]atomic.Uint64, len(cfg.Servers)), specs: map[string]Spec{}}

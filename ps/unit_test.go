@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -306,6 +307,28 @@ func TestShortData(t *testing.T) {
 	for _, ring := range []*Ring{NewRing(0, 0), NewRing(-3, 0), NewRing(-1, -1), new(Ring), nil} {
 		if ring.Key("emb", 1) != 0 || ring.Tensor("x") != 0 || ring.Servers() != 0 {
 			t.Errorf("ring of no servers places something: %d %d %d", ring.Key("emb", 1), ring.Tensor("x"), ring.Servers())
+		}
+	}
+}
+
+// TestDialConfig: Dial refuses a config it cannot use with an error that
+// names what is wrong, before it dials anything.
+func TestDialConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg  ClientConfig
+		want string
+	}{
+		{ClientConfig{}, "no servers"},
+		{ClientConfig{Servers: []string{"127.0.0.1:1"}, VNodes: MaxVNodes + 1}, "VNodes 4097 above MaxVNodes"},
+	} {
+		cl, err := Dial(c.cfg)
+		if err == nil {
+			cl.Close()
+			t.Errorf("Dial(%+v) succeeded", c.cfg)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Dial(%+v): %v, want it to say %q", c.cfg, err, c.want)
 		}
 	}
 }
