@@ -130,10 +130,7 @@ func (s *Stream) wakeWriter() {
 	cw := s.cw
 	s.mu.Unlock()
 	if cw != nil {
-		select {
-		case cw.wake <- struct{}{}:
-		default:
-		}
+		cw.poke()
 	}
 }
 

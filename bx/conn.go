@@ -109,6 +109,14 @@ type connWin struct {
 	wake chan struct{} // cap 1: a flagRead came, or the stream closed or failed
 }
 
+// poke wakes a Write waiting for the window to look again.
+func (cw *connWin) poke() {
+	select {
+	case cw.wake <- struct{}{}:
+	default:
+	}
+}
+
 // connWindow is the bytes a Conn's writer may have sent that the reader
 // has not read: 256 KiB (a socket buffer's order), or four eager messages
 // if more.
@@ -149,10 +157,7 @@ func (p *Peer) connRead(m *Msg) {
 			break
 		}
 	}
-	select {
-	case cw.wake <- struct{}{}:
-	default:
-	}
+	cw.poke()
 }
 
 // waitWindow waits until k more bytes fit c's window, the context ends,

@@ -58,13 +58,13 @@ func boundConn(ctx context.Context, c net.Conn) {
 }
 
 // fillCredits sends 100-byte messages on stream s, which the peer does not
-// read, until a send waits for a credit (its 2 s context ends), and
-// returns how many went.
+// read, until a send waits for a credit (its context of 2 s, scaled to
+// the machine's speed, ends), and returns how many went.
 func fillCredits(t *testing.T, wd *hang.Watchdog, s *bx.Stream) int {
 	t.Helper()
 	msg := make([]byte, 100)
 	for n := 0; ; n++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(2*time.Second))
 		err := s.Send(ctx, msg)
 		cancel()
 		if err != nil {
@@ -77,14 +77,14 @@ func fillCredits(t *testing.T, wd *hang.Watchdog, s *bx.Stream) int {
 	}
 }
 
-// fillWindow writes 1 KiB pieces of streamBytes(off) on c until a write waits
-// (its 2 s write deadline passes: the peer reads nothing) and returns the
-// bytes written.
+// fillWindow writes 1 KiB pieces of streamBytes(off) on c until a write
+// waits (its write deadline, 2 s scaled to the machine's speed, passes:
+// the peer reads nothing) and returns the bytes written.
 func fillWindow(t *testing.T, wd *hang.Watchdog, c net.Conn) int {
 	t.Helper()
 	sent := 0
 	for {
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		c.SetWriteDeadline(time.Now().Add(hang.Scale(2 * time.Second)))
 		n, err := c.Write(streamBytes(sent, 1024))
 		sent += n
 		if err != nil {
