@@ -57,6 +57,9 @@ type ctlMsg struct {
 	Nonce  []byte
 	MAC    []byte
 	Setup  setup
+	// Version is the wire version a hello or an auth names (wireVersion);
+	// 0 where the peer's bx predates the field (wire version 6 or older).
+	Version uint8
 }
 
 // lane is one QP's connection data.
@@ -136,15 +139,25 @@ func decodeCtl(b []byte) (ctlMsg, error) {
 	body := b[1:]
 	switch m.Type {
 	case ctlHello:
-		if len(body) != nonceSize {
+		// The nonce, then the wire version (none before version 7).
+		switch len(body) {
+		case nonceSize + 1:
+			m.Version = body[nonceSize]
+		case nonceSize:
+		default:
 			return m, fmt.Errorf("bx: hello of %d bytes", len(body))
 		}
-		m.Nonce = body
+		m.Nonce = body[:nonceSize]
 	case ctlAuth:
-		if len(body) != nonceSize+macSize {
+		// The nonce and MAC, then the wire version (none before 7).
+		switch len(body) {
+		case nonceSize + macSize + 1:
+			m.Version = body[nonceSize+macSize]
+		case nonceSize + macSize:
+		default:
 			return m, fmt.Errorf("bx: auth of %d bytes", len(body))
 		}
-		m.Nonce, m.MAC = body[:nonceSize], body[nonceSize:]
+		m.Nonce, m.MAC = body[:nonceSize], body[nonceSize:nonceSize+macSize]
 	case ctlAuthOK:
 		if len(body) != macSize {
 			return m, fmt.Errorf("bx: auth ok of %d bytes", len(body))
@@ -289,15 +302,21 @@ func nonce() []byte {
 	return b
 }
 
-// authServer runs the accepting side of the handshake.
+// authServer runs the accepting side of the handshake. The hello and the
+// auth name each side's wire version: ends of different versions refuse
+// each other here, before any QP is made, with an error that names both
+// (a bye tells the other side why).
 func authServer(c net.Conn, token []byte, d time.Duration) error {
 	sn := nonce()
-	if err := writeCtl(c, ctlHello, sn, d); err != nil {
+	if err := writeCtl(c, ctlHello, append(sn, wireVersion), d); err != nil {
 		return err
 	}
 	m, err := readCtl(c, d)
 	if err != nil {
 		return err
+	}
+	if m.Type == ctlBye {
+		return fmt.Errorf("%w: the peer refused the handshake: %s", ErrProtocol, m.Reason)
 	}
 	if m.Type != ctlAuth {
 		return fmt.Errorf("bx: expected auth, got control message %d", m.Type)
@@ -305,6 +324,10 @@ func authServer(c net.Conn, token []byte, d time.Duration) error {
 	if !hmac.Equal(m.MAC, mac(token, "bx client", sn, m.Nonce)) {
 		writeCtl(c, ctlFail, nil, d)
 		return ErrAuth
+	}
+	if why := versionMismatch(m.Version, false); why != "" {
+		writeCtl(c, ctlBye, []byte(why), d)
+		return fmt.Errorf("%w: %s", ErrProtocol, why)
 	}
 	return writeCtl(c, ctlAuthOK, mac(token, "bx server", sn, m.Nonce), d)
 }
@@ -322,8 +345,12 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 	if m.Type != ctlHello {
 		return fmt.Errorf("bx: expected hello, got control message %d", m.Type)
 	}
+	if why := versionMismatch(m.Version, true); why != "" {
+		writeCtl(c, ctlBye, []byte(why), d)
+		return fmt.Errorf("%w: %s", ErrProtocol, why)
+	}
 	cn := nonce()
-	body := append(append([]byte(nil), cn...), mac(token, "bx client", m.Nonce, cn)...)
+	body := append(append(append([]byte(nil), cn...), mac(token, "bx client", m.Nonce, cn)...), wireVersion)
 	if err := writeCtl(c, ctlAuth, body, d); err != nil {
 		return err
 	}
@@ -334,10 +361,31 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 	if r.Type == ctlFail {
 		return ErrAuth
 	}
+	if r.Type == ctlBye {
+		return fmt.Errorf("%w: the peer refused the handshake: %s", ErrProtocol, r.Reason)
+	}
 	if r.Type != ctlAuthOK || !hmac.Equal(r.MAC, mac(token, "bx server", m.Nonce, cn)) {
 		return ErrAuth
 	}
 	return nil
+}
+
+// versionMismatch says why a peer of wire version peer (0: older than 7,
+// which has no version in its hello or auth) cannot connect; "" if the
+// version is ours.
+func versionMismatch(peer uint8, dialer bool) string {
+	if peer == wireVersion {
+		return ""
+	}
+	theirs := fmt.Sprint(peer)
+	if peer == 0 {
+		theirs = "6 or older"
+	}
+	acc, dial := fmt.Sprint(wireVersion), theirs
+	if dialer {
+		acc, dial = dial, acc
+	}
+	return fmt.Sprintf("the acceptor's bx speaks wire version %s, the dialer's %s: both ends must run the same bx wire version", acc, dial)
 }
 
 // ErrTLS is returned when the TLS session of the control connection

@@ -71,8 +71,10 @@ func FuzzControl(f *testing.F) {
 	f.Add(append([]byte{ctlSetup}, s.encode()...))
 	s.Grants = []regrant{{Lane: 1, Ref: 7, RKey: 0x1234}, {Lane: 0, Ref: 2, RKey: 0x99}}
 	f.Add(append([]byte{ctlRecover}, s.encode()...))
-	f.Add(append([]byte{ctlHello}, make([]byte, nonceSize)...))
+	f.Add(append([]byte{ctlHello}, make([]byte, nonceSize)...)) // wire version 6 or older
+	f.Add(append(append([]byte{ctlHello}, make([]byte, nonceSize)...), wireVersion))
 	f.Add(append([]byte{ctlAuth}, make([]byte, nonceSize+macSize)...))
+	f.Add(append(append([]byte{ctlAuth}, make([]byte, nonceSize+macSize)...), wireVersion))
 	f.Add([]byte{ctlPing})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeCtl(b)

@@ -17,8 +17,10 @@ const HeaderSize = 48
 // transfers in progress (grant.go). 4: compact data messages (below). 5:
 // split messages (below). 6: a Conn's reader tells its writer how much it
 // has read (flagRead), and the writer keeps at most a window of bytes
-// unread (conn.go).
-const wireVersion = 6
+// unread (conn.go). 7: the hello and the auth of the control connection
+// name the wire version, so that ends of different versions refuse each
+// other at the handshake, not at their first data message (control.go).
+const wireVersion = 7
 
 // Message types. Data, RTS, CTS and FIN are sequenced on their lane (and
 // resent after a QP failure until acknowledged); credit updates are not.
