@@ -34,6 +34,24 @@ type ServerConfig struct {
 	MaxFrame int
 }
 
+// check refuses what no default stands for: a negative bound, an unknown
+// NaN policy or transport.
+func (cfg *ServerConfig) check() error {
+	switch {
+	case cfg.Transport != "rdma" && cfg.Transport != "tcp":
+		return fmt.Errorf("ps: transport %q: want rdma or tcp", cfg.Transport)
+	case cfg.Store.MaxBatch < 0:
+		return fmt.Errorf("ps: server: Store.MaxBatch %d: want keys per request > 0 (0: the default, 65536)", cfg.Store.MaxBatch)
+	case cfg.Store.MaxValues < 0:
+		return fmt.Errorf("ps: server: Store.MaxValues %d: want values per tensor > 0 (0: the default, 16 Mi)", cfg.Store.MaxValues)
+	case cfg.Store.NaN > NaNSkip:
+		return fmt.Errorf("ps: server: Store.NaN %d: want NaNReject or NaNSkip", cfg.Store.NaN)
+	case cfg.MaxFrame < 0:
+		return fmt.Errorf("ps: server: MaxFrame %d: want bytes > 0 (0: the default)", cfg.MaxFrame)
+	}
+	return nil
+}
+
 // Streams is the number of bx stream ids a server serves on its worker
 // pool (0..Streams-1), and again on its progress goroutine
 // (Streams..2*Streams-1, bx.HandleInline: no hand-off to a worker and
@@ -85,6 +103,9 @@ type Server struct {
 
 // NewServer starts a server with an empty store.
 func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	s := &Server{store: NewStore(cfg.Store), cfg: cfg, conns: map[net.Conn]struct{}{}}
 	var b [8]byte
 	rand.Read(b[:])
@@ -130,8 +151,6 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.ln, s.addr = ln, ln.Addr()
 		s.wg.Add(1)
 		go s.acceptTCP()
-	default:
-		return nil, fmt.Errorf("ps: transport %q: want rdma or tcp", cfg.Transport)
 	}
 	return s, nil
 }

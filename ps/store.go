@@ -87,6 +87,8 @@ func ParseNaNPolicy(s string) (NaNPolicy, error) {
 }
 
 // StoreConfig bounds what a store accepts.
+// NewStore takes 0 or less as the default; NewServer refuses a negative
+// bound.
 type StoreConfig struct {
 	NaN      NaNPolicy
 	MaxBatch int // keys per sparse request (default 65536)

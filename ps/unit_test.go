@@ -332,3 +332,42 @@ func TestDialConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestServerConfig: NewServer refuses a config it cannot use with an
+// error that names what is wrong, before it listens on anything; 0 takes
+// the defaults.
+func TestServerConfig(t *testing.T) {
+	tcp := func(mod func(*ServerConfig)) ServerConfig {
+		c := ServerConfig{Transport: "tcp", Listen: "127.0.0.1:0"}
+		mod(&c)
+		return c
+	}
+	for _, c := range []struct {
+		cfg  ServerConfig
+		want string
+	}{
+		{ServerConfig{Listen: "127.0.0.1:0"}, `transport "": want rdma or tcp`},
+		{tcp(func(c *ServerConfig) { c.Transport = "udp" }), `transport "udp"`},
+		{tcp(func(c *ServerConfig) { c.Store.MaxBatch = -1 }), "Store.MaxBatch -1"},
+		{tcp(func(c *ServerConfig) { c.Store.MaxValues = -5 }), "Store.MaxValues -5"},
+		{tcp(func(c *ServerConfig) { c.Store.NaN = 7 }), "Store.NaN 7"},
+		{tcp(func(c *ServerConfig) { c.MaxFrame = -1 }), "MaxFrame -1"},
+	} {
+		s, err := NewServer(c.cfg)
+		if err == nil {
+			s.Close()
+			t.Errorf("NewServer(%+v) succeeded", c.cfg)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewServer(%+v): %v, want it to say %q", c.cfg, err, c.want)
+		}
+	}
+	s, err := NewServer(tcp(func(*ServerConfig) {}))
+	if err != nil {
+		t.Fatalf("the defaults: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+}
