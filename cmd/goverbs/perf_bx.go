@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/bx"
-	"github.com/goverbs/goverbs/uverbs"
 )
 
 // goverbs perf bx_lat, tcp_lat, bx_bw, tcp_bw: request/response calls of
@@ -209,13 +208,18 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	if o.grpc && perfGRPC == nil {
 		return errPerfNoGRPC
 	}
-	if o.iters == 0 {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["n"] && !set["iters"] {
 		o.iters = 1000
 		if o.bw {
 			o.iters = 5000
 		}
 	}
-	echo := o.resp < 0
+	if set["resp-size"] && o.resp < 0 {
+		return usageError("--resp-size %d: message size must be 0..%d", o.resp, perfMaxSize)
+	}
+	echo := !set["resp-size"]
 	if echo {
 		o.resp = o.size
 	}
@@ -233,7 +237,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	case o.split != 0 && (o.tcp || o.grpc):
 		return usageError("--split-size is for the bx tests")
 	case o.iters < perfMinIters:
-		return usageError("-n %d: iterations must be >= %d", o.iters, perfMinIters)
+		return usageError("-n %d: iterations must be %d..2147483647", o.iters, perfMinIters)
 	case o.window < 1 || o.window > 1024:
 		return usageError("-t %d: outstanding calls must be 1..1024", o.window)
 	case o.port < 1 || o.port > 65534:
@@ -267,11 +271,11 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		o.window = 1
 	}
 	if !o.tcp && o.dev == "" {
-		devs, err := uverbs.ListWithoutGIDs()
-		if err != nil || len(devs) == 0 {
-			return fmt.Errorf("no RDMA device found (-d): %v", err)
+		dev, err := pickDevice("")
+		if err != nil {
+			return fmt.Errorf("%w (-d names one; is rdma_rxe loaded and a device added?)", err)
 		}
-		o.dev = devs[0].Name
+		o.dev = dev
 	}
 	return perfBXMain(o, stdout, stderr)
 }

@@ -185,6 +185,9 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	if *listen == "" {
 		return usageError("--listen is required")
 	}
+	if *maxBatch < 1 {
+		return usageError("--max-batch %d: want keys per request > 0", *maxBatch)
+	}
 	if err := checkEagerSize(eager); err != nil {
 		return err
 	}
@@ -538,6 +541,15 @@ func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
 	if o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0) {
 		return nil, usageError("--rate %v: want steps per second >= 0", o.rate)
 	}
+	if o.workers < 1 || o.workers > psMaxWorkers {
+		return nil, usageError("--workers %d: want 1..%d worker goroutines", o.workers, psMaxWorkers)
+	}
+	if o.duration <= 0 {
+		return nil, usageError("--duration %v: want a measured time > 0", o.duration)
+	}
+	if *addrs == "" {
+		return nil, usageError("--addrs is required (the servers' IP:PORT, comma separated)")
+	}
 	o.servers = strings.Split(*addrs, ",")
 	w, err := psWorkloadOf(o.workload, len(o.servers))
 	if err != nil {
@@ -770,6 +782,13 @@ type psBenchOpts struct {
 	rates                    []float64 // one run each; 0 is closed loop
 }
 
+// psMaxWorkers and psMaxServers bound what bench and worker start: each
+// worker goroutine holds a client's connections, each server a process.
+const (
+	psMaxWorkers = 4096
+	psMaxServers = 32
+)
+
 // parsePSBench reads and checks bench's flags.
 func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	o := &psBenchOpts{}
@@ -829,6 +848,16 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	}
 	if err := checkMetricsAddr(o.metricsAddr); err != nil {
 		return nil, err
+	}
+	switch {
+	case o.workers < 0 || o.workers > psMaxWorkers:
+		return nil, usageError("--workers %d: want 1..%d worker goroutines in all (0: the workload's default)", o.workers, psMaxWorkers)
+	case o.procs < 0 || o.procs > psMaxWorkers:
+		return nil, usageError("--worker-procs %d: want 1..%d worker processes (0: one per 8 workers)", o.procs, psMaxWorkers)
+	case o.duration <= 0:
+		return nil, usageError("--duration %v: want a measured time > 0", o.duration)
+	case o.addrs == "" && (o.servers < 1 || o.servers > psMaxServers):
+		return nil, usageError("--servers %d: want 1..%d servers to start", o.servers, psMaxServers)
 	}
 	w, err := psWorkloadOf(o.workload, max(o.servers, 1))
 	if err != nil {

@@ -91,6 +91,9 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	if o.interval <= 0 {
 		return usageError("--interval must be positive")
 	}
+	if o.rows < 1 {
+		return usageError("-n %d: rows per table must be at least 1", o.rows)
+	}
 	if o.json && !o.once {
 		return usageError("--json needs --once")
 	}

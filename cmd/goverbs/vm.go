@@ -112,6 +112,9 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 	bad := func(format string, a ...any) error {
 		return &exitError{code: vm.ExitUsage, msg: fmt.Sprintf(format, a...)}
 	}
+	if o.Nodes < 1 {
+		return o, nil, bad("--nodes %d: at least 1 guest (at most %d)", o.Nodes, vm.MaxNodes)
+	}
 	if *cpus != "auto" {
 		n, err := strconv.Atoi(*cpus)
 		if err != nil || n < 1 {

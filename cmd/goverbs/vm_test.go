@@ -50,6 +50,7 @@ func TestVMBadInput(t *testing.T) {
 		{nil, []string{"vm", "--loss", "1=5", "true"}, 2, "needs --nodes"},
 		{nil, []string{"vm", "--devices", "3", "true"}, 2, "--devices 3"},
 		{nil, []string{"vm", "--nodes", "99", "true"}, 2, "at most"},
+		{nil, []string{"vm", "--nodes", "0", "true"}, 2, "--nodes 0: at least 1"},
 		{nil, []string{"vm", "--hugepages", "-1", "true"}, 2, "--hugepages: huge pages: want a count"},
 		{nil, []string{"vm", "--hugepages", "many", "true"}, 2, "--hugepages"},
 		{[]string{"GOVERBS_VM_HUGEPAGES=x"}, []string{"vm", "true"}, 2, "GOVERBS_VM_HUGEPAGES"},
