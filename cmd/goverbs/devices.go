@@ -34,6 +34,9 @@ func runDevices(args []string, stdout, stderr io.Writer) error {
 	if len(rest) > 0 {
 		return usageError("unexpected argument %q", rest[0])
 	}
+	if port < 0 || port > 255 {
+		return usageError("-i %d: port must be 1..255 (0: all)", port)
+	}
 	var devs []uverbs.DeviceInfo
 	if dev != "" {
 		d, err := uverbs.Lookup(dev)

@@ -178,6 +178,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"ps", "worker", "--transport", "tcp", "--addrs", "127.0.0.1:1", "--duration", "-1s"}, "--duration -1s"},
 		{[]string{"ps", "worker", "--transport", "tcp"}, "--addrs is required"},
 		{[]string{"top", "-n", "0"}, "-n 0"},
+		{[]string{"devices", "-v", "-i", "-1"}, "-i -1: port must be 1..255"},
 		{[]string{"nosuchcommand"}, "unknown command"},
 	} {
 		r := goverbs(t, time.Minute, tc.args...)
