@@ -44,6 +44,8 @@ const (
 	maxCtl = 64 << 10
 	// maxGrants bounds the transfers in progress a recovery setup names.
 	maxGrants = 4096
+	// maxGrant bounds the credits a peer may grant (and Config.Credits).
+	maxGrant = 1 << 20
 	// maxLanes bounds the QPs a peer may ask for.
 	maxLanes = 16
 	// maxReason bounds the reason a bye carries.

@@ -259,6 +259,18 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: unknown %v", c.LaneSetup)
 	case c.MaxMessage < c.EagerSize:
 		return fmt.Errorf("bx: MaxMessage %d below EagerSize %d", c.MaxMessage, c.EagerSize)
+	case c.Credits > maxGrant:
+		return fmt.Errorf("bx: Credits %d above %d (what a peer accepts)", c.Credits, maxGrant)
+	case c.LaneMsgs < 0 || c.EndpointMsgs < 0:
+		return fmt.Errorf("bx: LaneMsgs %d, EndpointMsgs %d: want messages > 0 (0: the defaults)", c.LaneMsgs, c.EndpointMsgs)
+	case c.LaneBytes < 0 || c.EndpointBytes < 0:
+		return fmt.Errorf("bx: LaneBytes %d, EndpointBytes %d: want bytes > 0 (0: the defaults)", c.LaneBytes, c.EndpointBytes)
+	case c.MemoryLimit < 0:
+		return fmt.Errorf("bx: MemoryLimit %d: want bytes > 0 (0: the default)", c.MemoryLimit)
+	case c.HandshakeTimeout < 0:
+		return fmt.Errorf("bx: HandshakeTimeout %v: want > 0 (0: the default)", c.HandshakeTimeout)
+	case c.PeerTimeout < 0:
+		return fmt.Errorf("bx: PeerTimeout %v: want > 0 (0: the default)", c.PeerTimeout)
 	}
 	if c.SplitSize > 0 {
 		k := int64(c.parts(c.SplitSize))

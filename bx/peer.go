@@ -438,7 +438,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 		writeCtl(c, ctlBye, byeReason(err), d)
 		return nil, err
 	}
-	if remote.Grant < flow.MinGrant || remote.Grant > 1<<20 {
+	if remote.Grant < flow.MinGrant || remote.Grant > maxGrant {
 		p.destroyLanes()
 		return nil, fmt.Errorf("%w: grant %d", ErrProtocol, remote.Grant)
 	}
