@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -232,8 +233,19 @@ func Dial(cfg ClientConfig) (*Client, error) {
 	if len(cfg.Servers) == 0 {
 		return nil, errors.New("ps: no servers")
 	}
-	if cfg.VNodes > MaxVNodes {
-		return nil, fmt.Errorf("ps: VNodes %d above MaxVNodes (%d)", cfg.VNodes, MaxVNodes)
+	if cfg.VNodes > MaxVNodes || cfg.VNodes < 0 {
+		return nil, fmt.Errorf("ps: VNodes %d outside 1..MaxVNodes (%d; 0: DefaultVNodes)", cfg.VNodes, MaxVNodes)
+	}
+	if cfg.Pool < 0 {
+		return nil, fmt.Errorf("ps: Pool %d: want idle connections per server > 0 (0: the default)", cfg.Pool)
+	}
+	for i, a := range cfg.Servers {
+		if a == "" {
+			return nil, fmt.Errorf("ps: server %d: empty address (want host:port)", i)
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("ps: server %d: %v", i, err)
+		}
 	}
 	c := &Client{ring: NewRing(len(cfg.Servers), cfg.VNodes), n: len(cfg.Servers),
 		inc: make([]atomic.Uint64, len(cfg.Servers)), specs: map[string]Spec{}}

@@ -319,7 +319,11 @@ func TestDialConfig(t *testing.T) {
 		want string
 	}{
 		{ClientConfig{}, "no servers"},
-		{ClientConfig{Servers: []string{"127.0.0.1:1"}, VNodes: MaxVNodes + 1}, "VNodes 4097 above MaxVNodes"},
+		{ClientConfig{Servers: []string{"127.0.0.1:1"}, VNodes: MaxVNodes + 1}, "VNodes 4097 outside 1..MaxVNodes"},
+		{ClientConfig{Servers: []string{"127.0.0.1:1"}, VNodes: -1}, "VNodes -1 outside"},
+		{ClientConfig{Transport: "tcp", Servers: []string{"127.0.0.1:1"}, Pool: -1}, "Pool -1"},
+		{ClientConfig{Transport: "tcp", Servers: []string{"127.0.0.1:1", ""}}, "server 1: empty address"},
+		{ClientConfig{Transport: "tcp", Servers: []string{"10.0.0.1"}}, "server 0: address 10.0.0.1: missing port"},
 	} {
 		cl, err := Dial(c.cfg)
 		if err == nil {
