@@ -11,11 +11,14 @@
 //     event-driven CQ polled by a progress goroutine, buffer pools, and
 //     its peers. Config.Device and Config.Token (at least 16 bytes, the
 //     same at both ends) are required; zero values elsewhere take the
-//     defaults Config lists.
+//     defaults Config lists, and New refuses a negative one it has no
+//     meaning for, naming the field.
 //   - Peer (Endpoint.Dial, or Endpoint.Listen then Accept): the
 //     connection to one remote endpoint, a TCP control connection and
 //     Config.Lanes RC QPs carrying any number of streams. Peer.ID is the
-//     remote endpoint's incarnation: a restarted peer has a new one.
+//     remote endpoint's incarnation: a restarted peer has a new one. Both
+//     ends must run the same bx wire version: the handshake refuses a peer
+//     of another (ErrProtocol, naming both versions).
 //   - Stream (Peer.Stream(id)): a logical channel to a peer; messages of
 //     one stream arrive in order. Send copies, SendBuffer hands over a
 //     Buffer from Endpoint.Alloc without a copy; Recv returns a *Msg.
