@@ -247,6 +247,21 @@ func TestWrongToken(t *testing.T) {
 	if _, err := cli.Dial(ctx, addr.String()); !errors.Is(err, bx.ErrAuth) {
 		t.Fatalf("dial with a wrong token: %v, want ErrAuth", err)
 	}
+	// Nobody calls Accept for the refused connection: the acceptor counts
+	// it and keeps who and why (Snapshot; goverbs_bx_handshakes_failed_total).
+	for srv.Snapshot().Counters.HandshakesFailed == 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the acceptor did not count the refused handshake: %v", hang.Err(ctx))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := srv.Snapshot()
+	if s.Counters.HandshakesFailed != 1 || !strings.HasPrefix(s.LastHandshakeFailure, "10.99.0.1:") || !strings.HasSuffix(s.LastHandshakeFailure, ": "+bx.ErrAuth.Error()) {
+		t.Errorf("acceptor: %d failed handshakes, the last %q; want 1, from 10.99.0.1, ErrAuth", s.Counters.HandshakesFailed, s.LastHandshakeFailure)
+	}
+	if c := cli.Snapshot(); c.Counters.HandshakesFailed != 0 || c.LastHandshakeFailure != "" {
+		t.Errorf("the dialer counted %d failed handshakes (%q): Dial's error is where a dialer learns it", c.Counters.HandshakesFailed, c.LastHandshakeFailure)
+	}
 	if _, err := bx.New(bx.Config{Device: da, Token: []byte("short")}); err == nil {
 		t.Error("short token accepted")
 	}

@@ -409,8 +409,11 @@ type Endpoint struct {
 	downs  sync.WaitGroup
 	closed atomic.Bool
 	stats  Stats
-	met    metricsState // RPC latency per stream class (metrics.go)
-	spills sync.Pool    // *[]byte of EagerSize: spilled messages' payloads (Msg.spill)
+	// lastHSFail is the last failed accept's "address: error"
+	// (Stats.HandshakesFailed).
+	lastHSFail atomic.Pointer[string]
+	met        metricsState // RPC latency per stream class (metrics.go)
+	spills     sync.Pool    // *[]byte of EagerSize: spilled messages' payloads (Msg.spill)
 }
 
 // Stats counts what an endpoint did. Sent and Received count messages
@@ -458,6 +461,12 @@ type Stats struct {
 	// Compact counts data messages sent without their header, which
 	// the immediate stood for (wire.go).
 	Compact atomic.Uint64
+	// HandshakesFailed counts control connections to a Listen address
+	// that did not become a peer: a wrong token, another wire version or
+	// EagerSize, a TLS failure, a peer that went away or took longer than
+	// Config.HandshakeTimeout. The last one's address and error are
+	// Snapshot.LastHandshakeFailure.
+	HandshakesFailed atomic.Uint64
 	// Split counts messages received split in parts (Config.SplitSize):
 	// each is also one of Received.
 	Split atomic.Uint64

@@ -80,6 +80,10 @@ type Snapshot struct {
 	// Workers is how many goroutines the handler pool has (busy or idle;
 	// at most Config.Workers). They stay until Close.
 	Workers int
+	// LastHandshakeFailure is the dialer's address and the error of the
+	// last accepted control connection that did not become a peer
+	// (Counters.HandshakesFailed counts them); "" if none did.
+	LastHandshakeFailure string
 }
 
 // Counters are the values of an endpoint's Stats.
@@ -109,6 +113,9 @@ type Counters struct {
 	Compact uint64
 	// Split: messages received in parts (see Stats).
 	Split uint64
+	// HandshakesFailed: accepted control connections that did not
+	// become a peer (see Stats).
+	HandshakesFailed uint64
 }
 
 // WindowSnapshot is a send window's occupancy and counters.
@@ -367,7 +374,11 @@ func (e *Endpoint) Snapshot() Snapshot {
 	s.Counters = Counters{Sent: st.Sent.Load(), Received: st.Received.Load(), Duplicates: st.Duplicates.Load(),
 		Rendezvous: st.Rendezvous.Load(), CreditUpdates: st.CreditUpdates.Load(), Recoveries: st.Recoveries.Load(),
 		Unrouted: st.Unrouted.Load(), ClosedDrops: st.ClosedDrops.Load(), SelfPolled: st.SelfPolled.Load(), Resumes: st.Resumes.Load(), HandBacks: st.HandBacks.Load(), Ticks: e.ticks.Load(),
-		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load(), Spilled: st.Spilled.Load(), Compact: st.Compact.Load(), Split: st.Split.Load()}
+		Probes: st.Probes.Load(), Stalls: st.Stalls.Load(), Deferred: st.Deferred.Load(), Copied: st.Copied.Load(), Spilled: st.Spilled.Load(), Compact: st.Compact.Load(), Split: st.Split.Load(),
+		HandshakesFailed: st.HandshakesFailed.Load()}
+	if f := e.lastHSFail.Load(); f != nil {
+		s.LastHandshakeFailure = *f
+	}
 	if e.cq != nil {
 		cs := e.cq.Stats()
 		s.Counters.Arms, s.Counters.Wakeups = cs.Arms, cs.Wakeups

@@ -239,13 +239,16 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 			go func() {
 				ctx, cancel := context.WithTimeout(e.stopCh, e.cfg.HandshakeTimeout)
 				defer cancel()
+				from := c.RemoteAddr()
 				c, err := e.secureServer(ctx, c)
 				if err != nil {
+					e.handshakeFailed(from, err)
 					return
 				}
 				p, err := e.handshake(ctx, c, false)
 				if err != nil {
 					c.Close()
+					e.handshakeFailed(from, err)
 					return
 				}
 				select {
@@ -256,6 +259,20 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 		}
 	}()
 	return l.Addr(), nil
+}
+
+// handshakeFailed counts an accepted control connection that did not
+// become a peer, and keeps why: nobody calls Accept for it, so this is
+// where the acceptor's operator sees a dialer of the wrong token or
+// version (Snapshot, and goverbs_bx_handshakes_failed_total). Not while
+// the endpoint closes: that failure is its own.
+func (e *Endpoint) handshakeFailed(from net.Addr, err error) {
+	if e.closed.Load() {
+		return
+	}
+	e.stats.HandshakesFailed.Add(1)
+	why := fmt.Sprintf("%v: %v", from, err)
+	e.lastHSFail.Store(&why)
 }
 
 // ListenAddrs returns the addresses Listen bound.

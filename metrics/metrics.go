@@ -22,7 +22,8 @@
 //	  goverbs_bx_messages_sent_total, goverbs_bx_messages_received_total,
 //	  goverbs_bx_duplicates_total, goverbs_bx_rendezvous_total,
 //	  goverbs_bx_credit_updates_total, goverbs_bx_recoveries_total,
-//	  goverbs_bx_unrouted_completions_total, goverbs_bx_peers,
+//	  goverbs_bx_unrouted_completions_total, goverbs_bx_handshakes_failed_total,
+//	  goverbs_bx_peers,
 //	  goverbs_bx_window_in_flight_messages, goverbs_bx_window_in_flight_bytes,
 //	  goverbs_bx_window_limit_messages, goverbs_bx_window_limit_bytes
 //	bx peer, {device, peer}:
@@ -209,6 +210,7 @@ var (
 	bxRecov     = newMetric("goverbs_bx_recoveries_total", "Connection recoveries started (a peer's QPs failed and were rebuilt).", counter, dev...)
 	bxStalls    = newMetric("goverbs_bx_stalls_total", "Lane QPs found stalled with no error (a probe not complete within Config.StallTimeout); each starts a recovery.", counter, dev...)
 	bxUnrouted  = newMetric("goverbs_bx_unrouted_completions_total", "Completions of QPs no peer owns (already destroyed).", counter, dev...)
+	bxHSFail    = newMetric("goverbs_bx_handshakes_failed_total", "Control connections accepted that did not become a peer: a wrong token, another wire version or EagerSize, TLS, a timeout (Snapshot.LastHandshakeFailure says the last one's address and error).", counter, dev...)
 	bxPeers     = newMetric("goverbs_bx_peers", "Connected peers.", gauge, dev...)
 	bxWinMsgs   = newMetric("goverbs_bx_window_in_flight_messages", "Messages posted and not yet acknowledged, endpoint-wide.", gauge, dev...)
 	bxWinBytes  = newMetric("goverbs_bx_window_in_flight_bytes", "Bytes posted and not yet acknowledged, endpoint-wide.", gauge, dev...)
@@ -244,7 +246,7 @@ var (
 	cliErrs     = newMetric("goverbs_ps_client_errors_total", "Parameter-server client calls that failed.", counter, trOp...)
 	cliLat      = newHist("goverbs_ps_client_latency_seconds", "Parameter-server client call latency.", trOp...)
 
-	all = []*metric{bxSent, bxRecv, bxDups, bxRndv, bxCredUpd, bxRecov, bxStalls, bxUnrouted, bxPeers, bxWinMsgs, bxWinBytes, bxWinLimM, bxWinLimB,
+	all = []*metric{bxSent, bxRecv, bxDups, bxRndv, bxCredUpd, bxRecov, bxStalls, bxUnrouted, bxHSFail, bxPeers, bxWinMsgs, bxWinBytes, bxWinLimM, bxWinLimB,
 		peerInfo, peerRecov, peerCredAv, peerCredSt, peerCredWt, peerCredWg, peerWinSt, peerWinWt, peerWinWg, peerSent, peerFlMsgs, peerFlBytes, peerRecovs,
 		rpcLat, rpcRemote, rpcFail, poolInUseB, poolInUse, poolReg, poolLimit, poolRegions, poolAllocs, poolFails,
 		srvReqs, srvErrs, srvLat, cliCalls, cliErrs, cliLat}
@@ -305,7 +307,7 @@ func (a *acc) bx(s bx.Snapshot) {
 	}{{bxSent, float64(ct.Sent)}, {bxRecv, float64(ct.Received)}, {bxDups, float64(ct.Duplicates)},
 		{bxRndv, float64(ct.Rendezvous)}, {bxCredUpd, float64(ct.CreditUpdates)}, {bxRecov, float64(ct.Recoveries)},
 		{bxStalls, float64(ct.Stalls)},
-		{bxUnrouted, float64(ct.Unrouted)}, {bxPeers, float64(len(s.Peers))},
+		{bxUnrouted, float64(ct.Unrouted)}, {bxHSFail, float64(ct.HandshakesFailed)}, {bxPeers, float64(len(s.Peers))},
 		{bxWinMsgs, float64(s.Window.InFlightMsgs)}, {bxWinBytes, float64(s.Window.InFlightBytes)},
 		{bxWinLimM, float64(s.Window.Limits.Msgs)}, {bxWinLimB, float64(s.Window.Limits.Bytes)}} {
 		a.add(x.m, x.v, d)
