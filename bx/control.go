@@ -314,6 +314,10 @@ func authServer(c net.Conn, token []byte, d time.Duration) error {
 		return err
 	}
 	m, err := readCtl(c, d)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		// What a bx of wire version 6 or older does with our hello.
+		return fmt.Errorf("bx: the dialer hung up after our hello (a bx older than wire version %d does, or a dialer that is not bx): %w", wireVersion, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -162,6 +162,20 @@ func TestHandshakeVersion(t *testing.T) {
 			}
 		})
 	}
+	// A bx of wire version 6 or older hangs up on our hello (33 bytes,
+	// where it takes 32): the acceptor says what that likely is.
+	t.Run("dialer hangs up", func(t *testing.T) {
+		aerr, berr := run(t, ours(true), func(c net.Conn) error {
+			_, err := readCtl(c, d)
+			return err
+		})
+		if berr != nil {
+			t.Fatal(berr)
+		}
+		if want := "the dialer hung up after our hello (a bx older than wire version 7"; aerr == nil || !strings.Contains(aerr.Error(), want) {
+			t.Fatalf("acceptor: %v, want it to say %q", aerr, want)
+		}
+	})
 	// A wrong token is still ErrAuth, whatever the versions: the MAC is
 	// checked first, so nothing but "no" reaches an impostor.
 	t.Run("wrong token", func(t *testing.T) {
