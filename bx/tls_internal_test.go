@@ -91,56 +91,35 @@ func TestControlTLS(t *testing.T) {
 	// run dials srv from cli and returns both sides' errors; on success
 	// it checks a control message crosses.
 	run := func(t *testing.T, srv, cli *Endpoint) (serr, cerr error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		done := make(chan error, 1)
-		go func() {
-			c, err := l.Accept()
-			if err != nil {
-				done <- err
-				return
-			}
-			defer c.Close()
+		return loopback(t, func(c net.Conn) error {
 			if err := srv.checkServerTLS(); err != nil {
-				done <- err
-				return
+				return err
 			}
-			if c, err = srv.secureServer(context.Background(), c); err != nil {
-				done <- err
-				return
+			c, err := srv.secureServer(context.Background(), c)
+			if err != nil {
+				return err
 			}
 			if err := authServer(c, srv.cfg.Token, time.Second); err != nil {
-				done <- err
-				return
+				return err
 			}
 			m, err := readCtl(c, time.Second)
 			if err == nil && m.Type != ctlPing {
 				err = errors.New("not a ping")
 			}
-			done <- err
-		}()
-		addr := l.Addr().String()
-		raw, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
-		var c net.Conn
-		if c, cerr = cli.secureClient(context.Background(), raw, addr); cerr == nil {
-			if cerr = authClient(c, cli.cfg.Token, time.Second); cerr == nil {
-				cerr = writeCtl(c, ctlPing, nil, time.Second)
+			return err
+		}, func(raw net.Conn) error {
+			c, err := cli.secureClient(context.Background(), raw, raw.RemoteAddr().String())
+			if err != nil {
+				return err
+			}
+			if err = authClient(c, cli.cfg.Token, time.Second); err == nil {
+				err = writeCtl(c, ctlPing, nil, time.Second)
 			}
 			if _, ok := c.(*tls.Conn); ok != (cli.cfg.TLS != nil) {
 				t.Errorf("control connection TLS %v, Config.TLS set %v", ok, cli.cfg.TLS != nil)
 			}
-		}
-		if cerr != nil {
-			raw.Close()
-		}
-		return <-done, cerr
+			return err
+		})
 	}
 	t.Run("mutual", func(t *testing.T) {
 		serr, cerr := run(t, ep(pk.Config(pk.Server), tok), ep(pk.Config(pk.Client), tok))

@@ -68,33 +68,6 @@ func TestHandshakeVersion(t *testing.T) {
 			return readCtl(c, d)
 		}
 	}
-	// run connects side a (accepting) and b (dialing) over loopback TCP.
-	run := func(t *testing.T, a, b func(net.Conn) error) (aerr, berr error) {
-		t.Helper()
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		done := make(chan error, 1)
-		go func() {
-			c, err := l.Accept()
-			if err != nil {
-				done <- err
-				return
-			}
-			defer c.Close()
-			done <- a(c)
-		}()
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		berr = b(c)
-		c.Close()
-		return <-done, berr
-	}
 	ours := func(acc bool) func(net.Conn) error {
 		if acc {
 			return func(c net.Conn) error { return authServer(c, tok, d) }
@@ -116,12 +89,12 @@ func TestHandshakeVersion(t *testing.T) {
 		}
 	}
 	t.Run("same", func(t *testing.T) {
-		aerr, berr := run(t, ours(true), ours(false))
+		aerr, berr := loopback(t, ours(true), ours(false))
 		if aerr != nil || berr != nil {
 			t.Fatalf("acceptor: %v; dialer: %v", aerr, berr)
 		}
 		// The peers the other cases use, at our version, connect too.
-		aerr, berr = run(t, ours(true), func(c net.Conn) error {
+		aerr, berr = loopback(t, ours(true), func(c net.Conn) error {
 			m, err := dialer(wireVersion)(c)
 			if err == nil && m.Type != ctlAuthOK {
 				err = fmt.Errorf("got control message %d, want auth ok", m.Type)
@@ -131,7 +104,7 @@ func TestHandshakeVersion(t *testing.T) {
 		if aerr != nil || berr != nil {
 			t.Fatalf("acceptor: %v; written dialer: %v", aerr, berr)
 		}
-		aerr, berr = run(t, func(c net.Conn) error { _, err := acceptor(wireVersion)(c); return err }, ours(false))
+		aerr, berr = loopback(t, func(c net.Conn) error { _, err := acceptor(wireVersion)(c); return err }, ours(false))
 		if aerr != nil || berr != nil {
 			t.Fatalf("written acceptor: %v; dialer: %v", aerr, berr)
 		}
@@ -143,7 +116,7 @@ func TestHandshakeVersion(t *testing.T) {
 		}
 		t.Run("dialer "+name, func(t *testing.T) {
 			why := fmt.Sprintf("the acceptor's bx speaks wire version %d, the dialer's %s: both ends must run the same bx wire version", wireVersion, name)
-			aerr, berr := run(t, ours(true), theirs(t, dialer(v), why))
+			aerr, berr := loopback(t, ours(true), theirs(t, dialer(v), why))
 			if berr != nil {
 				t.Fatalf("the dialer of version %s: %v", name, berr)
 			}
@@ -153,7 +126,7 @@ func TestHandshakeVersion(t *testing.T) {
 		})
 		t.Run("acceptor "+name, func(t *testing.T) {
 			why := fmt.Sprintf("the acceptor's bx speaks wire version %s, the dialer's %d: both ends must run the same bx wire version", name, wireVersion)
-			aerr, berr := run(t, theirs(t, acceptor(v), why), ours(false))
+			aerr, berr := loopback(t, theirs(t, acceptor(v), why), ours(false))
 			if aerr != nil {
 				t.Fatalf("the acceptor of version %s: %v", name, aerr)
 			}
@@ -165,8 +138,9 @@ func TestHandshakeVersion(t *testing.T) {
 	// A bx of wire version 6 or older hangs up on our hello (33 bytes,
 	// where it takes 32): the acceptor says what that likely is.
 	t.Run("dialer hangs up", func(t *testing.T) {
-		aerr, berr := run(t, ours(true), func(c net.Conn) error {
+		aerr, berr := loopback(t, ours(true), func(c net.Conn) error {
 			_, err := readCtl(c, d)
+			c.Close()
 			return err
 		})
 		if berr != nil {
@@ -179,9 +153,41 @@ func TestHandshakeVersion(t *testing.T) {
 	// A wrong token is still ErrAuth, whatever the versions: the MAC is
 	// checked first, so nothing but "no" reaches an impostor.
 	t.Run("wrong token", func(t *testing.T) {
-		aerr, berr := run(t, ours(true), func(c net.Conn) error { return authClient(c, []byte("another-token-of-16+bytes"), d) })
+		aerr, berr := loopback(t, ours(true), func(c net.Conn) error { return authClient(c, []byte("another-token-of-16+bytes"), d) })
 		if !errors.Is(aerr, ErrAuth) || !errors.Is(berr, ErrAuth) {
 			t.Fatalf("acceptor: %v; dialer: %v; want ErrAuth both", aerr, berr)
 		}
 	})
+}
+
+// loopback runs acc on the accepted end and dial on the dialing end of a
+// loopback TCP connection and returns their errors. The dialing end is
+// closed once acc returned, or at once if dial failed (so that acc is not
+// left waiting for it).
+func loopback(t *testing.T, acc, dial func(net.Conn) error) (aerr, derr error) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		done <- acc(c)
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if derr = dial(c); derr != nil {
+		c.Close()
+	}
+	return <-done, derr
 }
