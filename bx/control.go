@@ -322,7 +322,7 @@ func authServer(c net.Conn, token []byte, d time.Duration) error {
 		return err
 	}
 	if m.Type == ctlBye {
-		return fmt.Errorf("%w: the peer refused the handshake: %s", ErrProtocol, m.Reason)
+		return refused(m)
 	}
 	if m.Type != ctlAuth {
 		return fmt.Errorf("bx: expected auth, got control message %d", m.Type)
@@ -331,9 +331,8 @@ func authServer(c net.Conn, token []byte, d time.Duration) error {
 		writeCtl(c, ctlFail, nil, d)
 		return ErrAuth
 	}
-	if why := versionMismatch(m.Version, false); why != "" {
-		writeCtl(c, ctlBye, []byte(why), d)
-		return fmt.Errorf("%w: %s", ErrProtocol, why)
+	if err := refuseVersion(c, m.Version, false, d); err != nil {
+		return err
 	}
 	return writeCtl(c, ctlAuthOK, mac(token, "bx server", sn, m.Nonce), d)
 }
@@ -351,9 +350,8 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 	if m.Type != ctlHello {
 		return fmt.Errorf("bx: expected hello, got control message %d", m.Type)
 	}
-	if why := versionMismatch(m.Version, true); why != "" {
-		writeCtl(c, ctlBye, []byte(why), d)
-		return fmt.Errorf("%w: %s", ErrProtocol, why)
+	if err := refuseVersion(c, m.Version, true, d); err != nil {
+		return err
 	}
 	cn := nonce()
 	body := append(append(append([]byte(nil), cn...), mac(token, "bx client", m.Nonce, cn)...), wireVersion)
@@ -368,7 +366,7 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 		return ErrAuth
 	}
 	if r.Type == ctlBye {
-		return fmt.Errorf("%w: the peer refused the handshake: %s", ErrProtocol, r.Reason)
+		return refused(r)
 	}
 	if r.Type != ctlAuthOK || !hmac.Equal(r.MAC, mac(token, "bx server", m.Nonce, cn)) {
 		return ErrAuth
@@ -376,12 +374,12 @@ func authClient(c net.Conn, token []byte, d time.Duration) error {
 	return nil
 }
 
-// versionMismatch says why a peer of wire version peer (0: older than 7,
-// which has no version in its hello or auth) cannot connect; "" if the
-// version is ours.
-func versionMismatch(peer uint8, dialer bool) string {
+// refuseVersion is nil for a peer of our wire version. For one of another
+// (peer 0: older than 7, which has no version in its hello or auth) it
+// tells the peer why in a bye and returns ErrProtocol saying the same.
+func refuseVersion(c net.Conn, peer uint8, dialer bool, d time.Duration) error {
 	if peer == wireVersion {
-		return ""
+		return nil
 	}
 	theirs := fmt.Sprint(peer)
 	if peer == 0 {
@@ -391,7 +389,15 @@ func versionMismatch(peer uint8, dialer bool) string {
 	if dialer {
 		acc, dial = dial, acc
 	}
-	return fmt.Sprintf("the acceptor's bx speaks wire version %s, the dialer's %s: both ends must run the same bx wire version", acc, dial)
+	why := fmt.Sprintf("the acceptor's bx speaks wire version %s, the dialer's %s: both ends must run the same bx wire version", acc, dial)
+	writeCtl(c, ctlBye, []byte(why), d)
+	return fmt.Errorf("%w: %s", ErrProtocol, why)
+}
+
+// refused is the error for a bye that ends the other side's part of the
+// authentication (refuseVersion).
+func refused(bye ctlMsg) error {
+	return fmt.Errorf("%w: the peer refused the handshake: %s", ErrProtocol, bye.Reason)
 }
 
 // ErrTLS is returned when the TLS session of the control connection

@@ -146,7 +146,7 @@ func TestHandshakeVersion(t *testing.T) {
 		if berr != nil {
 			t.Fatal(berr)
 		}
-		if want := "the dialer hung up after our hello (a bx older than wire version 7"; aerr == nil || !strings.Contains(aerr.Error(), want) {
+		if want := fmt.Sprintf("the dialer hung up after our hello (a bx older than wire version %d", wireVersion); aerr == nil || !strings.Contains(aerr.Error(), want) {
 			t.Fatalf("acceptor: %v, want it to say %q", aerr, want)
 		}
 	})
