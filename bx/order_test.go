@@ -22,22 +22,49 @@ import (
 // The hook widens that window: once the request is released it waits until
 // every receive buffer has been refilled (or a while), then the response
 // goes out and must still be the request.
+//
+// Both kinds of handler run: a worker's (Handle) and an inline one
+// (HandleInline), whose response goes out from the polling goroutine
+// while the hook holds it, so that only the ticker's credit update lets
+// the client refill the released buffer; event-driven, a released buffer
+// goes back to the receive queue at once (polling, between polls:
+// releaseRecv). Two sizes: 4 KiB, and 64 B, posted inline.
 func TestEchoBufferOrder(t *testing.T) {
+	for _, size := range []int{4 << 10, 64} {
+		for _, inline := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d/inline=%v", size, inline), func(t *testing.T) { echoBufferOrder(t, size, inline) })
+		}
+	}
+}
+
+func echoBufferOrder(t *testing.T, size int, inline bool) {
 	const credits = 4
-	srv, _, p, sp := pair(t, func(c *bx.Config) { c.MaxPeers, c.Credits = 1, credits })
-	srv.Handle(1, func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+	// Inline, the hook holds the polling goroutine: nothing but the
+	// ticker's update moves, and most waits run to the deadline.
+	var spin time.Duration
+	calls, hold := 50, 200*time.Millisecond
+	if inline {
+		spin, calls, hold = -1, 10, 50*time.Millisecond
+	}
+	srv, _, p, sp := pair(t, func(c *bx.Config) { c.MaxPeers, c.Credits, c.Spin = 1, credits, spin })
+	echo := func(ctx context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		return req.Data(), nil
-	})
+	}
+	if inline {
+		srv.HandleInline(1, echo)
+	} else {
+		srv.Handle(1, echo)
+	}
 	var noiseIn atomic.Int64
 	bx.OnServeReleaseForTest(func() {
 		start := noiseIn.Load()
-		for deadline := time.Now().Add(200 * time.Millisecond); noiseIn.Load() < start+2*credits && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(hold); noiseIn.Load() < start+2*credits && time.Now().Before(deadline); {
 			time.Sleep(100 * time.Microsecond)
 		}
 	})
 	defer bx.OnServeReleaseForTest(nil)
 	ctx, wd := hang.For(t, "", 3*time.Minute) // a hang bound (no progress), not a speed bound
-	const callers, calls, size = 4, 50, 4 << 10
+	const callers = 4
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	// Other traffic: a stream the server drains and releases at once.
