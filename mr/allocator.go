@@ -323,14 +323,31 @@ func (b Buf) Len() int { return int(b.n) }
 // within [0, Cap()]. It is a value like b (Free one of them, once);
 // FromHandle still gives the length Alloc was asked for.
 func (b Buf) Resize(n int) (Buf, error) {
-	if b.a == nil {
-		return Buf{}, fmt.Errorf("mr: Buf.Resize(%d) of the zero Buf: %w", n, ErrForeignBuf)
-	}
-	if n < 0 || n > b.Cap() {
-		return Buf{}, fmt.Errorf("mr: Buf.Resize(%d) outside the %d-byte buffer", n, b.Cap())
+	if b.p == nil || uint(n) > uint(b.a.sizes[b.class]) {
+		return Buf{}, &resizeError{n: n, b: b} // a value, not a call: Resize inlines
 	}
 	b.n = uint32(n)
 	return b, nil
+}
+
+// resizeError is Resize's error, formatted when it is printed.
+type resizeError struct {
+	n int
+	b Buf
+}
+
+func (e *resizeError) Error() string {
+	if e.b.p == nil {
+		return fmt.Sprintf("mr: Buf.Resize(%d) of the zero Buf: %v", e.n, ErrForeignBuf)
+	}
+	return fmt.Sprintf("mr: Buf.Resize(%d) outside the %d-byte buffer", e.n, e.b.Cap())
+}
+
+func (e *resizeError) Unwrap() error {
+	if e.b.p == nil {
+		return ErrForeignBuf
+	}
+	return nil
 }
 
 // Cap is the class size.
