@@ -174,8 +174,9 @@ func (c *Credits) TryAcquireControl() bool {
 // Acquire takes n data credits, waiting in FIFO order until grants make
 // them available, ctx is done (ctx.Err() is returned and nothing is
 // consumed) or c is closed (ErrClosed). It spawns no goroutine.
+// A nil ctx is refused with an error.
 func (c *Credits) Acquire(ctx context.Context, n uint64) error {
-	_, err := c.AcquireEpoch(ctx, n) // which checks c
+	_, err := c.acquire(ctx, n, false) // which checks c and ctx
 	return err
 }
 
@@ -183,8 +184,20 @@ func (c *Credits) Acquire(ctx context.Context, n uint64) error {
 // consumed in: after a Resync to a newer epoch they are forgotten, and a
 // message that has not gone out yet needs new ones.
 func (c *Credits) AcquireEpoch(ctx context.Context, n uint64) (uint32, error) {
+	return c.acquire(ctx, n, true) // which checks c and ctx
+}
+
+// acquire is Acquire and AcquireEpoch (epoch says which, for the error
+// of a nil ctx alone).
+func (c *Credits) acquire(ctx context.Context, n uint64, epoch bool) (uint32, error) {
 	if c.bad() {
 		return 0, errNilCredits
+	}
+	if ctx == nil {
+		if epoch {
+			return 0, errNilCtxCreditsAcquireEpoch
+		}
+		return 0, errNilCtxCreditsAcquire
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err

@@ -49,12 +49,18 @@ type Dedup struct {
 	delivered, dups, ahead uint64
 }
 
+// maxDedupWindow is the largest reordering window NewDedup makes: 16 Mi
+// sequences, a 2 MiB bitmap, far beyond any send window.
+const maxDedupWindow = 1 << 24
+
 // NewDedup returns a filter expecting first as the first sequence, with a
 // reordering window of at least window sequences (rounded up to a power of
-// two, minimum 64).
+// two, minimum 64), but at most 1<<24 sequences: a window below 64 (or
+// negative) is 64, one above 1<<24 is 1<<24 (Window reports the size
+// made).
 func NewDedup(window int, first uint64) *Dedup {
 	size := uint64(64)
-	for size < uint64(max(window, 0)) {
+	for size < uint64(min(max(window, 0), maxDedupWindow)) {
 		size <<= 1
 	}
 	return &Dedup{next: first, size: size, bits: make([]uint64, size/64)}

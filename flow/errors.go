@@ -33,3 +33,12 @@ var (
 	// ErrOverRelease: more released than was consumed/acquired.
 	ErrOverRelease = errors.New("flow: release exceeds outstanding")
 )
+
+// What the blocking acquires return for a nil context (which has no Done
+// to wait on), naming the method called.
+var (
+	errNilCtxCreditsAcquire      = errors.New("flow: Credits.Acquire: nil context")
+	errNilCtxCreditsAcquireEpoch = errors.New("flow: Credits.AcquireEpoch: nil context")
+	errNilCtxWindowAcquire       = errors.New("flow: Window.Acquire: nil context")
+	errNilCtxWindowAcquireN      = errors.New("flow: Window.AcquireN: nil context")
+)

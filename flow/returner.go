@@ -110,7 +110,7 @@ func (r *Returner) Consumed(n uint64) error {
 		return errNilReturner
 	}
 	r.mu.Lock()
-	if r.consumed+n > r.told {
+	if n > r.told-r.consumed { // consumed <= told: no wrap, unlike consumed+n
 		err := fmt.Errorf("%w: %d more messages with %d consumed of %d granted (epoch %d)",
 			ErrOverrun, n, r.consumed, r.told, r.epoch)
 		r.mu.Unlock()
@@ -145,7 +145,7 @@ func (r *Returner) ReleasedControl(n uint64) error {
 func (r *Returner) release(n uint64, ctl bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.released+r.ctlReleased+n > r.consumed {
+	if n > r.consumed-(r.released+r.ctlReleased) { // re-posted <= consumed: no wrap
 		return fmt.Errorf("%w: re-posting %d with %d re-posted of %d consumed",
 			ErrOverRelease, n, r.released+r.ctlReleased, r.consumed)
 	}

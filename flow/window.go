@@ -77,14 +77,13 @@ func NewWindow(l Limits) *Window {
 }
 
 // NewChild returns a window under w (a QP's under its endpoint's): an
-// acquire at the child also acquires at w and w's ancestors. It returns
-// nil when w is nil or zero.
+// acquire at the child also acquires at w and w's ancestors. A tree is at
+// most 32 windows deep (a root and 31 levels of children). It returns nil
+// when w is nil or zero, or already 32 deep (w's ancestors and w): a nil
+// Window admits nothing, and its methods' errors are goverbs.ErrNil.
 func (w *Window) NewChild(l Limits) *Window {
-	if w.bad() {
+	if w.bad() || len(w.path) >= maxDepth {
 		return nil
-	}
-	if len(w.path) >= maxDepth {
-		panic("flow: window tree deeper than 32")
 	}
 	c := &Window{t: w.t, lim: l}
 	c.path = append([]*Window{c}, w.path...)
@@ -190,16 +189,27 @@ func (w *Window) TryAcquireN(m, b int64) bool {
 
 // Acquire admits one message of b bytes, waiting (FIFO per window) until it
 // fits at every level, ctx is done (ctx.Err() is returned and nothing is
-// held) or a window on the path is closed (ErrClosed).
-func (w *Window) Acquire(ctx context.Context, b int64) error { return w.AcquireN(ctx, 1, b) }
+// held) or a window on the path is closed (ErrClosed). A nil ctx is
+// refused with an error.
+func (w *Window) Acquire(ctx context.Context, b int64) error { return w.acquire(ctx, 1, b, false) }
 
 // AcquireN is Acquire of m messages of b bytes in all, admitted together
 // (all or nothing, one place in the queue): a message sent in m parts,
 // whose parts Release one at a time. m messages over Limits.Msgs are
 // admitted alone, as oversize bytes are.
-func (w *Window) AcquireN(ctx context.Context, m, b int64) error {
+func (w *Window) AcquireN(ctx context.Context, m, b int64) error { return w.acquire(ctx, m, b, true) }
+
+// acquire is Acquire and AcquireN (isN says which, for the error of a
+// nil ctx alone).
+func (w *Window) acquire(ctx context.Context, m, b int64, isN bool) error {
 	if w.bad() {
 		return errNilWindow
+	}
+	if ctx == nil {
+		if isN {
+			return errNilCtxWindowAcquireN
+		}
+		return errNilCtxWindowAcquire
 	}
 	if b < 0 || m < 1 {
 		return fmt.Errorf("flow: window acquire of %d messages, %d bytes", m, b)
