@@ -149,10 +149,13 @@ func (c *Collector) AddPSClient(s PSClientSource) error {
 }
 
 // Remove removes a source added before (any kind); it reports whether it
-// was there.
+// was there. Sources are found with ==, so one whose value is not
+// comparable (a func adapter, a struct holding a slice or map) can be
+// added and collected but never removed: Remove reports false for it.
+// Add a pointer to such a value to be able to remove it.
 func (c *Collector) Remove(s any) bool {
-	if c == nil || isNil(s) {
-		return false
+	if c == nil || isNil(s) || !reflect.ValueOf(s).Comparable() {
+		return false // == would panic on an uncomparable s
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -163,6 +166,8 @@ func (c *Collector) Remove(s any) bool {
 	return found
 }
 
+// removeEq removes s from l. s is comparable (reflect.Value.Comparable),
+// so any(x) == s does not panic whatever x is.
 func removeEq[T any](l []T, s any, found *bool) []T {
 	out := l[:0]
 	for _, x := range l {

@@ -374,3 +374,51 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// bxFunc, bxValue and bxIface are sources whose values are not comparable:
+// a func, a struct holding slices (bx.Snapshot's), and a comparable struct
+// type holding a func in an interface field.
+type bxFunc func() bx.Snapshot
+
+func (f bxFunc) Snapshot() bx.Snapshot { return f() }
+
+type bxValue struct{ s bx.Snapshot }
+
+func (v bxValue) Snapshot() bx.Snapshot { return v.s }
+
+type bxIface struct{ f any }
+
+func (v bxIface) Snapshot() bx.Snapshot { return v.f.(bxFunc)() }
+
+// TestRemoveUncomparable: Remove of a source that is not comparable
+// reports false instead of panicking (== on it would), the source stays
+// collected, and comparable sources next to it are still removed.
+func TestRemoveUncomparable(t *testing.T) {
+	c := NewCollector()
+	f := bxFunc(func() bx.Snapshot { return snapshot("rxe0", 1, 10) })
+	p := &fakeBX{snapshot("rxe0", 2, 10)}
+	srcs := []BXSource{f, bxValue{snapshot("rxe0", 3, 10)}, bxIface{f}, p}
+	for _, s := range srcs {
+		must(t, c.AddBX(s))
+	}
+	for _, s := range srcs[:3] {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("Remove(%T) panicked: %v", s, r)
+				}
+			}()
+			if c.Remove(s) {
+				t.Errorf("Remove(%T): true for an uncomparable source", s)
+			}
+		}()
+	}
+	if !c.Remove(p) || c.Remove(p) {
+		t.Error("Remove of the pointer source: want true, then false")
+	}
+	reg := prometheus.NewRegistry()
+	must(t, reg.Register(c))
+	if got := gather(t, reg)[`goverbs_bx_messages_sent_total{device="rxe0"}`]; got != 30 {
+		t.Errorf("sent %v, want 30 (the three uncomparable sources)", got)
+	}
+}
