@@ -25,6 +25,7 @@ package mr
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -66,6 +67,9 @@ const (
 	// instructions an Alloc).
 	smallClasses = 64
 	maxShards    = 64
+	// maxCacheSize is the largest CacheSize: a Cache holds that many IDs
+	// per class (255 classes of 64 Ki IDs is 64 MiB).
+	maxCacheSize = 1 << 16
 	// MaxAllocatorLimit is the largest Limit: buffer IDs are 32 bits.
 	MaxAllocatorLimit = 128 << 30
 )
@@ -73,8 +77,9 @@ const (
 // AllocatorConfig configures an Allocator. The zero value gives the
 // defaults.
 type AllocatorConfig struct {
-	// Classes are the buffer sizes, ascending, each a multiple of 64 and
-	// at most RegionSize. Default: powers of two from 64 B to 1 MiB (15
+	// Classes are the buffer sizes, ascending, each a multiple of 64,
+	// at most RegionSize and below 4 GiB (buffer lengths are 32 bits,
+	// like an SGE's). Default: powers of two from 64 B to 1 MiB (15
 	// classes): 64 B covers credit and control messages, a few KiB
 	// embedding rows, 1 MiB the largest eager message; larger payloads
 	// (rendezvous targets, whole tensors) are better registered once with
@@ -99,7 +104,7 @@ type AllocatorConfig struct {
 	// path. Default GOMAXPROCS rounded up to a power of two, at most 64.
 	Shards int
 	// CacheSize is how many free buffers per class a Cache keeps before
-	// it hands half back. Default 64.
+	// it hands half back: 2 to 65536. Default 64.
 	CacheSize int
 }
 
@@ -235,13 +240,17 @@ func newAllocator(pd *uverbs.PD, cfg AllocatorConfig, reg registrar) (*Allocator
 		return nil, bad("unknown access flags %#x", uint32(cfg.Access&^known))
 	case cfg.Access&(RemoteWrite|RemoteAtomic) != 0 && cfg.Access&LocalWrite == 0:
 		return nil, bad("access %v: remote write and remote atomic need LocalWrite too", cfg.Access)
-	case cfg.Shards < 0 || cfg.CacheSize < 2:
-		return nil, bad("%d shards, cache size %d", cfg.Shards, cfg.CacheSize)
+	case cfg.Shards < 0:
+		return nil, bad("Shards %d is negative", cfg.Shards)
+	case cfg.CacheSize < 2 || cfg.CacheSize > maxCacheSize:
+		return nil, bad("CacheSize %d outside [2, %d]", cfg.CacheSize, maxCacheSize)
 	}
 	for i, s := range cfg.Classes {
 		switch {
 		case s <= 0 || s%classAlign != 0:
 			return nil, bad("class %d: size %d is not a positive multiple of %d", i, s, classAlign)
+		case uint64(s) > math.MaxUint32: // chunk.size, slot.n, Buf.n are 32 bits
+			return nil, bad("class %d: size %d (%s) is 4 GiB or more: buffer lengths are 32 bits", i, s, fmtBytes(int64(s)))
 		case i > 0 && s <= cfg.Classes[i-1]:
 			return nil, bad("classes not ascending: %d after %d", s, cfg.Classes[i-1])
 		case s > cfg.RegionSize:

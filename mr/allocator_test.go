@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os/exec"
 	"regexp"
@@ -918,5 +919,49 @@ func TestClassOf(t *testing.T) {
 				t.Fatalf("classes %v: classOf(%d) = %d, %v; want %d", sizes, n, got, err, want)
 			}
 		}
+	}
+}
+
+// TestAllocatorConfigBounds checks the upper bounds of the fields that
+// end up in fixed-size places: CacheSize (each Cache makes room for that
+// many IDs per class) and the class sizes (buffer lengths are 32 bits).
+func TestAllocatorConfigBounds(t *testing.T) {
+	for _, c := range []struct {
+		cfg  AllocatorConfig
+		want string
+	}{
+		{AllocatorConfig{CacheSize: math.MaxInt}, fmt.Sprintf("CacheSize %d outside [2, 65536]", math.MaxInt)},
+		{AllocatorConfig{CacheSize: 1<<16 + 1}, "CacheSize 65537 outside [2, 65536]"},
+		{AllocatorConfig{CacheSize: 1}, "CacheSize 1 outside [2, 65536]"},
+		{AllocatorConfig{CacheSize: -1}, "CacheSize -1 outside [2, 65536]"},
+		{AllocatorConfig{Shards: -1}, "Shards -1 is negative"},
+		{AllocatorConfig{Classes: []int{4 << 30}, RegionSize: 4 << 30, Limit: 8 << 30},
+			"class 0: size 4294967296 (4 GiB) is 4 GiB or more"},
+		{AllocatorConfig{Classes: []int{64, 5 << 30}, RegionSize: 8 << 30, Limit: 16 << 30},
+			"class 1: size 5368709120 (5 GiB) is 4 GiB or more"},
+		{AllocatorConfig{Classes: []int{64, 1 << 32}}, "class 1: size 4294967296 (4 GiB) is 4 GiB or more"},
+	} {
+		a, err := newAllocator(nil, c.cfg, fakeRegister)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want %q", c.cfg, err, c.want)
+		}
+		if a != nil {
+			t.Errorf("%+v: an allocator along with error %v", c.cfg, err)
+		}
+	}
+	// The bounds themselves are accepted.
+	a, err := newAllocator(nil, AllocatorConfig{Classes: []int{64, 1<<32 - 64}, RegionSize: 4 << 30, Limit: 4 << 30, CacheSize: 1 << 16}, fakeRegister)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := a.NewCache()
+	if k == nil || cap(k.cls[0].ids) != 1<<16 {
+		t.Fatalf("NewCache with CacheSize 1<<16: %+v", k)
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ package mr
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"unsafe"
@@ -251,7 +252,8 @@ func (m *MR) Contains(addr uint64, n int) bool {
 }
 
 // SGE returns the SGE for n bytes at offset off, or an error if that range
-// is outside the region or the MR is closed (uverbs.ErrClosed: its LKey no
+// is outside the region, n is 4 GiB or more (an SGE's length is 32 bits),
+// or the MR is closed (uverbs.ErrClosed: its LKey no
 // longer names anything, or names a region registered since).
 func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
 	if m.bad() {
@@ -262,6 +264,9 @@ func (m *MR) SGE(off, n int) (uverbs.SGE, error) {
 	}
 	if off < 0 || n < 0 || off+n > len(m.buf) || off+n < off {
 		return uverbs.SGE{}, fmt.Errorf("mr: SGE [%d, %d) outside the %d-byte region", off, off+n, len(m.buf))
+	}
+	if uint64(n) > math.MaxUint32 {
+		return uverbs.SGE{}, fmt.Errorf("mr: SGE of %d bytes: an SGE's length is 32 bits (at most %d)", n, uint64(math.MaxUint32))
 	}
 	return uverbs.SGE{Addr: m.addr() + uint64(off), Length: uint32(n), LKey: m.lkey}, nil
 }
