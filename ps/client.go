@@ -233,6 +233,9 @@ func Dial(cfg ClientConfig) (*Client, error) {
 	if len(cfg.Servers) == 0 {
 		return nil, errors.New("ps: no servers")
 	}
+	if len(cfg.Servers) > MaxServers {
+		return nil, fmt.Errorf("ps: %d servers: at most MaxServers (%d)", len(cfg.Servers), MaxServers)
+	}
 	if cfg.VNodes > MaxVNodes || cfg.VNodes < 0 {
 		return nil, fmt.Errorf("ps: VNodes %d outside 1..MaxVNodes (%d; 0: DefaultVNodes)", cfg.VNodes, MaxVNodes)
 	}
@@ -316,6 +319,21 @@ func errOrOK(err error) error {
 	return err
 }
 
+// errNilCtx is what a method given a nil context returns (the transports
+// read its deadline and Done channel).
+func errNilCtx(method string) error {
+	return fmt.Errorf("ps: %s: nil context", method)
+}
+
+// checkName refuses a table or tensor name Define would not accept: the
+// wire carries its length in one byte.
+func checkName(method, what, name string) error {
+	if name == "" || len(name) > MaxName {
+		return fmt.Errorf("%w: %s: %s name of %d bytes outside 1..%d", ErrMalformed, method, what, len(name), MaxName)
+	}
+	return nil
+}
+
 func (c *Client) redefine(ctx context.Context, i int) {
 	c.mu.Lock()
 	var specs []Spec
@@ -338,6 +356,9 @@ func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
 		return errNilClient
 	}
 	defer c.ops.done(OpDefine, time.Now(), &err)
+	if ctx == nil {
+		return errNilCtx("Define")
+	}
 	for _, s := range specs {
 		if err := s.validate(); err != nil {
 			return fmt.Errorf("ps: define: %w", err)
@@ -470,6 +491,12 @@ func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []fl
 		return errNilClient
 	}
 	defer c.ops.done(OpPull, time.Now(), &err)
+	if ctx == nil {
+		return errNilCtx("Pull")
+	}
+	if err := checkName("Pull", "table", table); err != nil {
+		return err
+	}
 	if len(keys) == 0 {
 		return nil
 	}
@@ -492,6 +519,12 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 		return res, errNilClient
 	}
 	defer c.ops.done(OpPush, time.Now(), &err)
+	if ctx == nil {
+		return res, errNilCtx("Push")
+	}
+	if err := checkName("Push", "table", table); err != nil {
+		return res, err
+	}
 	if len(keys) == 0 {
 		return res, nil
 	}
@@ -517,6 +550,12 @@ func (c *Client) PullDense(ctx context.Context, name string, out []float32) (err
 		return errNilClient
 	}
 	defer c.ops.done(OpPullDense, time.Now(), &err)
+	if ctx == nil {
+		return errNilCtx("PullDense")
+	}
+	if err := checkName("PullDense", "tensor", name); err != nil {
+		return err
+	}
 	_, err = c.dense(ctx, OpPullDense, name, out)
 	return err
 }
@@ -527,6 +566,12 @@ func (c *Client) PushDense(ctx context.Context, name string, grads []float32) (r
 		return res, errNilClient
 	}
 	defer c.ops.done(OpPushDense, time.Now(), &err)
+	if ctx == nil {
+		return res, errNilCtx("PushDense")
+	}
+	if err := checkName("PushDense", "tensor", name); err != nil {
+		return res, err
+	}
 	return c.dense(ctx, OpPushDense, name, grads)
 }
 
@@ -543,6 +588,9 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 		return nil, errNilClient
 	}
 	defer c.ops.done(OpStats, time.Now(), &err)
+	if ctx == nil {
+		return nil, errNilCtx("Stats")
+	}
 	out := make([]ServerStats, c.n)
 	req := EncodeStats()
 	err = c.each(func(i int) error {
@@ -558,9 +606,9 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 	return out, err
 }
 
-// Raw sends an encoded request to server i and returns the response body,
-// or the server's error: for tests and tools that need to send what Client
-// would not.
+// Raw sends an encoded request to server i (0..n-1 of the n servers) and
+// returns the response body, or the server's error: for tests and tools
+// that need to send what Client would not.
 func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err error) {
 	if c.bad() {
 		return nil, errNilClient
@@ -570,6 +618,12 @@ func (c *Client) Raw(ctx context.Context, i int, req []byte) (_ []byte, err erro
 		op = Op(req[1])
 	}
 	defer c.ops.done(op, time.Now(), &err)
+	if ctx == nil {
+		return nil, errNilCtx("Raw")
+	}
+	if i < 0 || i >= c.n {
+		return nil, fmt.Errorf("ps: Raw: server %d outside 0..%d (%d servers)", i, c.n-1, c.n)
+	}
 	var out []byte
 	err = c.callRaw(ctx, i, req, func(body []byte) error {
 		out = append([]byte(nil), body...)
@@ -611,6 +665,11 @@ func (p *Pending) Done() <-chan struct{} {
 // and out must stay untouched until it is done.
 func (c *Client) PullAsync(ctx context.Context, table string, keys []uint64, out []float32) *Pending {
 	p := &Pending{done: make(chan struct{})}
+	if ctx == nil && !c.bad() {
+		p.err = errNilCtx("PullAsync")
+		close(p.done)
+		return p
+	}
 	go func() {
 		p.err = c.Pull(ctx, table, keys, out)
 		close(p.done)
@@ -622,6 +681,11 @@ func (c *Client) PullAsync(ctx context.Context, table string, keys []uint64, out
 // and grads must stay untouched until it is done.
 func (c *Client) PushAsync(ctx context.Context, table string, keys []uint64, grads []float32) *Pending {
 	p := &Pending{done: make(chan struct{})}
+	if ctx == nil && !c.bad() {
+		p.err = errNilCtx("PushAsync")
+		close(p.done)
+		return p
+	}
 	go func() {
 		p.res, p.err = c.Push(ctx, table, keys, grads)
 		close(p.done)

@@ -25,8 +25,8 @@ func (c *Client) bad() bool { return c == nil || c.t == nil }
 func (p *Pending) bad() bool { return p == nil || p.done == nil }
 
 // bad reports a nil or zero Ring, or one of no servers (NewRing(0, v)):
-// one that places nothing. NewRing of n > 0 servers makes owner n*vnodes
-// long.
+// one that places nothing. NewRing of n in 1..MaxServers makes owner
+// n*vnodes long.
 func (r *Ring) bad() bool { return r == nil || len(r.owner) == 0 }
 
 // bad reports a nil or zero Server: NewServer makes inc (the incarnation)

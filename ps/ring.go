@@ -22,15 +22,22 @@ const DefaultVNodes = 128
 // MaxVNodes bounds the virtual nodes per server NewRing makes.
 const MaxVNodes = 1 << 12
 
+// MaxServers bounds the servers of a ring (and of a Client): a ring holds
+// up to MaxServers*MaxVNodes points (4 Mi, 64 MiB).
+const MaxServers = 1 << 10
+
 // NewRing builds a ring of n servers, each at vnodes points (DefaultVNodes
 // for 0 or less, at most MaxVNodes). A ring of no servers (n 0 or less)
-// places every key on server 0.
+// places every key on server 0, and so does the ring NewRing returns for
+// n above MaxServers, which it refuses: its Servers() is 0, not n.
 func NewRing(n, vnodes int) *Ring {
 	if vnodes <= 0 {
 		vnodes = DefaultVNodes
 	}
 	vnodes = min(vnodes, MaxVNodes)
-	n = max(n, 0)
+	if n < 0 || n > MaxServers {
+		n = 0
+	}
 	type pt struct {
 		h uint64
 		s int

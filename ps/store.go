@@ -29,9 +29,9 @@ const (
 // Optimizer is a parameter's update rule.
 type Optimizer struct {
 	Kind    OptKind
-	LR      float32
-	Eps     float32 // Adagrad
-	InitAcc float32 // Adagrad: the accumulator's initial value
+	LR      float32 // >= 0
+	Eps     float32 // Adagrad: > 0
+	InitAcc float32 // Adagrad: the accumulator's initial value, >= 0
 }
 
 // Spec describes a parameter. Every row's initial value is a deterministic
@@ -60,6 +60,13 @@ func (s Spec) validate() error {
 		return errorf(codeMalformed, "parameter %q: optimizer %d", s.Name, s.Opt.Kind)
 	case !finite(s.Opt.LR) || !finite(s.Opt.Eps) || !finite(s.Opt.InitAcc) || s.Opt.LR < 0:
 		return errorf(codeMalformed, "parameter %q: optimizer %+v", s.Name, s.Opt)
+	// Adagrad divides by sqrt(h)+Eps, h starting at InitAcc: Eps 0 with
+	// InitAcc 0 is 0/0 (NaN) on a zero gradient, a negative InitAcc the
+	// square root of a negative number.
+	case s.Opt.Kind == Adagrad && s.Opt.Eps <= 0:
+		return errorf(codeMalformed, "parameter %q: Adagrad Eps %v: want > 0", s.Name, s.Opt.Eps)
+	case s.Opt.Kind == Adagrad && s.Opt.InitAcc < 0:
+		return errorf(codeMalformed, "parameter %q: Adagrad InitAcc %v: want >= 0", s.Name, s.Opt.InitAcc)
 	}
 	return nil
 }
@@ -90,6 +97,9 @@ func ParseNaNPolicy(s string) (NaNPolicy, error) {
 // NewStore takes 0 or less as the default; NewServer refuses a negative
 // bound.
 type StoreConfig struct {
+	// NaN is the policy for non-finite gradients. NewStore takes a value
+	// other than NaNReject and NaNSkip as NaNReject (NewServer refuses
+	// one).
 	NaN      NaNPolicy
 	MaxBatch int // keys per sparse request (default 65536)
 	// MaxValues bounds a dense tensor's size (default 16 Mi values, 64 MiB).
@@ -132,13 +142,17 @@ type param struct {
 	chunks []sync.Mutex
 }
 
-// NewStore returns an empty store.
+// NewStore returns an empty store. A bound of 0 or less takes its
+// default, an unknown NaN policy is NaNReject.
 func NewStore(cfg StoreConfig) *Store {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 65536
 	}
 	if cfg.MaxValues <= 0 {
 		cfg.MaxValues = 1 << 24
+	}
+	if cfg.NaN != NaNReject && cfg.NaN != NaNSkip {
+		cfg.NaN = NaNReject // the safe policy: nothing non-finite is applied
 	}
 	st := &Store{cfg: cfg}
 	st.params.Store(&map[string]*param{})

@@ -1,13 +1,16 @@
 package ps
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRingPlacement(t *testing.T) {
@@ -324,6 +327,7 @@ func TestDialConfig(t *testing.T) {
 		{ClientConfig{Transport: "tcp", Servers: []string{"127.0.0.1:1"}, Pool: -1}, "Pool -1"},
 		{ClientConfig{Transport: "tcp", Servers: []string{"127.0.0.1:1", ""}}, "server 1: empty address"},
 		{ClientConfig{Transport: "tcp", Servers: []string{"10.0.0.1"}}, "server 0: address 10.0.0.1: missing port"},
+		{ClientConfig{Transport: "tcp", Servers: make([]string, MaxServers+1)}, "1025 servers: at most MaxServers (1024)"},
 	} {
 		cl, err := Dial(c.cfg)
 		if err == nil {
@@ -374,4 +378,210 @@ func TestServerConfig(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestAdagradSpec: Define refuses an Adagrad optimizer whose step is not a
+// number (Eps 0 with InitAcc 0 divides 0 by 0 on a zero gradient; a
+// negative InitAcc takes the square root of a negative number), naming
+// the field; Eps > 0 with InitAcc 0 trains finite values.
+func TestAdagradSpec(t *testing.T) {
+	s := NewStore(StoreConfig{})
+	for _, c := range []struct {
+		opt  Optimizer
+		want string
+	}{
+		{Optimizer{Kind: Adagrad, LR: 0.1}, "Adagrad Eps 0: want > 0"},
+		{Optimizer{Kind: Adagrad, LR: 0.1, Eps: -1e-6, InitAcc: 0.1}, "Adagrad Eps -1e-06: want > 0"},
+		{Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6, InitAcc: -1}, "Adagrad InitAcc -1: want >= 0"},
+	} {
+		for _, spec := range []Spec{
+			{Name: "a", Kind: Sparse, Dim: 2, Rows: 10, Opt: c.opt},
+			{Name: "d", Kind: Dense, Size: 4, Opt: c.opt},
+		} {
+			err := s.Define(spec)
+			if !errors.Is(err, ErrMalformed) || !strings.Contains(fmt.Sprint(err), c.want) {
+				t.Errorf("Define(%+v): %v, want ErrMalformed saying %q", spec, err, c.want)
+			}
+			// Over the wire too: the server's store refuses it.
+			if _, err := decodeResponse((&Server{store: s, inc: 1}).Handle(EncodeDefine(spec), nil), 0); !errors.Is(err, ErrMalformed) {
+				t.Errorf("define %+v over the protocol: %v, want ErrMalformed", spec, err)
+			}
+		}
+	}
+	if len(s.Specs()) != 0 {
+		t.Fatalf("refused specs were defined: %+v", s.Specs())
+	}
+	must(t, s.Define(Spec{Name: "a", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6}}))
+	if _, _, err := s.Push("a", []uint64{1, 2}, []float32{0, 0, 1, -1}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 4)
+	must(t, s.Pull("a", []uint64{1, 2}, out))
+	for j, v := range out {
+		if !finite(v) {
+			t.Errorf("Adagrad with Eps 1e-6, InitAcc 0: value %d is %v", j, v)
+		}
+	}
+}
+
+// TestStoreUnknownNaNPolicy: NewStore takes a NaN policy it does not know
+// as NaNReject: a non-finite gradient is refused, nothing applied.
+func TestStoreUnknownNaNPolicy(t *testing.T) {
+	s := NewStore(StoreConfig{NaN: 7})
+	must(t, s.Define(Spec{Name: "e", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 1}}))
+	must(t, s.Define(Spec{Name: "d", Kind: Dense, Size: 3, Opt: Optimizer{Kind: SGD, LR: 1}}))
+	before := make([]float32, 2)
+	must(t, s.Pull("e", []uint64{1}, before))
+	if a, k, err := s.Push("e", []uint64{1}, []float32{float32(math.NaN()), 1}); !errors.Is(err, ErrNaN) || a != 0 || k != 0 {
+		t.Errorf("sparse NaN push under policy 7: applied %d skipped %d, %v; want ErrNaN", a, k, err)
+	}
+	after := make([]float32, 2)
+	must(t, s.Pull("e", []uint64{1}, after))
+	if after[0] != before[0] || after[1] != before[1] {
+		t.Errorf("row changed by a refused push: %v -> %v", before, after)
+	}
+	if a, k, err := s.PushDense("d", []float32{0, float32(math.Inf(1)), 0}); !errors.Is(err, ErrNaN) || a != 0 || k != 0 {
+		t.Errorf("dense Inf push under policy 7: applied %d skipped %d, %v; want ErrNaN", a, k, err)
+	}
+	d := make([]float32, 3)
+	must(t, s.PullDense("d", d))
+	for j, v := range d {
+		if !finite(v) {
+			t.Errorf("dense value %d is %v after a refused push", j, v)
+		}
+	}
+}
+
+// TestRingBounds: NewRing refuses more than MaxServers servers (a ring of
+// no servers, as for n <= 0) instead of allocating n*vnodes points.
+func TestRingBounds(t *testing.T) {
+	for _, c := range [][2]int{{math.MaxInt, 1}, {1 << 40, 4096}, {MaxServers + 1, 0}, {math.MaxInt, math.MaxInt}} {
+		r := NewRing(c[0], c[1])
+		if r.Servers() != 0 || r.Key("emb", 5) != 0 || r.Tensor("x") != 0 {
+			t.Errorf("NewRing(%d, %d): %d servers, key on %d, tensor on %d; want a ring of none", c[0], c[1], r.Servers(), r.Key("emb", 5), r.Tensor("x"))
+		}
+	}
+	r := NewRing(MaxServers, 1)
+	if r.Servers() != MaxServers {
+		t.Fatalf("NewRing(MaxServers, 1) has %d servers", r.Servers())
+	}
+	seen := map[int]bool{}
+	for k := range uint64(1 << 16) {
+		s := r.Key("emb", k)
+		if s < 0 || s >= MaxServers {
+			t.Fatalf("key %d on server %d of %d", k, s, MaxServers)
+		}
+		seen[s] = true
+	}
+	if len(seen) < MaxServers/2 {
+		t.Errorf("65536 keys on only %d of %d servers", len(seen), MaxServers)
+	}
+}
+
+// loopClient is a Client of one TCP server on loopback, and a context
+// for it.
+func loopClient(t *testing.T) (*Client, context.Context) {
+	t.Helper()
+	srv, err := NewServer(ServerConfig{Transport: "tcp", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	c, err := Dial(ClientConfig{Transport: "tcp", Servers: []string{srv.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c, ctx
+}
+
+type badCall struct {
+	name, want string
+	is         error // if not nil, the error must match it too
+	run        func() error
+}
+
+// checkBad runs the calls, each of which must fail saying want, then
+// checks the client still serves.
+func checkBad(t *testing.T, c *Client, ctx context.Context, cases []badCall) {
+	t.Helper()
+	for _, k := range cases {
+		err := k.run()
+		if err == nil || !strings.Contains(err.Error(), k.want) || k.is != nil && !errors.Is(err, k.is) {
+			t.Errorf("%s: %v, want an error saying %q (is %v)", k.name, err, k.want, k.is)
+		}
+	}
+	keys, vals := []uint64{1}, make([]float32, 2)
+	must(t, c.Define(ctx, Spec{Name: "e", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 1}}))
+	if _, err := c.Push(ctx, "e", keys, vals); err != nil {
+		t.Fatal(err)
+	}
+	must(t, c.Pull(ctx, "e", keys, vals))
+	if _, err := c.Raw(ctx, 0, EncodeStats()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClientNilContext: every Client method taking a context refuses a
+// nil one, naming the method, instead of panicking in the transport.
+func TestClientNilContext(t *testing.T) {
+	c, ctx := loopClient(t)
+	var nilCtx context.Context
+	spec := Spec{Name: "e", Kind: Sparse, Dim: 2, Rows: 10, Opt: Optimizer{Kind: SGD, LR: 1}}
+	keys, vals := []uint64{1}, make([]float32, 2)
+	wait := func(p *Pending) error { _, err := p.Wait(); return err }
+	checkBad(t, c, ctx, []badCall{
+		{"Define", "ps: Define: nil context", nil, func() error { return c.Define(nilCtx, spec) }},
+		{"Pull", "ps: Pull: nil context", nil, func() error { return c.Pull(nilCtx, "e", keys, vals) }},
+		{"Push", "ps: Push: nil context", nil, func() error { _, err := c.Push(nilCtx, "e", keys, vals); return err }},
+		{"PullDense", "ps: PullDense: nil context", nil, func() error { return c.PullDense(nilCtx, "d", vals) }},
+		{"PushDense", "ps: PushDense: nil context", nil, func() error { _, err := c.PushDense(nilCtx, "d", vals); return err }},
+		{"Stats", "ps: Stats: nil context", nil, func() error { _, err := c.Stats(nilCtx); return err }},
+		{"Raw", "ps: Raw: nil context", nil, func() error { _, err := c.Raw(nilCtx, 0, EncodeStats()); return err }},
+		{"PullAsync", "ps: PullAsync: nil context", nil, func() error { return wait(c.PullAsync(nilCtx, "e", keys, vals)) }},
+		{"PushAsync", "ps: PushAsync: nil context", nil, func() error { return wait(c.PushAsync(nilCtx, "e", keys, vals)) }},
+	})
+}
+
+// TestClientRawServer: Raw refuses a server index outside 0..n-1.
+func TestClientRawServer(t *testing.T) {
+	c, ctx := loopClient(t)
+	raw := func(i int) func() error {
+		return func() error { _, err := c.Raw(ctx, i, EncodeStats()); return err }
+	}
+	checkBad(t, c, ctx, []badCall{
+		{"-1", "ps: Raw: server -1 outside 0..0 (1 servers)", nil, raw(-1)},
+		{"1", "ps: Raw: server 1 outside 0..0 (1 servers)", nil, raw(1)},
+		{"MaxInt", "outside 0..0 (1 servers)", nil, raw(math.MaxInt)},
+		{"MinInt", "outside 0..0 (1 servers)", nil, raw(math.MinInt)},
+	})
+}
+
+// TestClientNames: Pull, Push, PullDense and PushDense refuse a name
+// Define would not take (the wire carries its length in a byte) with an
+// ErrMalformed naming its length, before sending anything.
+func TestClientNames(t *testing.T) {
+	c, ctx := loopClient(t)
+	long := strings.Repeat("x", MaxName+1)
+	keys, vals := []uint64{1}, make([]float32, 2)
+	checkBad(t, c, ctx, []badCall{
+		{"Pull empty", "Pull: table name of 0 bytes outside 1..255", ErrMalformed, func() error { return c.Pull(ctx, "", keys, vals) }},
+		{"Pull long", "Pull: table name of 256 bytes outside 1..255", ErrMalformed, func() error { return c.Pull(ctx, long, keys, vals) }},
+		{"Push empty", "Push: table name of 0 bytes outside 1..255", ErrMalformed,
+			func() error { _, err := c.Push(ctx, "", keys, vals); return err }},
+		{"Push long", "Push: table name of 256 bytes outside 1..255", ErrMalformed,
+			func() error { _, err := c.Push(ctx, long, keys, vals); return err }},
+		{"PullDense empty", "PullDense: tensor name of 0 bytes outside 1..255", ErrMalformed, func() error { return c.PullDense(ctx, "", vals) }},
+		{"PullDense long", "PullDense: tensor name of 256 bytes outside 1..255", ErrMalformed, func() error { return c.PullDense(ctx, long, vals) }},
+		{"PushDense empty", "PushDense: tensor name of 0 bytes outside 1..255", ErrMalformed,
+			func() error { _, err := c.PushDense(ctx, "", vals); return err }},
+		{"PushDense long", "PushDense: tensor name of 256 bytes outside 1..255", ErrMalformed,
+			func() error { _, err := c.PushDense(ctx, long, vals); return err }},
+	})
+	// A name of MaxName bytes is fine.
+	name := strings.Repeat("y", MaxName)
+	must(t, c.Define(ctx, Spec{Name: name, Kind: Dense, Size: 2, Opt: Optimizer{Kind: SGD, LR: 1}}))
+	must(t, c.PullDense(ctx, name, vals))
 }
