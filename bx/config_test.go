@@ -32,6 +32,13 @@ func TestConfigRefused(t *testing.T) {
 		{bx.Config{PeerTimeout: -time.Millisecond}, "PeerTimeout -1ms"},
 		{bx.Config{Workers: -1}, "Workers -1"},
 		{bx.Config{MaxPeers: -1}, "MaxPeers -1"},
+		// Above what a peer grants; New made a queue of MaxPeers x
+		// (Credits + Lanes x LaneMsgs) entries from these, which
+		// panicked (makechan) or took gigabytes.
+		{bx.Config{LaneMsgs: 1<<20 + 1}, "LaneMsgs 1048577 above"},
+		{bx.Config{LaneMsgs: 1 << 40}, "LaneMsgs 1099511627776 above"},
+		{bx.Config{MaxPeers: 1<<16 + 1}, "MaxPeers 65537 above"},
+		{bx.Config{MaxPeers: 1 << 16, Credits: 1 << 10}, "MaxPeers 65536 x (Credits 1024 + Lanes 2 x LaneMsgs 64)"},
 	} {
 		c.cfg.Device, c.cfg.Token = "goverbs-no-such-device", tok
 		e, err := bx.New(c.cfg)

@@ -158,6 +158,19 @@ const (
 
 // parts is how many eager messages an n-byte payload takes split: the
 // first carries its size (rndvSize) ahead of its payload.
+// backlog is the most handler calls and responses that wait for a worker
+// (the endpoint's backlog queue, allocated by New at about 150 bytes an
+// entry): what every peer may have in flight to us and we to it.
+func (c *Config) backlog() int64 {
+	return int64(c.MaxPeers) * (int64(c.Credits) + int64(c.Lanes)*c.LaneMsgs)
+}
+
+// maxPeers bounds Config.MaxPeers, maxBacklog the backlog queue (150 MiB).
+const (
+	maxPeers   = 1 << 16
+	maxBacklog = 1 << 20
+)
+
 func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }
 
 // partsMax is the most parts a split message may take: half of the
@@ -263,6 +276,13 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("bx: Credits %d above %d (what a peer accepts)", c.Credits, maxGrant)
 	case c.LaneMsgs < 0 || c.EndpointMsgs < 0:
 		return fmt.Errorf("bx: LaneMsgs %d, EndpointMsgs %d: want messages > 0 (0: the defaults)", c.LaneMsgs, c.EndpointMsgs)
+	case c.LaneMsgs > maxGrant:
+		return fmt.Errorf("bx: LaneMsgs %d above %d (more than a peer grants)", c.LaneMsgs, maxGrant)
+	case c.MaxPeers > maxPeers:
+		return fmt.Errorf("bx: MaxPeers %d above %d", c.MaxPeers, maxPeers)
+	case c.backlog() > maxBacklog:
+		return fmt.Errorf("bx: MaxPeers %d x (Credits %d + Lanes %d x LaneMsgs %d) = %d handler calls queued at most: above %d",
+			c.MaxPeers, c.Credits, c.Lanes, c.LaneMsgs, c.backlog(), maxBacklog)
 	case c.LaneBytes < 0 || c.EndpointBytes < 0:
 		return fmt.Errorf("bx: LaneBytes %d, EndpointBytes %d: want bytes > 0 (0: the defaults)", c.LaneBytes, c.EndpointBytes)
 	case c.MemoryLimit < 0:
@@ -515,7 +535,7 @@ func New(cfg Config) (*Endpoint, error) {
 	if !cfg.SharedTargets && e.ctx.Attr().MaxMW == 0 {
 		return fail(fmt.Errorf("device %s has no memory windows, which bx binds to open each rendezvous target to one peer for one transfer; set Config.SharedTargets to share one region among trusted peers instead", e.ctx.Name()))
 	}
-	e.backlog = make(chan work, cfg.MaxPeers*(cfg.Credits+cfg.Lanes*int(cfg.LaneMsgs)))
+	e.backlog = make(chan work, cfg.backlog())
 	e.retireAt = retireThreshold(cfg.Credits)
 	for i := range e.rwr {
 		e.rwr[i].SGEs = e.rsge[i : i+1]
