@@ -268,7 +268,9 @@ func (p *Peer) checkCall(ctx context.Context, stream uint32, b *Buffer, buffer b
 	case ctx == nil:
 		return fmt.Errorf("bx: Call on stream %d: nil context", stream)
 	case buffer && (b == nil || b.e == nil):
-		return fmt.Errorf("bx: CallBuffer on stream %d: a Buffer not from Endpoint.Alloc", stream)
+		return fmt.Errorf("bx: CallBuffer on stream %d: a Buffer not from Endpoint.Alloc, or freed or already sent", stream)
+	case buffer && b.e != p.e:
+		return fmt.Errorf("bx: CallBuffer on stream %d: a Buffer of another Endpoint", stream)
 	}
 	return nil
 }

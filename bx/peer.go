@@ -213,6 +213,9 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 	if e.bad() {
 		return nil, errNilEndpoint
 	}
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
 	if err := e.checkServerTLS(); err != nil {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
 	}
@@ -226,9 +229,15 @@ func (e *Endpoint) Listen(addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("bx: listen %s: %w", addr, err)
 	}
 	e.mu.Lock()
+	if e.closed.Load() {
+		// Close took the listeners before this one: it would stay open.
+		e.mu.Unlock()
+		l.Close()
+		return nil, ErrClosed
+	}
 	e.lns = append(e.lns, l)
-	e.mu.Unlock()
 	e.wg.Add(1)
+	e.mu.Unlock()
 	go func() {
 		defer e.wg.Done()
 		for {

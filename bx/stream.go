@@ -249,7 +249,8 @@ func (b *Buffer) Payload() []byte {
 	return b.head.Bytes()[HeaderSize : HeaderSize+b.n]
 }
 
-// Free returns a buffer that was not sent.
+// Free returns a buffer that was not sent. It empties b: a second Free
+// does nothing, and Payload is nil.
 func (b *Buffer) Free() {
 	if b == nil || b.e == nil {
 		return
@@ -259,6 +260,7 @@ func (b *Buffer) Free() {
 	if b.big {
 		b.e.rndv.Free(b.rv)
 	}
+	*b = Buffer{}
 }
 
 // Stream is one logical channel to a peer. Any number of streams share the
@@ -333,17 +335,25 @@ func (s *Stream) Send(ctx context.Context, data []byte) error {
 }
 
 // SendBuffer sends b without a copy. bx owns b from then on, whatever the
-// result: it frees it when the peer acknowledged the message.
+// result: it frees it when the peer acknowledged the message, and empties
+// the caller's b at once (it can be neither sent nor freed again). A
+// Buffer of another Endpoint is refused (and freed).
 func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
 	if err := s.sendable(ctx); err != nil {
 		b.Free() // nothing for a nil or unallocated b
 		return err
 	}
 	if b == nil || b.e == nil {
-		return errors.New("bx: SendBuffer of a nil or unallocated Buffer")
+		return fmt.Errorf("bx: SendBuffer on stream %d: a nil, unallocated, freed or already sent Buffer", s.id)
 	}
-	b.handBack()
-	return s.p.sendMsg(ctx, s.id, 0, 0, b)
+	if b.e != s.p.e {
+		b.Free()
+		return fmt.Errorf("bx: SendBuffer on stream %d: a Buffer of another Endpoint", s.id)
+	}
+	own := *b
+	*b = Buffer{}
+	own.handBack()
+	return s.p.sendMsg(ctx, s.id, 0, 0, &own)
 }
 
 func (p *Peer) sendMsg(ctx context.Context, stream uint32, flags uint16, call uint64, b *Buffer) error {
@@ -664,10 +674,13 @@ func (p *Peer) Call(ctx context.Context, stream uint32, req []byte) (*Msg, error
 		return nil, err
 	}
 	copy(b.Payload(), req)
-	return p.CallBuffer(ctx, stream, &b)
+	return p.call(ctx, stream, &b)
 }
 
-// CallBuffer is Call with a zero-copy request.
+// CallBuffer is Call with a zero-copy request. bx owns b from then on,
+// whatever the result, and empties the caller's b at once (it can be
+// neither sent nor freed again). A Buffer of another Endpoint is refused
+// (and freed).
 func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	if err := p.checkCall(ctx, stream, b, true); err != nil {
 		if b != nil && b.e != nil {
@@ -675,7 +688,15 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		}
 		return nil, err
 	}
-	b.handBack()
+	own := *b
+	*b = Buffer{}
+	own.handBack()
+	return p.call(ctx, stream, &own)
+}
+
+// call sends b, ours, as a request on the stream and waits for the
+// response.
+func (p *Peer) call(ctx context.Context, stream uint32, b *Buffer) (*Msg, error) {
 	start := time.Now()
 	m, err := p.callBuffer(ctx, stream, b, start)
 	p.e.met.observeCall(stream, start, err)
