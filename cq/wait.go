@@ -108,6 +108,9 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if q.once.IsClosed() {
 		return ErrClosed
 	}
+	if ctx == nil {
+		return errors.New("cq: wait: nil context")
+	}
 	if q.ch == nil {
 		return ErrNoChannel
 	}

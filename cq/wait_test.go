@@ -160,6 +160,29 @@ func TestWaitContext(t *testing.T) {
 	}
 }
 
+// TestWaitNilContext: a nil context is refused by the waits, not
+// dereferenced (they panicked).
+func TestWaitNilContext(t *testing.T) {
+	l := newLoop(t, cq.Options{Events: true})
+	var nilCtx context.Context
+	if err := l.rcq.Wait(nilCtx); err == nil || !strings.Contains(err.Error(), "nil context") {
+		t.Errorf("Wait(nil): %v", err)
+	}
+	if err := l.rcq.WaitSolicited(nilCtx); err == nil || !strings.Contains(err.Error(), "nil context") {
+		t.Errorf("WaitSolicited(nil): %v", err)
+	}
+	ch, err := l.ctx.CreateCompChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Own(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Next(nilCtx); err == nil || !strings.Contains(err.Error(), "nil context") {
+		t.Errorf("CompChannel.Next(nil): %v", err)
+	}
+}
+
 func TestSharedChannel(t *testing.T) {
 	ctx := rxetest.Open(t, rxetest.One(t))
 	ch, err := ctx.CreateCompChannel()

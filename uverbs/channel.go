@@ -249,6 +249,9 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 	if !ch.owned {
 		return 0, errors.New("uverbs: completion channel: Next without Own")
 	}
+	if ctx == nil {
+		return 0, errors.New("uverbs: completion channel: Next with a nil context")
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -22,13 +22,17 @@ type Provider = provider.Provider
 // RegisterProvider makes a provider available for devices whose driver has
 // the given name (as DeviceInfo.Driver reports it). A provider package
 // usually registers itself (provider.Register in its init); rxe is built
-// in.
-func RegisterProvider(driver string, p Provider) {
-	if driver == p.Name() {
-		provider.Register(p)
-		return
+// in. An empty driver name or a nil p is refused.
+func RegisterProvider(driver string, p Provider) error {
+	switch {
+	case p == nil:
+		return fmt.Errorf("uverbs: RegisterProvider(%q) of a nil provider", driver)
+	case driver == "":
+		return fmt.Errorf("uverbs: RegisterProvider of %T for an empty driver name", p)
+	case driver == p.Name():
+		return provider.Register(p)
 	}
-	provider.Register(renamed{p, driver})
+	return provider.Register(renamed{p, driver})
 }
 
 // renamed serves a provider under another driver name.

@@ -13,6 +13,7 @@ package provider
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -193,11 +194,19 @@ var (
 // sysfs names it: "rxe", "siw", "mlx5"). A provider package registers
 // itself in init, and a program links it in with an import (uverbs
 // imports uverbs/rxe). A second provider for the same driver replaces the
-// first.
-func Register(p Provider) {
+// first. A nil p, or one whose Name is empty, is refused.
+func Register(p Provider) error {
+	if p == nil {
+		return errors.New("uverbs/provider: Register of a nil provider")
+	}
+	name := p.Name()
+	if name == "" {
+		return fmt.Errorf("uverbs/provider: Register of a %T whose Name is empty", p)
+	}
 	registryMu.Lock()
 	defer registryMu.Unlock()
-	registry[p.Name()] = p
+	registry[name] = p
+	return nil
 }
 
 // Lookup returns the provider registered for a driver.
