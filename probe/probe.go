@@ -171,6 +171,9 @@ func Names() []string {
 	return n
 }
 
+// maxPID is Linux's PID_MAX_LIMIT: no process id is above it.
+const maxPID = 1 << 22
+
 // ErrNoBPF is returned by Attach when no probe at all could be attached.
 var ErrNoBPF = errors.New("probe: no probe could be attached")
 
@@ -178,8 +181,15 @@ var ErrNoBPF = errors.New("probe: no probe could be attached")
 // kernel cannot host (no kprobes, no rdma_rxe BTF, a missing symbol) is
 // reported in Status with the reason and the others still attach; Attach
 // fails only when nothing attached at all (then the error joins the
-// reasons).
+// reasons). A pid in Options.PIDs outside 1..2^22 (Linux's
+// PID_MAX_LIMIT) is refused.
 func Attach(opts Options) (*Probes, error) {
+	for _, pid := range opts.PIDs {
+		if pid < 1 || pid > maxPID {
+			// As a uint32 key it would filter out every process.
+			return nil, fmt.Errorf("probe: Options.PIDs: pid %d outside 1..%d", pid, maxPID)
+		}
+	}
 	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
 	p := &Probes{maps: map[string]*ebpf.Map{}, mapErrs: map[string]error{}, started: time.Now()}
 	for name, spec := range mapSpecs() {

@@ -640,3 +640,20 @@ func TestProbeCost(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachBadPIDs: a pid no process can have is refused before anything
+// is loaded (as a uint32 key, -1 filtered out every process); no root or
+// device needed.
+func TestAttachBadPIDs(t *testing.T) {
+	for _, pid := range []int{-1, 0, 1<<22 + 1} {
+		p, err := Attach(Options{PIDs: []int{os.Getpid(), pid}})
+		if err == nil {
+			p.Close()
+			t.Errorf("Attach with pid %d succeeded", pid)
+			continue
+		}
+		if !strings.Contains(err.Error(), fmt.Sprintf("pid %d outside", pid)) {
+			t.Errorf("Attach with pid %d: %v; want it named", pid, err)
+		}
+	}
+}
