@@ -90,7 +90,10 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	}
 	chFd := -1
 	if ch != nil {
-		chFd = ch.Fd()
+		if chFd = ch.Fd(); chFd < 0 {
+			// Its old number may be another file's by now.
+			return nil, errors.New("cq: create: the completion channel is closed")
+		}
 	}
 	parts := uvobj.Of(ctx)
 	user := parts.Objects.NewUserHandle(nil)

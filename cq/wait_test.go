@@ -183,6 +183,31 @@ func TestWaitNilContext(t *testing.T) {
 	}
 }
 
+// TestCreateOnClosedChannel: a CQ is not created on a closed completion
+// channel (its old descriptor number went to the kernel, where it may be
+// another file's by then).
+func TestCreateOnClosedChannel(t *testing.T) {
+	ctx := rxetest.Open(t, rxetest.One(t))
+	ch, err := ctx.CreateCompChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ch.Fd() != -1 {
+		t.Errorf("Fd of a closed channel: %d, want -1", ch.Fd())
+	}
+	q, err := cq.CreateWith(ctx, 4, cq.Options{Channel: ch})
+	if err == nil {
+		q.Close()
+		t.Fatal("CQ created on a closed completion channel")
+	}
+	if !strings.Contains(err.Error(), "channel is closed") {
+		t.Errorf("CQ on a closed channel: %v; want it to say so", err)
+	}
+}
+
 func TestSharedChannel(t *testing.T) {
 	ctx := rxetest.Open(t, rxetest.One(t))
 	ch, err := ctx.CreateCompChannel()

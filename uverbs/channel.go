@@ -151,10 +151,15 @@ func pollable(fd int, name string) (*os.File, error) {
 }
 
 // Fd returns the channel's descriptor, for the CQ_CREATE command: -1 (no
-// channel) for a nil or zero CompChannel.
+// channel) for a nil or zero CompChannel, and once it is closed.
 func (ch *CompChannel) Fd() int {
 	if ch.bad() {
 		return -1
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return -1 // the number may be another file's by now
 	}
 	return ch.fd
 }
