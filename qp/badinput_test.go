@@ -2,6 +2,8 @@ package qp_test
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -513,4 +515,183 @@ func TestLegacyWrite(t *testing.T) {
 	if err != nil || attr.State != qp.RTS || attr.DestQPN != b.qp.QPN() {
 		t.Fatalf("Query: %+v %v", attr, err)
 	}
+}
+
+// noPanic runs f and turns a panic into a test failure.
+func noPanic(t *testing.T, what string, f func() error) (err error) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("%s panicked: %v", what, r)
+		}
+	}()
+	return f()
+}
+
+// TestCreateCQOfAnotherContext: a CQ made on another context than the
+// PD's is refused, naming which; its handle would otherwise name a CQ
+// of the PD's context: here cq1, made after a PD in each context, has
+// the same handle as cq2, and the kernel silently used it.
+func TestCreateCQOfAnotherContext(t *testing.T) {
+	name := rxetest.One(t)
+	c1, c2 := rxetest.Open(t, name), rxetest.Open(t, name)
+	pd, err := c1.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	cq1, err := cq.Create(c1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq2, err := cq.Create(c2, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = qp.Create(pd, qp.Config{SendCQ: cq2, RecvCQ: cq1, MaxSendWR: 4, MaxRecvWR: 4})
+	wantErr(t, err, "send CQ belongs to another device context")
+	_, err = qp.Create(pd, qp.Config{SendCQ: cq1, RecvCQ: cq2, MaxSendWR: 4, MaxRecvWR: 4})
+	wantErr(t, err, "receive CQ belongs to another device context")
+	q, err := qp.Create(pd, qp.Config{SendCQ: cq1, RecvCQ: cq1, MaxSendWR: 4, MaxRecvWR: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCreateOnZeroPD needs no device: a PD no AllocPD made is named as
+// such, before the (zero) device limits are looked at.
+func TestCreateOnZeroPD(t *testing.T) {
+	zpd := new(uverbs.PD)
+	_, err := qp.Create(zpd, qp.Config{SendCQ: new(cq.CQ), RecvCQ: new(cq.CQ), MaxSendWR: 4, MaxRecvWR: 4})
+	wantErr(t, err, "nil PD")
+	if !errors.Is(err, goverbs.ErrNil) {
+		t.Errorf("Create on a zero PD: %v is not ErrNil", err)
+	}
+	_, err = qp.CreateSRQ(zpd, qp.SRQConfig{MaxWR: 4})
+	wantErr(t, err, "nil PD")
+	if !errors.Is(err, goverbs.ErrNil) {
+		t.Errorf("CreateSRQ on a zero PD: %v is not ErrNil", err)
+	}
+}
+
+// TestModifyNilAttr: a nil Attr is an error, not a panic.
+func TestModifyNilAttr(t *testing.T) {
+	s := newSide(t, rxetest.One(t), pairOpts{})
+	for _, mask := range []qp.AttrMask{qp.MaskState, qp.MaskPort | qp.MaskPathMTU, 0} {
+		err := noPanic(t, "Modify(nil)", func() error { return s.qp.Modify(nil, mask) })
+		wantErr(t, err, "modify: nil Attr")
+	}
+	if s.qp.State() != qp.Reset {
+		t.Errorf("state %v after refused Modify, want RESET", s.qp.State())
+	}
+}
+
+// TestUDUpThroughModify brings a UD QP to RTS with Modify, not ToRTS: it
+// sends up to the port's MTU all the same.
+func TestUDUpThroughModify(t *testing.T) {
+	na, nb := rxetest.Pair(t)
+	a := newSide(t, na, pairOpts{cfg: qp.Config{Type: qp.UD}})
+	b := newSide(t, nb, pairOpts{cfg: qp.Config{Type: qp.UD}})
+	if err := b.qp.ToRTS(qp.UDOptions{QKey: qkey}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		attr qp.Attr
+		mask qp.AttrMask
+	}{
+		{qp.Attr{State: qp.Init, Port: 1, QKey: qkey}, qp.MaskState | qp.MaskPKeyIndex | qp.MaskPort | qp.MaskQKey},
+		{qp.Attr{State: qp.RTR}, qp.MaskState},
+		{qp.Attr{State: qp.RTS, SQPSN: 7}, qp.MaskState | qp.MaskSQPSN},
+	} {
+		if err := a.qp.Modify(&m.attr, m.mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pa, err := a.ctx.QueryPort(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mtu := a.qp.MaxUDPayload()
+	if mtu != pa.ActiveMTU.Bytes() || mtu != b.qp.MaxUDPayload() {
+		t.Fatalf("MaxUDPayload %d after Modify to RTS (ToRTS: %d), want the active MTU %d", mtu, b.qp.MaxUDPayload(), pa.ActiveMTU.Bytes())
+	}
+	ah, err := a.pd.CreateAH(uverbs.AHAttr{DGID: b.gid.GID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{b.sge(t, dstOff, qp.GRHSize+mtu)}}}); err != nil {
+		t.Fatal(err)
+	}
+	fill(a.mem.Bytes()[:mtu], 9)
+	if err := a.qp.PostSend([]qp.SendWR{{ID: 2, Opcode: qp.OpSend, Flags: qp.Signaled, AH: ah.Provider(), RemoteQPN: b.qp.QPN(),
+		RemoteQKey: qkey, SGEs: []qp.SGE{a.sge(t, 0, mtu)}}}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOK(t, 1)
+	if w := b.waitOK(t, 1)[0]; int(w.ByteLen) != qp.GRHSize+mtu {
+		t.Errorf("received %d bytes, want %d", w.ByteLen, qp.GRHSize+mtu)
+	}
+	if err := ah.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInlineBadAddr: an inline SGE at address 0, or one whose range wraps
+// around, is refused with an error, not a panic; the QP stays usable.
+func TestInlineBadAddr(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{cfg: qp.Config{MaxInline: 64}})
+	for _, tc := range []struct {
+		sge  qp.SGE
+		want string
+	}{
+		{qp.SGE{Addr: 0, Length: 8}, "inline SGE 0: address 0 with length 8"},
+		{qp.SGE{Addr: ^uint64(0) - 3, Length: 8}, "wraps around"},
+	} {
+		wrs := []qp.SendWR{{ID: 1, Opcode: qp.OpSend, Flags: qp.Signaled | qp.Inline, SGEs: []qp.SGE{tc.sge}}}
+		wantErr(t, noPanic(t, "PostSend", func() error { return a.qp.PostSend(wrs) }), tc.want)
+		wantErr(t, noPanic(t, "QueueSend", func() error { return a.qp.QueueSend(wrs) }), tc.want)
+	}
+	// A good inline send still goes through, and only it arrives.
+	src := []byte("inline!!")
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: 5, SGEs: []qp.SGE{b.sge(t, dstOff, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend([]qp.SendWR{{ID: 2, Opcode: qp.OpSend, Flags: qp.Signaled | qp.Inline,
+		SGEs: []qp.SGE{{Addr: addrOf(src), Length: uint32(len(src))}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if w := a.waitOK(t, 1)[0]; w.ID != 2 {
+		t.Errorf("send completion for request %d, want 2", w.ID)
+	}
+	if w := b.waitOK(t, 1)[0]; w.ByteLen != uint32(len(src)) {
+		t.Errorf("received %d bytes, want %d", w.ByteLen, len(src))
+	}
+	b.noMore(t, 100*time.Millisecond)
+}
+
+// TestConnectBadGID: a malformed remote GID is refused before any state
+// change: a connected QP stays connected.
+func TestConnectBadGID(t *testing.T) {
+	a, b := connectedPair(t, pairOpts{})
+	for _, g := range []net.IP{{1, 2, 3, 4, 5}, {}} {
+		err := a.qp.Connect(qp.Remote{QPN: b.qp.QPN(), GID: g}, qp.ConnectOptions{})
+		wantErr(t, err, fmt.Sprintf("remote GID of %d bytes", len(g)))
+		if a.qp.State() != qp.RTS {
+			t.Fatalf("state %v after a refused Connect, want RTS", a.qp.State())
+		}
+	}
+	// Still connected: a send arrives.
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{b.sge(t, dstOff, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend([]qp.SendWR{{ID: 1, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, 0, 8)}}}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOK(t, 1)
+	b.waitOK(t, 1)
 }

@@ -81,6 +81,9 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 	if q.bad() {
 		return errNilQP
 	}
+	if attr == nil {
+		return fmt.Errorf("qp: QP %d: modify: nil Attr", q.qpn)
+	}
 	q.once.Lock()
 	defer q.once.Unlock()
 	if q.once.IsClosed() {
@@ -88,6 +91,21 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 	}
 	if err := q.check(attr, mask); err != nil {
 		return err
+	}
+	// A UD QP's sends are checked against the path MTU (checkUD): the
+	// active MTU of its port, read before it reaches RTS however it
+	// gets there (ToRTS, or Init and Modify).
+	var udMTU uint32
+	if q.cfg.Type == UD && mask&MaskState != 0 && attr.State == RTS {
+		port := q.port
+		if mask&MaskPort != 0 {
+			port = attr.Port
+		}
+		pa, err := q.ctx.QueryPort(int(port))
+		if err != nil {
+			return fmt.Errorf("qp: QP %d: modify to %v: %w", q.qpn, attr.State, err)
+		}
+		udMTU = uint32(pa.ActiveMTU.Bytes())
 	}
 	to := provider.QPState(attr.State)
 	hooks, _ := q.drv.(provider.QPModifier)
@@ -130,6 +148,9 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 		q.port = attr.Port
 	}
 	if mask&MaskState != 0 {
+		if udMTU != 0 {
+			q.udMTU.Store(udMTU) // before the state: a sender that sees RTS sees it
+		}
 		q.state.Store(uint32(attr.State))
 		if attr.State == Reset {
 			q.cleanCQs()
@@ -282,6 +303,10 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 	}
 	if q.cfg.Type == UD {
 		return errors.New("qp: Connect is for RC and UC QPs; a UD QP needs ToRTS with a QKey")
+	}
+	// Before any state change: a bad GID must not reset a live QP.
+	if remote.GID != nil && remote.GID.To16() == nil {
+		return fmt.Errorf("qp: QP %d: connect: remote GID of %d bytes (% x) is not a 16-byte GID or an IPv4 address", q.qpn, len(remote.GID), []byte(remote.GID))
 	}
 	if o.Port == 0 {
 		o.Port = 1

@@ -49,7 +49,15 @@ const (
 	Fence     = wr.SendFence
 	Signaled  = wr.SendSignaled
 	Solicited = wr.SendSolicited
-	Inline    = wr.SendInline
+	// Inline copies the bytes the SGEs describe into the send queue
+	// when the request is posted, instead of the device reading them
+	// later: the SGEs' LKeys are not used and the memory need not be
+	// registered, but each SGE's Addr must point at Length bytes of this
+	// process's memory, readable at post time. PostSend and QueueSend
+	// refuse an Addr of 0 (or a range that wraps around); any other bad
+	// address cannot be checked cheaply and faults like a bad unsafe
+	// pointer. Once posted, the memory may be reused at once.
+	Inline = wr.SendInline
 )
 
 // ErrQueueFull is returned when the send or receive queue cannot take the
@@ -144,6 +152,29 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
 		return nil, errors.New("qp: create: SendCQ and RecvCQ are required")
 	}
+	// The PD and CQs first: a zero or closed one has no device limits
+	// to check the capabilities against.
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: PD: %w", err)
+	}
+	ctx := pd.Context()
+	sh, err := cfg.SendCQ.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: send CQ: %w", err)
+	}
+	rh, err := cfg.RecvCQ.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create: receive CQ: %w", err)
+	}
+	// The kernel looks the CQ handles up in the PD's context: one of
+	// another context's would name an unrelated CQ there, or none.
+	if cfg.SendCQ.Context() != ctx {
+		return nil, errors.New("qp: create: the send CQ belongs to another device context than the PD")
+	}
+	if cfg.RecvCQ.Context() != ctx {
+		return nil, errors.New("qp: create: the receive CQ belongs to another device context than the PD")
+	}
 	if cfg.Type == 0 {
 		cfg.Type = RC
 	}
@@ -153,21 +184,8 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if cfg.MaxRecvSGE == 0 && cfg.SRQ == nil {
 		cfg.MaxRecvSGE = 1
 	}
-	ctx := pd.Context()
 	if err := checkCaps(ctx.Attr(), cfg); err != nil {
 		return nil, err
-	}
-	ph, err := pd.Handle()
-	if err != nil {
-		return nil, fmt.Errorf("qp: create: PD: %w", err)
-	}
-	sh, err := cfg.SendCQ.Handle()
-	if err != nil {
-		return nil, fmt.Errorf("qp: create: send CQ: %w", err)
-	}
-	rh, err := cfg.RecvCQ.Handle()
-	if err != nil {
-		return nil, fmt.Errorf("qp: create: receive CQ: %w", err)
 	}
 	var srqh uint32
 	if cfg.SRQ != nil {

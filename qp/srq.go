@@ -47,6 +47,12 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 	if pd == nil {
 		return nil, errors.New("qp: create SRQ: nil PD")
 	}
+	// The PD first: a zero or closed one has no device limits to check
+	// the configuration against.
+	ph, err := pd.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
+	}
 	if cfg.MaxSGE == 0 {
 		cfg.MaxSGE = 1
 	}
@@ -63,10 +69,6 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 	}
 	if cfg.Limit > cfg.MaxWR {
 		return nil, fmt.Errorf("qp: create SRQ: Limit %d above MaxWR %d", cfg.Limit, cfg.MaxWR)
-	}
-	ph, err := pd.Handle()
-	if err != nil {
-		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
 	}
 	parts := uvobj.Of(ctx)
 	drv, err := parts.Driver.NewSRQ(cfg.MaxWR, cfg.MaxSGE)

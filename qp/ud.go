@@ -29,8 +29,9 @@ func (q *QP) ToRTS(o UDOptions) error {
 	if o.Port == 0 {
 		o.Port = 1
 	}
-	pa, err := q.ctx.QueryPort(int(o.Port))
-	if err != nil {
+	// The port is checked before any state change; Modify sets the
+	// path MTU (udMTU) on the way to RTS.
+	if _, err := q.ctx.QueryPort(int(o.Port)); err != nil {
 		return err
 	}
 	if err := q.toInit(&Attr{Port: o.Port, QKey: o.QKey}, MaskPKeyIndex|MaskPort|MaskQKey); err != nil {
@@ -39,11 +40,7 @@ func (q *QP) ToRTS(o UDOptions) error {
 	if err := q.Modify(&Attr{State: RTR}, MaskState); err != nil {
 		return err
 	}
-	if err := q.Modify(&Attr{State: RTS, SQPSN: o.PSN & 0xffffff}, MaskState|MaskSQPSN); err != nil {
-		return err
-	}
-	q.udMTU.Store(uint32(pa.ActiveMTU.Bytes()))
-	return nil
+	return q.Modify(&Attr{State: RTS, SQPSN: o.PSN & 0xffffff}, MaskState|MaskSQPSN)
 }
 
 // MaxUDPayload is the largest UD message: the port's active MTU when the

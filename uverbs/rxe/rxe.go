@@ -289,6 +289,14 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 			wr.Opcode != gwr.OpRDMAWrite && wr.Opcode != gwr.OpRDMAWriteWithImm {
 			return fmt.Errorf("rxe: send work request %d (id %d): %v cannot carry inline data", i, wr.ID, wr.Opcode)
 		}
+		// writeSend reads the inline bytes at the SGEs' addresses: those
+		// that cannot be process memory are refused (any other bad one
+		// cannot be checked cheaply).
+		for j := range wr.SGEs {
+			if s := &wr.SGEs[j]; s.Length > 0 && (s.Addr == 0 || s.Addr+uint64(s.Length) < s.Addr) {
+				return badInline(i, wr.ID, j, s)
+			}
+		}
 	} else if len(wr.SGEs) > int(q.caps.MaxSendSGE) {
 		return fmt.Errorf("rxe: send work request %d (id %d): %d SGEs, the QP takes %d", i, wr.ID, len(wr.SGEs), q.caps.MaxSendSGE)
 	}
@@ -331,6 +339,15 @@ func (q *qp) validSend(i int, wr *provider.SendWR) error {
 		return fmt.Errorf("rxe: send work request %d (id %d): opcode %v not supported", i, wr.ID, wr.Opcode)
 	}
 	return nil
+}
+
+// badInline is validSend's error for an inline SGE whose address cannot
+// be read, out of its line (too costly to inline).
+func badInline(i int, id uint64, j int, s *provider.SGE) error {
+	if s.Addr == 0 {
+		return fmt.Errorf("rxe: send work request %d (id %d): inline SGE %d: address 0 with length %d", i, id, j, s.Length)
+	}
+	return fmt.Errorf("rxe: send work request %d (id %d): inline SGE %d: range %#x+%d wraps around", i, id, j, s.Addr, s.Length)
 }
 
 // mwAccess are the access flags a window may grant (rxe also knows zero
