@@ -106,8 +106,10 @@
 //
 // Peer.Close disconnects one peer; Stream.Close closes one stream, and the
 // peer learns it (its Recv returns io.EOF once it read what was sent
-// before). A Buffer passed to SendBuffer belongs to bx whatever the
-// result; one never sent is given back with Free. Endpoint.Close makes
+// before). A Buffer passed to SendBuffer or CallBuffer belongs to bx
+// whatever the result, and the caller's Buffer is emptied (it can be
+// neither sent nor freed again; a Buffer of another Endpoint is refused);
+// one never sent is given back with Free. Endpoint.Close makes
 // calls in flight fail with ErrClosed.
 //
 // # Concurrency
