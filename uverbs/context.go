@@ -192,7 +192,10 @@ func (c *Context) IsClosed() bool {
 func (c *Context) Closed() bool { return c.IsClosed() }
 
 // Close destroys every object still open on the context, newest first,
-// unmaps the provider's pages and closes the descriptor. It is idempotent.
+// unmaps the provider's pages and closes the descriptor. An object the
+// kernel refuses to destroy (a QP still attached to a multicast group) is
+// marked closed and unmapped all the same, and the error says so: closing
+// the descriptor then destroys it. It is idempotent.
 // A nil or zero Context has nothing to close: Close returns an error that
 // is goverbs.ErrNil.
 func (c *Context) Close() error {
@@ -209,7 +212,9 @@ func (c *Context) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.pctx.Close(), c.closeAsync(), c.file.Close())
+	// What the kernel refused to destroy goes with the descriptor, once
+	// nothing maps it any more.
+	errs = append(errs, c.tab.AbandonFailed(), c.pctx.Close(), c.closeAsync(), c.file.Close())
 	return errors.Join(errs...)
 }
 

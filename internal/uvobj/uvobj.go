@@ -6,6 +6,7 @@
 package uvobj
 
 import (
+	"errors"
 	"io"
 	"slices"
 	"sync"
@@ -45,6 +46,9 @@ type Table struct {
 	objs    []io.Closer // in creation order
 	last    atomic.Uint64
 	handles sync.Map // uint64 -> any
+	// failed holds, for each tracked object whose last Close failed to
+	// destroy it, what Close would have done after (AbandonFailed).
+	failed map[io.Closer]func() error
 }
 
 // Track registers a child object so that the context's Close destroys it.
@@ -66,6 +70,42 @@ func (t *Table) Untrack(o io.Closer) {
 	if i := slices.Index(t.objs, o); i >= 0 {
 		t.objs = slices.Delete(t.objs, i, i+1)
 	}
+	delete(t.failed, o)
+}
+
+// noteFailed keeps what o's Close does after a destroy (abandon), for
+// AbandonFailed: o's destroy failed.
+func (t *Table) noteFailed(o io.Closer, abandon func() error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed == nil {
+		t.failed = map[io.Closer]func() error{}
+	}
+	t.failed[o] = abandon
+}
+
+// AbandonFailed gives up on the objects whose Close could not destroy
+// them (the kernel refused: a QP still attached to a multicast group, a
+// CQ or SRQ a QP still uses): each is marked closed, its user handle
+// released and its provider's side closed (its queues unmapped), as a
+// Close that destroyed it would have. The device context's Close calls it
+// before it closes the descriptor: a queue left mapped keeps the
+// descriptor's file open, and with it every kernel object of the context
+// (and the pages its memory regions pin) until the process exits; with
+// nothing mapped, closing the descriptor destroys them all. It returns
+// the errors of unmapping.
+func (t *Table) AbandonFailed() error {
+	t.mu.Lock()
+	failed := t.failed
+	t.failed = nil
+	t.mu.Unlock()
+	var errs []error
+	for _, abandon := range failed {
+		if err := abandon(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // IsClosed reports whether Shut ran.
@@ -136,10 +176,28 @@ func (o *Once) Close(t *Table, obj io.Closer, user uint64, destroy func() error,
 		return nil
 	}
 	if err := destroy(); err != nil {
+		t.noteFailed(obj, func() error { return o.abandon(t, user, after) })
 		return wrap(err)
 	}
 	o.closed.Store(true)
 	t.Untrack(obj)
+	if user != 0 {
+		t.ReleaseUserHandle(user)
+	}
+	if after != nil {
+		return after()
+	}
+	return nil
+}
+
+// abandon is the end of Close without the destroy (Table.AbandonFailed).
+func (o *Once) abandon(t *Table, user uint64, after func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed.Load() {
+		return nil
+	}
+	o.closed.Store(true)
 	if user != 0 {
 		t.ReleaseUserHandle(user)
 	}
