@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,4 +331,46 @@ func TestPeerDeathDropsPendingTransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the dropped transfer no longer counted", func() bool { return srv.LiveMsgsForTest() == 0 })
+}
+
+// TestCloseDuringRecovery: a peer closed while its recovery round runs
+// leaves no lane QP behind (the round rebuilt the lanes after shutdown had
+// destroyed them: new QPs, with their rings mapped, that nothing closed
+// until the endpoint's Close).
+func TestCloseDuringRecovery(t *testing.T) {
+	_, _, p, _ := pair(t, nil)
+	var rounds atomic.Int32
+	bx.OnDialerRoundForTest(func(q *bx.Peer) {
+		if q == p && rounds.Add(1) == 1 {
+			p.Close()
+		}
+	})
+	defer bx.OnDialerRoundForTest(nil)
+	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	if err := p.BreakLanesForTest(); err != nil {
+		t.Fatal(err)
+	}
+	// A send on the broken lanes starts the recovery; the hook closes the
+	// peer at its first round.
+	_ = p.Stream(1).Send(ctx, []byte("x"))
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		t.Fatal(hang.Err(ctx))
+	}
+	for rounds.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("no recovery round ran: the break started none")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The round goes on after Close returned; give it its time to fail.
+	deadline := time.Now().Add(hang.Scale(2 * time.Second))
+	for time.Now().Before(deadline) {
+		if n := p.OpenLaneQPsForTest(); n != 0 {
+			t.Fatalf("%d lane QPs open after the peer was closed during its recovery", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

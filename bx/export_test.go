@@ -415,3 +415,16 @@ func ConnPeerForTest(c net.Conn) *Peer { return c.(*Conn).s.p }
 
 // ConnReadersForTest is how many Reads wait on a Conn of this package.
 func ConnReadersForTest(c net.Conn) int32 { return c.(*Conn).s.readers.Load() }
+
+// OpenLaneQPsForTest is how many of p's lanes hold a QP not closed.
+func (p *Peer) OpenLaneQPsForTest() int {
+	n := 0
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		if l.qp != nil && !l.qp.IsClosed() {
+			n++
+		}
+		l.mu.Unlock()
+	}
+	return n
+}

@@ -333,6 +333,12 @@ func (p *Peer) rebuild() error {
 	e := p.e
 	for _, l := range p.lanes {
 		l.mu.Lock()
+		if p.state.Load() == stateDead {
+			// shutdown marks the peer dead before it destroys the lanes
+			// (under l.mu): a QP made here now would outlive it.
+			l.mu.Unlock()
+			return p.Err()
+		}
 		e.mu.Lock()
 		delete(e.byQPN, l.qpn())
 		e.publishQPNs()
