@@ -237,26 +237,28 @@ func (e *Endpoint) serveCM(ln *cm.ID) {
 		ok := len(d) >= cmDataSize && bytes.Equal(d[:4], []byte(cmMagic)) &&
 			int(d[24]) < maxLanes
 		epoch := binary.LittleEndian.Uint32(d[20:])
-		var w *cmWait
+		why := cmRejectUnknown // the reason given, nil once handed over
 		if ok {
 			copy(key[:], d[4:20])
+			// Handed over under the lock: cmForget deletes the key under
+			// it and then drains what was handed over, so a request is
+			// either drained there or never handed to a forgotten peer
+			// (where nothing would take it, nor reject it).
 			e.lcm.mu.Lock()
-			if w = e.lcm.waits[key]; w != nil && (!w.open || w.epoch != epoch) {
-				w = nil // not connecting lanes of that epoch now: a replay, or stale
+			// Not connecting lanes of that epoch now: a replay, or stale.
+			if w := e.lcm.waits[key]; w != nil && w.open && w.epoch == epoch {
+				select {
+				case w.reqs <- cmReq{id: id, epoch: epoch, lane: int(d[24])}:
+					why = nil
+				default:
+					why = cmRejectBusy
+				}
 			}
 			e.lcm.mu.Unlock()
 		}
-		if w == nil {
+		if why != nil {
 			e.stats.CMRejected.Add(1)
-			id.Reject(cmRejectUnknown, 0)
-			id.Close()
-			continue
-		}
-		select {
-		case w.reqs <- cmReq{id: id, epoch: epoch, lane: int(d[24])}:
-		default:
-			e.stats.CMRejected.Add(1)
-			id.Reject(cmRejectBusy, 0)
+			id.Reject(why, 0)
 			id.Close()
 		}
 	}

@@ -298,10 +298,20 @@ func (id *ID) waitMatch(ctx context.Context, match func(Event) bool) (ev Event, 
 			return
 		}
 		id.mu.Lock()
-		if !id.closed {
+		closed := id.closed
+		if !closed {
 			id.queue = append(held, id.queue...)
 		}
 		id.mu.Unlock()
+		if closed {
+			// Close took only what was queued: the IDs of connect
+			// requests held here are ours to close (as push does).
+			for _, ev := range held {
+				if ev.ID != nil {
+					ev.ID.Close()
+				}
+			}
+		}
 		id.wake()
 	}()
 	for {
