@@ -165,10 +165,12 @@ func (c *Config) backlog() int64 {
 	return int64(c.MaxPeers) * (int64(c.Credits) + int64(c.Lanes)*c.LaneMsgs)
 }
 
-// maxPeers bounds Config.MaxPeers, maxBacklog the backlog queue (150 MiB).
+// maxPeers bounds Config.MaxPeers, maxBacklog the backlog queue (600
+// MiB; above the 2^20 receive buffers rxe's SRQ takes, so that New names
+// the SRQ's limit for one peer of that many credits).
 const (
 	maxPeers   = 1 << 16
-	maxBacklog = 1 << 20
+	maxBacklog = 1 << 22
 )
 
 func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }

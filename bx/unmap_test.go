@@ -97,20 +97,29 @@ func TestNewFailureUnmapsPools(t *testing.T) {
 		}
 	}
 	try() // warm up: the first failure may map what stays (slabs, the context's caches)
-	before := vmSize(t)
-	const n = 10
-	for range n {
-		try()
-	}
-	after := vmSize(t)
-	t.Logf("VmSize %d -> %d MiB over %d failed New", before>>20, after>>20, n)
 	// Each failure had registered an eager, a rendezvous and a target pool
-	// (2 MiB at least each): 10 leaks would be 60 MiB or more.
-	if after > before+16<<20 {
-		t.Errorf("VmSize grew from %d to %d MiB over %d failed New: pools left mapped", before>>20, after>>20, n)
+	// (2 MiB at least each): 10 leaks would be 60 MiB or more, in every
+	// round. The Go runtime reserving a heap arena (64 MiB; under -race
+	// 72 seen) shows in one round, at any time: the round that grew the
+	// least decides.
+	const n = 10
+	var grew []int64
+	for range 2 {
+		before := vmSize(t)
+		for range n {
+			try()
+		}
+		after := vmSize(t)
+		t.Logf("VmSize %d -> %d MiB over %d failed New", before>>20, after>>20, n)
+		grew = append(grew, after-before)
 	}
-	_, err := bx.New(bx.Config{Device: a, Token: token, Credits: 1 << 20})
+	if g := slices.Min(grew); g > 16<<20 {
+		t.Errorf("VmSize grew by %d MiB or more in each of 2 rounds of %d failed New: pools left mapped", g>>20, n)
+	}
+	// Two peers: within the backlog bound New checks first (MaxPeers x
+	// (Credits + Lanes x LaneMsgs) up to 2^22), beyond rxe's SRQ (2^20).
+	_, err := bx.New(bx.Config{Device: a, Token: token, MaxPeers: 2, Credits: 1 << 20})
 	if err == nil || !strings.Contains(err.Error(), "Credits 1048576") || !strings.Contains(err.Error(), "shared receive queue takes") {
-		t.Errorf("New with 2^20 credits a peer: %v; want the SRQ's limit named", err)
+		t.Errorf("New with 2^20 credits for two peers: %v; want the SRQ's limit named", err)
 	}
 }
