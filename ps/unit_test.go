@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 func TestRingPlacement(t *testing.T) {
@@ -492,8 +494,7 @@ func loopClient(t *testing.T) (*Client, context.Context) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
+	ctx, _ := hang.For(t, "ps client on loopback", 2*time.Minute) // catches a hang, not a slow run: the calls are few
 	return c, ctx
 }
 
