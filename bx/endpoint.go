@@ -167,7 +167,7 @@ func (c *Config) backlog() int64 {
 
 // maxPeers bounds Config.MaxPeers, maxBacklog the backlog queue (600
 // MiB; above the 2^20 receive buffers rxe's SRQ takes, so that New names
-// the SRQ's limit for one peer of that many credits).
+// the SRQ's limit for a few peers of that many credits).
 const (
 	maxPeers   = 1 << 16
 	maxBacklog = 1 << 22

@@ -205,6 +205,16 @@ func (e *Endpoint) Alloc(n int) (*Buffer, error) {
 	return &b, nil
 }
 
+// take is bx taking b over from the user (SendBuffer, CallBuffer): the
+// buffer, handed back, and the caller's b emptied, so that it can be
+// neither sent nor freed again.
+func (b *Buffer) take() Buffer {
+	own := *b
+	*b = Buffer{}
+	own.handBack()
+	return own
+}
+
 // handBack ends the user's hold on b (SendBuffer, CallBuffer, Free).
 func (b *Buffer) handBack() {
 	if b.user {
@@ -350,9 +360,7 @@ func (s *Stream) SendBuffer(ctx context.Context, b *Buffer) error {
 		b.Free()
 		return fmt.Errorf("bx: SendBuffer on stream %d: a Buffer of another Endpoint", s.id)
 	}
-	own := *b
-	*b = Buffer{}
-	own.handBack()
+	own := b.take()
 	return s.p.sendMsg(ctx, s.id, 0, 0, &own)
 }
 
@@ -688,9 +696,7 @@ func (p *Peer) CallBuffer(ctx context.Context, stream uint32, b *Buffer) (*Msg, 
 		}
 		return nil, err
 	}
-	own := *b
-	*b = Buffer{}
-	own.handBack()
+	own := b.take()
 	return p.call(ctx, stream, &own)
 }
 

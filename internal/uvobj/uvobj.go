@@ -181,16 +181,11 @@ func (o *Once) Close(t *Table, obj io.Closer, user uint64, destroy func() error,
 	}
 	o.closed.Store(true)
 	t.Untrack(obj)
-	if user != 0 {
-		t.ReleaseUserHandle(user)
-	}
-	if after != nil {
-		return after()
-	}
-	return nil
+	return release(t, user, after)
 }
 
-// abandon is the end of Close without the destroy (Table.AbandonFailed).
+// abandon is the end of Close without the destroy (Table.AbandonFailed;
+// the table no longer tracks the object).
 func (o *Once) abandon(t *Table, user uint64, after func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -198,6 +193,12 @@ func (o *Once) abandon(t *Table, user uint64, after func() error) error {
 		return nil
 	}
 	o.closed.Store(true)
+	return release(t, user, after)
+}
+
+// release is what follows a closed object's destroy, or its abandonment:
+// its user handle released (if not 0), then after run.
+func release(t *Table, user uint64, after func() error) error {
 	if user != 0 {
 		t.ReleaseUserHandle(user)
 	}
