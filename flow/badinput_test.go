@@ -6,8 +6,10 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/goverbs/goverbs"
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // TestAcquireNilContext: the blocking acquires refuse a nil context with
@@ -112,5 +114,63 @@ func TestReturnerHugeCounts(t *testing.T) {
 	}
 	if err := r.Released(7); err != nil { // exactly what is left
 		t.Errorf("Released(7) with 1 of 8 re-posted: %v", err)
+	}
+}
+
+// TestWindowHugeCounts: a request that would carry a window's count past
+// MaxInt64 does not fit (the sum wrapped negative and was admitted, under
+// a limit or not); a blocking one waits and is admitted once the window
+// drains.
+func TestWindowHugeCounts(t *testing.T) {
+	w := NewWindow(Limits{Msgs: 10, Bytes: 100})
+	if !w.TryAcquire(50) {
+		t.Fatal("TryAcquire(50) under a 100-byte limit refused")
+	}
+	if w.TryAcquire(math.MaxInt64) {
+		t.Error("TryAcquire(MaxInt64) with 50 of 100 bytes outstanding admitted")
+	}
+	if w.TryAcquireN(math.MaxInt64, 1) {
+		t.Error("TryAcquireN(MaxInt64, 1) with 1 of 10 messages outstanding admitted")
+	}
+	if m, b := w.Outstanding(); m != 1 || b != 50 {
+		t.Errorf("outstanding %d messages, %d bytes, want 1, 50", m, b)
+	}
+
+	root := NewWindow(Limits{}) // unlimited
+	leaf := root.NewChild(Limits{})
+	if !leaf.TryAcquire(math.MaxInt64) {
+		t.Fatal("TryAcquire(MaxInt64) on an empty unlimited window refused")
+	}
+	if leaf.TryAcquire(1) || root.TryAcquire(1) {
+		t.Error("TryAcquire(1) with MaxInt64 bytes outstanding admitted")
+	}
+	if m, b := root.Outstanding(); m != 1 || b != math.MaxInt64 {
+		t.Errorf("root outstanding %d messages, %d bytes, want 1, MaxInt64", m, b)
+	}
+	done := make(chan error, 1)
+	go func() { done <- leaf.Acquire(context.Background(), 1) }()
+	for deadline := time.Now().Add(hang.Scale(5 * time.Second)); leaf.Stats().Waiting != 1; time.Sleep(time.Millisecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("Acquire(1) with MaxInt64 bytes outstanding returned without waiting: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) { // a hang bound
+			t.Fatalf("Acquire(1) neither returned nor queued (%s)", hang.How())
+		}
+	}
+	if err := leaf.Release(math.MaxInt64); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Acquire(1) after the release: %v", err)
+		}
+	case <-time.After(hang.Scale(5 * time.Second)): // a hang bound
+		t.Fatal("Acquire(1) not admitted after the window drained")
+	}
+	if m, b := root.Outstanding(); m != 1 || b != 1 {
+		t.Errorf("root outstanding %d messages, %d bytes, want 1, 1", m, b)
 	}
 }

@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -127,12 +128,17 @@ func (w *Window) Stats() WindowStats {
 
 // fits reports whether m messages of b bytes in all fit now. More than
 // the limit of messages, like more bytes than the limit, are admitted
-// alone (with nothing outstanding).
+// alone (with nothing outstanding). What would carry a count past
+// MaxInt64 does not fit, limited or not: it waits for releases (alone, it
+// always fits). The comparisons subtract, so no sum can wrap.
 func (w *Window) fits(m, b int64) bool {
-	if w.lim.Msgs > 0 && w.msgs+m > w.lim.Msgs && w.msgs > 0 {
+	if m > math.MaxInt64-w.msgs || b > math.MaxInt64-w.bytes {
 		return false
 	}
-	return w.lim.Bytes <= 0 || w.bytes+b <= w.lim.Bytes || w.bytes == 0
+	if w.lim.Msgs > 0 && w.msgs > 0 && m > w.lim.Msgs-w.msgs {
+		return false
+	}
+	return w.lim.Bytes <= 0 || w.bytes == 0 || b <= w.lim.Bytes-w.bytes
 }
 
 // admissible: every level fits and nobody queued is blocked at it.
