@@ -344,7 +344,9 @@ func (c *Client) redefine(ctx context.Context, i int) {
 	}
 	c.mu.Unlock()
 	for _, s := range specs {
-		c.callRaw(ctx, i, EncodeDefine(s), nil)
+		if req, err := EncodeDefine(s); err == nil { // Define validated s
+			c.callRaw(ctx, i, req, nil)
+		}
 	}
 }
 
@@ -363,7 +365,10 @@ func (c *Client) Define(ctx context.Context, specs ...Spec) (err error) {
 		if err := s.validate(); err != nil {
 			return fmt.Errorf("ps: define: %w", err)
 		}
-		req := EncodeDefine(s)
+		req, err := EncodeDefine(s)
+		if err != nil {
+			return fmt.Errorf("ps: define: %w", err)
+		}
 		if s.Kind == Dense {
 			if err := c.callRaw(ctx, c.ring.Tensor(s.Name), req, nil); err != nil {
 				return err

@@ -48,7 +48,7 @@ func hotServer(t testing.TB, e env, keys []uint64, g []float32) (*ps.Server, *ps
 
 func BenchmarkDecodeRequest(b *testing.B) {
 	keys, _ := hotBatch(rand.New(rand.NewPCG(1, 2)))
-	req := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+	req := mustEncode(ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := ps.DecodeRequest(req); err != nil {
@@ -68,9 +68,9 @@ func BenchmarkServerHandle(b *testing.B) {
 		name string
 		req  []byte
 	}{
-		{"pull", ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)},
-		{"pull-cold", ps.EncodePull(hotSpec.Name, hotSpec.Dim, cold)},
-		{"push", ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)},
+		{"pull", mustEncode(ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys))},
+		{"pull-cold", mustEncode(ps.EncodePull(hotSpec.Name, hotSpec.Dim, cold))},
+		{"push", mustEncode(ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g))},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			buf := s.Handle(tc.req, nil)
@@ -131,7 +131,7 @@ func BenchmarkClient(b *testing.B) {
 func BenchmarkBareBX(b *testing.B) {
 	e := envFor(b, "rdma")
 	keys, _ := hotBatch(rand.New(rand.NewPCG(1, 2)))
-	req := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
+	req := mustEncode(ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys))
 	resp := make([]byte, 12+8+4*hotKeys*hotSpec.Dim)
 	srvCfg, cliCfg := ps.DefaultServerBX, ps.DefaultClientBX
 	srvCfg.Device, srvCfg.Token = e.srvDev, token
@@ -179,8 +179,8 @@ func TestHotPathAllocs(t *testing.T) {
 			keys, g := hotBatch(rand.New(rand.NewPCG(1, 2)))
 			s, c := hotServer(t, envFor(t, tr), keys, g)
 			ctx := context.Background()
-			pull := ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys)
-			push := ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g)
+			pull := mustEncode(ps.EncodePull(hotSpec.Name, hotSpec.Dim, keys))
+			push := mustEncode(ps.EncodePush(hotSpec.Name, hotSpec.Dim, keys, g))
 			buf := s.Handle(push, nil)
 			out := make([]float32, len(g))
 			for _, tc := range []struct {
@@ -303,4 +303,13 @@ func BenchmarkStorePullBig(b *testing.B) {
 		}
 		must(b, st.Pull(spec.Name, keys, out))
 	}
+}
+
+// mustEncode is an Encode* call's message; an error is the test's own
+// mistake.
+func mustEncode(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

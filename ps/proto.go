@@ -179,49 +179,97 @@ func getFloats(dst []float32, b []byte) {
 	}
 }
 
+// encodeCheck refuses what the wire cannot carry or the decoder would
+// refuse: a name over MaxName bytes (its length is one byte), a dim or a
+// count outside the wire's bounds (they are 32-bit fields).
+func encodeCheck(fn, name string, dim, keys, floats int) error {
+	switch {
+	case len(name) > MaxName:
+		return fmt.Errorf("%w: %s: name of %d bytes, want at most %d", ErrMalformed, fn, len(name), MaxName)
+	case dim < 0 || dim > maxWireFloats:
+		return fmt.Errorf("%w: %s: dim %d, want 0..%d", ErrMalformed, fn, dim, maxWireFloats)
+	case keys > maxWireKeys:
+		return fmt.Errorf("%w: %s: %d keys, want at most %d", ErrMalformed, fn, keys, maxWireKeys)
+	case floats < 0 || floats > maxWireFloats:
+		return fmt.Errorf("%w: %s: %d values, want 0..%d", ErrMalformed, fn, floats, maxWireFloats)
+	}
+	return nil
+}
+
 // EncodePull encodes a sparse pull request (for tests and tools; Client
-// builds requests in place).
-func EncodePull(name string, dim int, keys []uint64) []byte {
+// builds requests in place). It refuses, with an error wrapping
+// ErrMalformed that names the field, a name over MaxName bytes, a
+// negative dim or counts over the wire's bounds.
+func EncodePull(name string, dim int, keys []uint64) ([]byte, error) {
+	if err := encodeCheck("EncodePull", name, dim, len(keys), 0); err != nil {
+		return nil, err
+	}
 	b := make([]byte, pullSize(name, len(keys)))
 	o := encodeHead(b, OpPull, name)
 	binary.LittleEndian.PutUint32(b[o:], uint32(dim))
 	binary.LittleEndian.PutUint32(b[o+4:], uint32(len(keys)))
 	putKeys(b[o+8:], keys)
-	return b
+	return b, nil
 }
 
-// EncodePush encodes a sparse push request.
-func EncodePush(name string, dim int, keys []uint64, grads []float32) []byte {
+// EncodePush encodes a sparse push request: dim gradient values per key,
+// so len(grads) must be len(keys)*dim. It refuses what EncodePull does,
+// and gradients of another count.
+func EncodePush(name string, dim int, keys []uint64, grads []float32) ([]byte, error) {
+	if err := encodeCheck("EncodePush", name, dim, len(keys), len(grads)); err != nil {
+		return nil, err
+	}
+	if len(grads) != len(keys)*dim {
+		return nil, fmt.Errorf("%w: EncodePush: %d gradient values for %d keys of dim %d, want %d", ErrMalformed, len(grads), len(keys), dim, len(keys)*dim)
+	}
 	b := make([]byte, headSize(name)+8+8*len(keys)+4*len(grads))
 	o := encodeHead(b, OpPush, name)
 	binary.LittleEndian.PutUint32(b[o:], uint32(dim))
 	binary.LittleEndian.PutUint32(b[o+4:], uint32(len(keys)))
 	putKeys(b[o+8:], keys)
 	putFloats(b[o+8+8*len(keys):], grads)
-	return b
+	return b, nil
 }
 
-// EncodePullDense encodes a dense pull request.
-func EncodePullDense(name string, size int) []byte {
+// EncodePullDense encodes a dense pull request of size values. It
+// refuses a name over MaxName bytes and a size outside the wire's bounds.
+func EncodePullDense(name string, size int) ([]byte, error) {
+	if err := encodeCheck("EncodePullDense", name, 0, 0, size); err != nil {
+		return nil, err
+	}
 	b := make([]byte, pullDenseSize(name))
 	o := encodeHead(b, OpPullDense, name)
 	binary.LittleEndian.PutUint32(b[o:], uint32(size))
-	return b
+	return b, nil
 }
 
-// EncodePushDense encodes a dense push request.
-func EncodePushDense(name string, grads []float32) []byte {
+// EncodePushDense encodes a dense push request. It refuses what
+// EncodePullDense does.
+func EncodePushDense(name string, grads []float32) ([]byte, error) {
+	if err := encodeCheck("EncodePushDense", name, 0, 0, len(grads)); err != nil {
+		return nil, err
+	}
 	b := make([]byte, pushDenseSize(name, len(grads)))
 	o := encodeHead(b, OpPushDense, name)
 	binary.LittleEndian.PutUint32(b[o:], uint32(len(grads)))
 	putFloats(b[o+4:], grads)
-	return b
+	return b, nil
 }
 
 const defineBody = 1 + 1 + 2 + 4 + 8 + 4 + 4 + 4 + 8
 
-// EncodeDefine encodes a define request.
-func EncodeDefine(s Spec) []byte {
+// EncodeDefine encodes a define request. It refuses only what the wire
+// cannot carry (a name over MaxName bytes, a Dim or dense Size outside
+// the wire's bounds); what it carries, the server checks (Store.Define),
+// so a test can send a spec the server refuses.
+func EncodeDefine(s Spec) ([]byte, error) {
+	size := 0
+	if s.Kind == Dense {
+		size = s.Size
+	}
+	if err := encodeCheck("EncodeDefine", s.Name, s.Dim, 0, size); err != nil {
+		return nil, err
+	}
 	b := make([]byte, headSize(s.Name)+defineBody)
 	o := encodeHead(b, OpDefine, s.Name)
 	b[o], b[o+1] = byte(s.Kind), byte(s.Opt.Kind)
@@ -235,7 +283,7 @@ func EncodeDefine(s Spec) []byte {
 	binary.LittleEndian.PutUint32(b[o+20:], math.Float32bits(s.Opt.Eps))
 	binary.LittleEndian.PutUint32(b[o+24:], math.Float32bits(s.Opt.InitAcc))
 	binary.LittleEndian.PutUint64(b[o+28:], s.Seed)
-	return b
+	return b, nil
 }
 
 // EncodeStats encodes a stats request.

@@ -120,18 +120,18 @@ func TestProtoRoundTrip(t *testing.T) {
 	s := NewStore(StoreConfig{})
 	srv := &Server{store: s, inc: 42}
 	spec := Spec{Name: "e", Kind: Sparse, Dim: 3, Rows: 100, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6, InitAcc: 0.1}, Seed: 9}
-	r, err := DecodeRequest(EncodeDefine(spec))
+	r, err := DecodeRequest(mustEncode(EncodeDefine(spec)))
 	if err != nil || r.Spec != spec {
 		t.Fatalf("define round trip: %+v %v", r.Spec, err)
 	}
-	if _, err := decodeResponse(srv.Handle(EncodeDefine(spec), nil), 0); err != nil {
+	if _, err := decodeResponse(srv.Handle(mustEncode(EncodeDefine(spec)), nil), 0); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := decodeResponse(srv.Handle(EncodePush("e", 3, []uint64{5, 6}, []float32{1, 2, 3, 4, 5, 6}), nil), 0)
+	resp, err := decodeResponse(srv.Handle(mustEncode(EncodePush("e", 3, []uint64{5, 6}, []float32{1, 2, 3, 4, 5, 6})), nil), 0)
 	if err != nil || resp.inc != 42 || len(resp.body) != 8 {
 		t.Fatalf("push: %+v %v", resp, err)
 	}
-	resp, err = decodeResponse(srv.Handle(EncodePull("e", 3, []uint64{5, 6, 7}), nil), 0)
+	resp, err = decodeResponse(srv.Handle(mustEncode(EncodePull("e", 3, []uint64{5, 6, 7})), nil), 0)
 	if err != nil || len(resp.body) != 8+4*9 {
 		t.Fatalf("pull: %v", err)
 	}
@@ -142,12 +142,12 @@ func TestProtoRoundTrip(t *testing.T) {
 	if got != nil && got[8] != want[8] || got[0] != want[0] {
 		t.Errorf("pull over the protocol %v, store %v", got, want)
 	}
-	_, err = decodeResponse(srv.Handle(EncodePull("e", 4, []uint64{5}), nil), 3)
+	_, err = decodeResponse(srv.Handle(mustEncode(EncodePull("e", 4, []uint64{5})), nil), 3)
 	var se *ServerError
 	if !errors.As(err, &se) || se.Server != 3 || !errors.Is(err, ErrDim) {
 		t.Errorf("wrong dim over the protocol: %v", err)
 	}
-	for _, bad := range [][]byte{nil, {1}, {2, 1, 0, 0}, {1, 99, 0, 0}, {1, 1, 0, 5, 'a'}, EncodePull("e", 3, []uint64{1})[:10]} {
+	for _, bad := range [][]byte{nil, {1}, {2, 1, 0, 0}, {1, 99, 0, 0}, {1, 1, 0, 5, 'a'}, mustEncode(EncodePull("e", 3, []uint64{1}))[:10]} {
 		if _, err := DecodeRequest(bad); !errors.Is(err, ErrMalformed) {
 			t.Errorf("decode %x: %v", bad, err)
 		}
@@ -160,11 +160,11 @@ func TestProtoRoundTrip(t *testing.T) {
 // seedRequests are the fuzz seed corpus (also under testdata/fuzz).
 func seedRequests() [][]byte {
 	return [][]byte{
-		EncodePull("emb", 8, []uint64{1, 2, 3}),
-		EncodePush("emb", 2, []uint64{7}, []float32{1, 2}),
-		EncodePullDense("w", 16),
-		EncodePushDense("w", []float32{1, 2, 3}),
-		EncodeDefine(Spec{Name: "emb", Kind: Sparse, Dim: 8, Rows: 1 << 20, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6}}),
+		mustEncode(EncodePull("emb", 8, []uint64{1, 2, 3})),
+		mustEncode(EncodePush("emb", 2, []uint64{7}, []float32{1, 2})),
+		mustEncode(EncodePullDense("w", 16)),
+		mustEncode(EncodePushDense("w", []float32{1, 2, 3})),
+		mustEncode(EncodeDefine(Spec{Name: "emb", Kind: Sparse, Dim: 8, Rows: 1 << 20, Opt: Optimizer{Kind: Adagrad, LR: 0.1, Eps: 1e-6}})),
 		EncodeStats(),
 		{1, 1, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f},
 	}
@@ -288,7 +288,7 @@ func (s *Store) get2(t *testing.T, name string) *param {
 // where there is nothing to read (an index outside a decoded request, a
 // ring of no servers) instead of panicking.
 func TestShortData(t *testing.T) {
-	r, err := DecodeRequest(EncodePush("emb", 2, []uint64{7, 9}, []float32{1, 2, 3, 4}))
+	r, err := DecodeRequest(mustEncode(EncodePush("emb", 2, []uint64{7, 9}, []float32{1, 2, 3, 4})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +405,7 @@ func TestAdagradSpec(t *testing.T) {
 				t.Errorf("Define(%+v): %v, want ErrMalformed saying %q", spec, err, c.want)
 			}
 			// Over the wire too: the server's store refuses it.
-			if _, err := decodeResponse((&Server{store: s, inc: 1}).Handle(EncodeDefine(spec), nil), 0); !errors.Is(err, ErrMalformed) {
+			if _, err := decodeResponse((&Server{store: s, inc: 1}).Handle(mustEncode(EncodeDefine(spec)), nil), 0); !errors.Is(err, ErrMalformed) {
 				t.Errorf("define %+v over the protocol: %v, want ErrMalformed", spec, err)
 			}
 		}
@@ -585,4 +585,54 @@ func TestClientNames(t *testing.T) {
 	name := strings.Repeat("y", MaxName)
 	must(t, c.Define(ctx, Spec{Name: name, Kind: Dense, Size: 2, Opt: Optimizer{Kind: SGD, LR: 1}}))
 	must(t, c.PullDense(ctx, name, vals))
+}
+
+// mustEncode is an Encode* call's message; an error is the test's own
+// mistake.
+func mustEncode(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// TestEncodeRefuses: the encoders refuse, naming the field, what the wire
+// cannot carry or the decoder would refuse (they wrote a one-byte name
+// length and 32-bit counts without a check: a 300-byte name went out as
+// 44 bytes of name and 256 bytes of garbage body), and what they accept
+// decodes back to what was given.
+func TestEncodeRefuses(t *testing.T) {
+	long := strings.Repeat("n", MaxName+1)
+	for _, c := range []struct {
+		what string
+		enc  func() ([]byte, error)
+		want string
+	}{
+		{"EncodePull long name", func() ([]byte, error) { return EncodePull(long, 1, []uint64{1}) }, "EncodePull: name of 256 bytes"},
+		{"EncodePull dim -1", func() ([]byte, error) { return EncodePull("e", -1, []uint64{1}) }, "EncodePull: dim -1"},
+		{"EncodePull dim 1<<32", func() ([]byte, error) { return EncodePull("e", 1<<32, []uint64{1}) }, "EncodePull: dim 4294967296"},
+		{"EncodePush long name", func() ([]byte, error) { return EncodePush(long, 1, []uint64{1}, []float32{1}) }, "EncodePush: name of 256 bytes"},
+		{"EncodePush short grads", func() ([]byte, error) { return EncodePush("e", 2, []uint64{1, 2}, []float32{1, 2, 3}) }, "EncodePush: 3 gradient values for 2 keys of dim 2, want 4"},
+		{"EncodePullDense long name", func() ([]byte, error) { return EncodePullDense(long, 4) }, "EncodePullDense: name of 256 bytes"},
+		{"EncodePullDense size -1", func() ([]byte, error) { return EncodePullDense("w", -1) }, "EncodePullDense: -1 values"},
+		{"EncodePullDense size 1<<40", func() ([]byte, error) { return EncodePullDense("w", 1<<40) }, "EncodePullDense: 1099511627776 values"},
+		{"EncodePushDense long name", func() ([]byte, error) { return EncodePushDense(long, []float32{1}) }, "EncodePushDense: name of 256 bytes"},
+		{"EncodeDefine long name", func() ([]byte, error) { return EncodeDefine(Spec{Name: long, Kind: Sparse, Dim: 2, Rows: 4}) }, "EncodeDefine: name of 256 bytes"},
+		{"EncodeDefine dense size -1", func() ([]byte, error) { return EncodeDefine(Spec{Name: "w", Kind: Dense, Size: -1}) }, "EncodeDefine: -1 values"},
+		{"EncodeDefine dim -2", func() ([]byte, error) { return EncodeDefine(Spec{Name: "e", Kind: Sparse, Dim: -2, Rows: 4}) }, "EncodeDefine: dim -2"},
+	} {
+		b, err := c.enc()
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(fmt.Sprint(err), c.want) || b != nil {
+			t.Errorf("%s: %d bytes, %v; want no message and ErrMalformed saying %q", c.what, len(b), err, c.want)
+		}
+	}
+	name := strings.Repeat("n", MaxName)
+	b, err := EncodePush(name, 2, []uint64{7, 9}, []float32{1, 2, 3, 4})
+	if err != nil {
+		t.Fatalf("EncodePush of a %d-byte name: %v", MaxName, err)
+	}
+	r, err := DecodeRequest(b)
+	if err != nil || r.Name != name || r.Dim != 2 || r.N != 2 || r.Key(1) != 9 || r.Float(3) != 4 {
+		t.Errorf("decoded %q dim %d n %d key1 %d float3 %v, %v; want the name, 2, 2, 9, 4", r.Name, r.Dim, r.N, r.Key(1), r.Float(3), err)
+	}
 }
