@@ -140,9 +140,12 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 			return nil, fmt.Errorf("cq: create: %w", err)
 		}
 	}
-	if err := parts.Objects.Track(q); err != nil {
+	if err := parts.Objects.Track(q); err != nil { // the context closed meanwhile
 		q.destroy()
 		drv.Close()
+		if !ownCh && ch != nil {
+			ch.Unregister(user) // as Close does: the handle may be reused
+		}
 		return nil, err
 	}
 	return q, nil
