@@ -22,8 +22,8 @@
 //	  goverbs_bx_messages_sent_total, goverbs_bx_messages_received_total,
 //	  goverbs_bx_duplicates_total, goverbs_bx_rendezvous_total,
 //	  goverbs_bx_credit_updates_total, goverbs_bx_recoveries_total,
-//	  goverbs_bx_unrouted_completions_total, goverbs_bx_handshakes_failed_total,
-//	  goverbs_bx_peers,
+//	  goverbs_bx_stalls_total, goverbs_bx_unrouted_completions_total,
+//	  goverbs_bx_handshakes_failed_total, goverbs_bx_peers,
 //	  goverbs_bx_window_in_flight_messages, goverbs_bx_window_in_flight_bytes,
 //	  goverbs_bx_window_limit_messages, goverbs_bx_window_limit_bytes
 //	bx peer, {device, peer}:
@@ -210,7 +210,7 @@ var (
 	bxSent      = newMetric("goverbs_bx_messages_sent_total", "Messages sent by the bx endpoint (stream messages, RPC requests and responses).", counter, dev...)
 	bxRecv      = newMetric("goverbs_bx_messages_received_total", "Messages received by the bx endpoint, duplicates included.", counter, dev...)
 	bxDups      = newMetric("goverbs_bx_duplicates_total", "Resent messages the receiver already had (dropped).", counter, dev...)
-	bxRndv      = newMetric("goverbs_bx_rendezvous_total", "Messages received by rendezvous (RDMA READ of the sender's buffer).", counter, dev...)
+	bxRndv      = newMetric("goverbs_bx_rendezvous_total", "Messages received by rendezvous (the sender RDMA-WRITEs into a buffer the receiver names).", counter, dev...)
 	bxCredUpd   = newMetric("goverbs_bx_credit_updates_total", "Explicit credit and acknowledgement updates sent.", counter, dev...)
 	bxRecov     = newMetric("goverbs_bx_recoveries_total", "Connection recoveries started (a peer's QPs failed and were rebuilt).", counter, dev...)
 	bxStalls    = newMetric("goverbs_bx_stalls_total", "Lane QPs found stalled with no error (a probe not complete within Config.StallTimeout); each starts a recovery.", counter, dev...)

@@ -35,7 +35,7 @@
 //
 // The work request and completion types that qp and cq take and return
 // (SGE, SendWR, RecvWR, WC, WCStatus, ...) are declared here as aliases of
-// package uverbs/provider's.
+// package wr's.
 //
 // # Lifecycle
 //

@@ -7,6 +7,7 @@
 //	goverbs ud-pingpong [flags] [HOST] ibv_ud_pingpong, wire compatible
 //	goverbs srq-pingpong [flags] [HOST] ibv_srq_pingpong, wire compatible
 //	goverbs perf TEST [flags] [HOST]  perftest's ib_TEST (send_lat, write_bw, ...)
+//	goverbs rping|udaddy|ucmatose|mckey [flags]  rdma-core's rdma_cm tools, wire compatible
 //	goverbs vm [flags] -- CMD...       run CMD in qemu guests with rxe devices
 //	goverbs ps serve|bench|report ...  parameter server over ByteExpress or TCP
 //	goverbs top [--once --json]        live eBPF view of uverbs commands, doorbells, rxe QPs
