@@ -144,6 +144,34 @@ func OnAskForTest(f func(*Peer)) {
 	askHook.Store(&f)
 }
 
+// OnAcceptResendForTest makes every acceptor's recovery round call f with
+// the peer once the dialer confirmed the round's lanes, just before the
+// acceptor resends (a nil f removes the hook).
+func OnAcceptResendForTest(f func(*Peer)) {
+	if f == nil {
+		acceptResendHook.Store(nil)
+		return
+	}
+	acceptResendHook.Store(&f)
+}
+
+// FailLanesForTest forces every lane's QP to ERR whatever the peer's
+// state (a link that fails again in the middle of a recovery round).
+func (p *Peer) FailLanesForTest() error {
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		var err error
+		if l.qp != nil {
+			err = l.qp.ToError()
+		}
+		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // EpochForTest is the peer's credit epoch: the recovery round its lanes
 // belong to (0 before any recovery).
 func (p *Peer) EpochForTest() uint32 { return p.ret.Epoch() }

@@ -61,7 +61,6 @@ type Peer struct {
 	recovered chan struct{} // closed when a recovery finished
 	recCause  error
 	recAck    chan setup
-	recDone   chan struct{}
 	askCh     chan struct{} // dialer: the acceptor asked for another recovery round
 	// roundEpoch (dialer): the credit epoch the recovery round under
 	// way rebuilds to. An acceptor's request naming an earlier epoch's
@@ -417,7 +416,7 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 	}
 	e.mu.Unlock()
 	p := &Peer{e: e, ctl: c, dialer: dialer, streams: map[uint32]*Stream{}, calls: map[uint64]chan *Msg{},
-		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), recDone: make(chan struct{}, 1), askCh: make(chan struct{}, 1)}
+		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), askCh: make(chan struct{}, 1)}
 	p.initSlots()
 	if err := e.newLanes(p); err != nil {
 		p.destroyLanes()

@@ -31,12 +31,13 @@ func (p *Peer) startRecovery(cause error) {
 	// the goroutine asks, the control goroutine may have begun the
 	// dialer's round and moved the epoch on (recover).
 	failed := p.ret.Epoch()
+	done := p.recovered
 	p.mu.Unlock()
 	p.e.stats.Recoveries.Add(1)
 	if f := recoveryHook.Load(); f != nil {
 		(*f)(p, cause)
 	}
-	go p.recover(failed)
+	go p.recover(failed, done)
 }
 
 // recover runs on both sides: the dialer drives, the acceptor answers
@@ -44,8 +45,9 @@ func (p *Peer) startRecovery(cause error) {
 // dialer with an empty recovery request. A round whose new QPs fail before
 // it is done (the link flapped again, a QP was forced to ERR) is followed
 // by another, in a new epoch, until Config.PeerTimeout. failed is the
-// epoch whose QPs failed.
-func (p *Peer) recover(failed uint32) {
+// epoch whose QPs failed; done is the recovery's recovered channel, which
+// an acceptor waits for.
+func (p *Peer) recover(failed uint32, done chan struct{}) {
 	deadline := time.Now().Add(p.e.cfg.PeerTimeout)
 	if !p.dialer {
 		// Ask the dialer to rebuild; it answers with its new lanes.
@@ -62,19 +64,23 @@ func (p *Peer) recover(failed uint32) {
 			(*f)(p)
 		}
 		p.writeCtl(ctlRecover, (&setup{ID: p.e.id, Epoch: failed, Lanes: []laneInfo{{}}}).encode())
-		timeout := time.After(time.Until(deadline))
-		for {
+		// Closed when the recovery ends (setActive): every wait of the
+		// acceptor's for it ends with it. An acceptor whose own round
+		// failed waits a second time (acceptRecovery), and a signal of one
+		// token for the round that succeeded left one of the two waiting,
+		// to declare the recovered peer gone at its deadline
+		// (TestAcceptorRetryKeepsPeer).
+		select {
+		case <-done:
+		case <-p.down:
+		case <-time.After(time.Until(deadline)):
 			select {
-			case <-p.recDone:
-				if p.state.Load() == stateRecovering {
-					continue // a signal of an earlier round
-				}
-			case <-p.down:
-			case <-timeout:
+			case <-done:
+			default:
 				p.shutdown(fmt.Errorf("%w: no recovery within %v (%v)", ErrPeerGone, p.e.cfg.PeerTimeout, p.recCause), true)
 			}
-			return
 		}
+		return
 	}
 	for {
 		err := p.dialerRound(deadline)
@@ -104,6 +110,11 @@ var dialerRoundHook atomic.Pointer[func(*Peer)]
 // recoveryHook is a test hook (export_test.go): it runs as a peer
 // starts a recovery, with its cause.
 var recoveryHook atomic.Pointer[func(*Peer, error)]
+
+// acceptResendHook is a test hook (export_test.go): it runs in each
+// acceptor's recovery round once the dialer confirmed its new lanes,
+// just before the acceptor resends.
+var acceptResendHook atomic.Pointer[func(*Peer)]
 
 // askHook is a test hook (export_test.go): it runs in an acceptor's
 // recovery just before it asks the dialer for a round.
@@ -247,10 +258,6 @@ func (p *Peer) acceptRecovery(remote setup) {
 		switch {
 		case err == nil && next == nil:
 			p.setActive()
-			select {
-			case p.recDone <- struct{}{}:
-			default:
-			}
 			return
 		case next != nil:
 			// The dialer started over (its side failed): so do we.
@@ -261,7 +268,10 @@ func (p *Peer) acceptRecovery(remote setup) {
 		if errors.As(err, &again) {
 			// Our new QPs failed: ask the dialer for another round and
 			// wait for it, bounded by PeerTimeout.
-			go p.recover(remote.Epoch)
+			p.mu.Lock()
+			done := p.recovered
+			p.mu.Unlock()
+			go p.recover(remote.Epoch, done)
 			return
 		}
 		p.shutdown(fmt.Errorf("%w: recovery: %v", ErrPeerGone, err), true)
@@ -320,6 +330,9 @@ func (p *Peer) acceptRound(remote setup) (*setup, error) {
 		return &m.Setup, nil
 	case m.Type != ctlPing:
 		return nil, fmt.Errorf("%w: control message %d while waiting for the recovery confirmation", ErrProtocol, m.Type)
+	}
+	if f := acceptResendHook.Load(); f != nil {
+		(*f)(p)
 	}
 	if err := p.finishResend(remote); err != nil {
 		return nil, &retryError{err}
