@@ -456,3 +456,24 @@ func (p *Peer) OpenLaneQPsForTest() int {
 	}
 	return n
 }
+
+// SendAcrossRecoveryForTest sends data on stream s as Stream.Send does,
+// but calls between once the message holds its window share and credit,
+// before it is sequenced and posted: a sender preempted there while a
+// recovery runs.
+func (p *Peer) SendAcrossRecoveryForTest(s uint32, data []byte, between func()) error {
+	b, err := p.e.eager.Alloc(HeaderSize + len(data))
+	if err != nil {
+		return err
+	}
+	copy(b.Bytes()[HeaderSize:], data)
+	l := p.lanes[int(s)%len(p.lanes)]
+	o := out{buf: b, bytes: int64(b.Len())}
+	epoch, err := p.admit(p.e.stopCh, l, 1, o.bytes, false)
+	if err != nil {
+		p.e.eager.Free(b)
+		return err
+	}
+	between()
+	return p.postOut(l, s, header{Type: typData, Length: uint32(len(data))}, &o, epoch)
+}

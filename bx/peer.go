@@ -97,6 +97,12 @@ type lane struct {
 	fenceQP *qp.QP
 
 	live bool // under mu: the QP is connected and resends are done; else sends only queue
+	// epoch (under mu): the credit epoch the lane went live in. A message
+	// whose credit was taken in another (a recovery ended between its
+	// admit and its post: Resync forgave that credit) goes out through
+	// drainQueued, which has it pay again; posted directly it would be a
+	// message the peer never granted.
+	epoch uint32
 	// queued: outs from sequence queuedFrom on are not posted on the QP yet
 	// (resends after recovery that found no credit, and what was sent
 	// behind them); they go out in order as credits come (drainQueued).
@@ -871,11 +877,13 @@ func (p *Peer) postOut(l *lane, s uint32, h header, o *out, epoch uint32) error 
 	h.Stream, h.Seq = s, o.seq
 	po := l.pushOut(o)
 	switch {
-	case l.live && !l.queued.Load():
+	case l.live && !l.queued.Load() && epoch == l.epoch:
 		err = p.post(l, h, po, compactHeaders)
 	case l.live:
 		// Resends wait for credits ahead of it: it goes out behind them.
+		// Or its credit is of an earlier epoch: it pays again first.
 		h.encode(o.buf.Bytes()[:HeaderSize])
+		l.queueFrom(o.seq)
 		err = p.drainQueued(l)
 	default:
 		// Recovery is rebuilding the lane: finishResend posts it, in
@@ -1001,6 +1009,15 @@ func (p *Peer) post(l *lane, h header, o *out, fresh bool) error {
 	}
 	l.swr[n] = qp.SendWR{ID: tagSend, Opcode: op, Flags: flags, SGEs: sges, Imm: imm}
 	return l.qp.PostSend(l.swr[:n+1])
+}
+
+// queueFrom makes seq, the last message sequenced, the first queued
+// unless messages are queued already. l.mu is held.
+func (l *lane) queueFrom(seq uint64) {
+	if !l.queued.Load() {
+		l.queuedFrom = seq
+		l.queued.Store(true)
+	}
 }
 
 func (l *lane) deliveredSeq() uint64 {

@@ -425,7 +425,7 @@ func (p *Peer) finishResend(remote setup) error {
 		l.queuedFrom = remote.Lanes[i].Next
 		l.queued.Store(true)
 		err := p.drainQueued(l)
-		l.live = true
+		l.live, l.epoch = true, remote.Epoch // finishConnect resynced the credits to it
 		l.mu.Unlock()
 		if err != nil {
 			return err

@@ -3,6 +3,7 @@ package bx_test
 import (
 	"context"
 	"errors"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,4 +90,64 @@ func TestAcceptorRetryKeepsPeer(t *testing.T) {
 		}
 		t.Fatalf("recv: %v", err)
 	}
+}
+
+// TestStaleCreditPaysAgain: a message that took its credit before a
+// recovery and is posted after it (its sender preempted between the two)
+// pays a credit of the new epoch. Resync forgave the old one, so posted
+// as it was it reached the peer uncounted: the sender went on with one
+// credit more than the peer granted (the credits came back one over the
+// grant), and the peer, once the sender used them all, saw an overrun.
+func TestStaleCreditPaysAgain(t *testing.T) {
+	srv, cli, p, sp := pair(t, nil)
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	pools, credits := baseline(srv, cli, p, sp)
+	before := p.EpochForTest()
+	err := p.SendAcrossRecoveryForTest(3, []byte("stale credit"), func() {
+		if err := p.BreakLanesForTest(); err != nil {
+			t.Error(err)
+			return
+		}
+		for p.EpochForTest() == before || !p.ActiveForTest() || !sp.ActiveForTest() {
+			if ctx.Err() != nil {
+				t.Error(hang.Err(ctx))
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	if err != nil || t.Failed() {
+		t.Fatalf("send across the recovery: %v", err)
+	}
+	rs := sp.Stream(3)
+	for i, want := range []string{"stale credit", "after"} {
+		if i == 1 {
+			if err := p.Stream(3).Send(ctx, []byte(want)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := rs.Recv(ctx)
+		if err != nil {
+			t.Fatal(hang.Cause(ctx, err))
+		}
+		if string(m.Data()) != want {
+			t.Fatalf("message %d: %q, want %q (once each, in order)", i, m.Data(), want)
+		}
+		m.Release()
+		wd.Progress()
+	}
+	if p.EpochForTest() == before {
+		t.Fatal("no recovery happened")
+	}
+	if err := p.Stream(3).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.Recv(ctx); !errors.Is(err, io.EOF) {
+		t.Fatalf("Recv after the two messages and the close: %v, want io.EOF", hang.Cause(ctx, err))
+	}
+	if err := rs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, srv, cli, p, sp, pools, credits)
 }

@@ -109,7 +109,8 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 	d := rndv{Len: uint32(b.n)}
 	d.encode(hdrs[0].Bytes()[HeaderSize:])
 	live, queued := l.live, l.queued.Load()
-	now := live && !queued
+	now := live && !queued && epoch == l.epoch // as postOut
+	first := l.nextSeq
 	if now && l.pwr == nil {
 		l.pwr, l.psge = make([]qp.SendWR, MaxParts), make([]qp.SGE, 2*MaxParts)
 	}
@@ -152,6 +153,7 @@ func (p *Peer) postSplit(l *lane, s uint32, flags uint16, call uint64, b *Buffer
 		// and a run of the kernel's requester.
 		err = l.qp.PostSend(l.pwr[:len(hdrs)])
 	case live:
+		l.queueFrom(first)
 		err = p.drainQueued(l)
 	}
 	l.mu.Unlock()
