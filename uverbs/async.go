@@ -166,6 +166,9 @@ func (c *Context) Events() (<-chan AsyncEvent, error) {
 		if a.err != nil {
 			return nil, a.err
 		}
+		if c.IsClosed() {
+			return nil, ErrClosed // Close ran first (closeAsync)
+		}
 		return nil, errors.New("uverbs: async events unavailable")
 	}
 	return a.ch, nil
@@ -213,6 +216,12 @@ func (c *Context) readEvents(a *asyncEvents) {
 
 // closeAsync closes the async event file (and so stops the reader).
 func (c *Context) closeAsync() error {
+	// An Events that passed its IsClosed check before Close began either
+	// finishes starting the reader first (Once.Do waits for it), which is
+	// then stopped below, or never starts one: its once is spent here.
+	// Without this it could start a reader on the descriptor just closed,
+	// or on another file that took its number, which nothing stops.
+	c.async.once.Do(func() {})
 	if c.asyncFD < 0 {
 		return nil
 	}

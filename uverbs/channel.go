@@ -302,7 +302,9 @@ func (ch *CompChannel) Next(ctx context.Context) (uint64, error) {
 			if ch.intr.CompareAndSwap(true, false) {
 				return 0, ErrInterrupted
 			}
-		case errors.Is(err, os.ErrClosed) || errors.Is(err, io.EOF):
+		case errors.Is(err, os.ErrClosed) || errors.Is(err, io.EOF) || ch.isClosed():
+			// A RawConn's read of a file closed under it fails with
+			// "use of closed file" (internal/poll), not os.ErrClosed.
 			return 0, ErrClosed
 		default:
 			return 0, fmt.Errorf("uverbs: completion channel read: %w", err)
@@ -352,7 +354,7 @@ func (ch *CompChannel) read() {
 	for {
 		n, err := r.read()
 		if err != nil {
-			if !errors.Is(err, os.ErrClosed) && !errors.Is(err, io.EOF) {
+			if !errors.Is(err, os.ErrClosed) && !errors.Is(err, io.EOF) && !ch.isClosed() {
 				e := fmt.Errorf("uverbs: completion channel read: %w", err)
 				ch.err.Store(&e)
 			}
@@ -373,6 +375,13 @@ func (ch *CompChannel) read() {
 			}
 		}
 	}
+}
+
+// isClosed reports whether Close was called.
+func (ch *CompChannel) isClosed() bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.closed
 }
 
 // Close closes the channel. Destroy the CQs that use it first: the kernel
