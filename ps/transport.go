@@ -127,6 +127,13 @@ type tcpClient struct {
 	done  chan struct{}
 	once  sync.Once
 	max   int
+
+	// busy are the connections a call is using: close closes them, so
+	// that a call blocked on a server that does not answer ends with
+	// the client (it outlived Close, and its goroutine with it).
+	mu     sync.Mutex
+	busy   map[*tcpConn]struct{}
+	closed bool
 }
 
 type tcpConn struct {
@@ -144,7 +151,8 @@ func newTCPClient(cfg ClientConfig) *tcpClient {
 	if n <= 0 {
 		n = 64
 	}
-	t := &tcpClient{addrs: cfg.Servers, pools: make([]chan *tcpConn, len(cfg.Servers)), done: make(chan struct{})}
+	t := &tcpClient{addrs: cfg.Servers, pools: make([]chan *tcpConn, len(cfg.Servers)), done: make(chan struct{}),
+		busy: map[*tcpConn]struct{}{}}
 	for i := range t.pools {
 		t.pools[i] = make(chan *tcpConn, n)
 	}
@@ -164,7 +172,7 @@ func (t *tcpClient) get(ctx context.Context, i int) (*tcpConn, error) {
 	}
 	select {
 	case <-t.done:
-		return nil, errors.New("ps: client closed")
+		return nil, errClientClosed
 	default:
 	}
 	c, err := t.d.DialContext(ctx, "tcp", t.addrs[i])
@@ -173,6 +181,29 @@ func (t *tcpClient) get(ctx context.Context, i int) (*tcpConn, error) {
 	}
 	c.(*net.TCPConn).SetNoDelay(true)
 	return &tcpConn{c: c, br: bufio.NewReaderSize(c, 64<<10), pool: t.pools[i]}, nil
+}
+
+// errClientClosed is what a call of a closed client returns.
+var errClientClosed = errors.New("ps: client closed")
+
+// hold marks tc busy for a call, or closes it and reports false when the
+// client is closed.
+func (t *tcpClient) hold(tc *tcpConn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		tc.c.Close()
+		return false
+	}
+	t.busy[tc] = struct{}{}
+	return true
+}
+
+// unhold ends tc's call.
+func (t *tcpClient) unhold(tc *tcpConn) {
+	t.mu.Lock()
+	delete(t.busy, tc)
+	t.mu.Unlock()
 }
 
 func (tc *tcpConn) put(done chan struct{}) {
@@ -205,6 +236,9 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 	if err != nil {
 		return err
 	}
+	if !t.hold(tc) {
+		return errClientClosed
+	}
 	if cap(tc.wbuf) < 4+n {
 		tc.wbuf = make([]byte, 4+n)
 	}
@@ -228,6 +262,12 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 			stop()
 		}
 		tc.c.Close()
+		t.unhold(tc)
+		select {
+		case <-t.done:
+			return errClientClosed // close closed the connection under us
+		default:
+		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
@@ -267,12 +307,20 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 	if peeked {
 		tc.br.Discard(m)
 	}
+	t.unhold(tc) // before it goes back to the pool, for another call
 	tc.put(t.done)
 	return nil
 }
 
 func (t *tcpClient) close() error {
 	t.once.Do(func() { close(t.done) })
+	// Calls in flight end: their connections close under them.
+	t.mu.Lock()
+	t.closed = true
+	for tc := range t.busy {
+		tc.c.Close()
+	}
+	t.mu.Unlock()
 	for _, p := range t.pools {
 	drain:
 		for {
