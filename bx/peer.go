@@ -401,6 +401,56 @@ func (p *Peer) connectLanes(local, remote setup) error {
 // Nothing about QPs, GIDs or keys crosses the wire before the peer proved
 // it holds the token.
 func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Peer, error) {
+	// Close, and for Dial the caller's ctx, end a handshake under way. Its
+	// reads and writes set deadlines of their own (HandshakeTimeout), so
+	// the interrupt closes the connection. It did not: an accepted
+	// connection whose dialer said nothing, or a Dial to a listener that
+	// never answered, outlived Close (goroutine and descriptor) until
+	// HandshakeTimeout (TestGoroutineLeaksHandshake).
+	g := hsGuard{ctx: ctx, e: e}
+	intr := func() { c.Close() }
+	g.stopCtx, g.stopE = context.AfterFunc(ctx, intr), context.AfterFunc(e.stopCh, intr)
+	p, err := e.handshakeConn(ctx, c, dialer, &g)
+	if !g.settle() && err != nil {
+		err = g.cause(err)
+	}
+	return p, err
+}
+
+// hsGuard holds a handshake's interrupts (handshake).
+type hsGuard struct {
+	ctx          context.Context
+	e            *Endpoint
+	stopCtx      func() bool
+	stopE        func() bool
+	done, intact bool
+}
+
+// settle stops the interrupts, once; false if one of them fired (the
+// connection is closed or about to be).
+func (g *hsGuard) settle() bool {
+	if !g.done {
+		a, b := g.stopCtx(), g.stopE()
+		g.done, g.intact = true, a && b
+	}
+	return g.intact
+}
+
+// cause is what an interrupted handshake returns instead of err (the
+// error of a read or write on the connection the interrupt closed).
+func (g *hsGuard) cause(err error) error {
+	switch {
+	case g.e.closed.Load() || g.e.stopCh.Err() != nil:
+		return ErrClosed
+	case g.ctx.Err() != nil:
+		return fmt.Errorf("handshake: %w", g.ctx.Err())
+	}
+	return err
+}
+
+// handshakeConn is handshake's work; it settles g before the peer is
+// registered, so that an interrupt never closes a peer's connection.
+func (e *Endpoint) handshakeConn(ctx context.Context, c net.Conn, dialer bool, g *hsGuard) (*Peer, error) {
 	d := e.cfg.HandshakeTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		d = time.Until(dl)
@@ -526,6 +576,11 @@ func (e *Endpoint) handshake(ctx context.Context, c net.Conn, dialer bool) (*Pee
 			p.destroyLanes()
 			return nil, fmt.Errorf("bx: handshake: peer not ready: %v", err)
 		}
+	}
+	if !g.settle() {
+		// Interrupted as it finished: the connection is closed.
+		p.destroyLanes()
+		return nil, g.cause(ErrClosed)
 	}
 	e.mu.Lock()
 	if e.closed.Load() {
