@@ -111,6 +111,9 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected argument %q", fs.Arg(0))
+	}
 	v := version
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" {

@@ -55,11 +55,11 @@ func runMckey(args []string, stdout, stderr io.Writer) error {
 	case perr != nil || psv != ioctl.RDMA_PS_UDP:
 		return usageError("-p %s: only the UDP port space (%#x) is supported (IPoIB is not)", *ps, ioctl.RDMA_PS_UDP)
 	case o.count < 0 || o.count > 4096:
-		return usageError("invalid message count %d (0..4096)", o.count)
+		return usageError("-C %d: invalid message count (0..4096)", o.count)
 	case o.size < 0:
-		return usageError("invalid message size %d", o.size)
+		return usageError("-S %d: invalid message size (0 or more; at most the path MTU)", o.size)
 	case o.idle <= 0:
-		return usageError("invalid -idle %v", o.idle)
+		return usageError("-idle %v: must be positive", o.idle)
 	}
 	if o.size == 0 {
 		o.count = 0 // as mckey

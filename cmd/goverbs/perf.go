@@ -91,6 +91,12 @@ const (
 	perfCQModLimit = 8192    // MSG_SIZE_CQ_MOD_LIMIT
 	perfUDMaxRx    = 16000   // UC_MAX_RX
 	perfQKey       = 0x11111111
+	// perfMaxStamps bounds the timestamps a run keeps, one or two int64
+	// per message (iterations times QPs): 2^27 of them take 1 or 2 GiB,
+	// and an allocation the machine cannot make is a fatal error in Go,
+	// not an error to report (perftest's malloc fails cleanly instead).
+	perfMaxStamps = 1 << 27
+	perfMaxIters  = 1<<31 - 1
 )
 
 type perfOptions struct {
@@ -265,14 +271,16 @@ func (o *perfOptions) resolve() error {
 	}
 	o.conn = strings.ToUpper(o.conn)
 	switch {
+	case o.given("ib-dev") && o.dev == "":
+		return usageError("-d \"\": empty device name (leave -d out for the first device)")
 	case o.size < 1 || o.size > perfMaxSize:
 		return usageError("-s %d: message size must be 1..%d", o.size, perfMaxSize)
 	case k.verb == verbAtomic && o.size != 8:
 		return usageError("-s %d: atomic operations are 8 bytes; message size cannot be changed for atomic tests", o.size)
 	case k.verb == verbAtomic && o.all:
 		return usageError("-a: atomic tests have one message size (8)")
-	case o.iters < perfMinIters || o.iters > 1<<31-1:
-		return usageError("-n %d: iterations must be %d..2147483647", o.iters, perfMinIters)
+	case o.iters < perfMinIters || o.iters > perfMaxIters:
+		return usageError("-n %d: iterations must be %d..%d", o.iters, perfMinIters, perfMaxIters)
 	case o.port < 0 || o.port > 65535:
 		return usageError("-p %d: TCP port must be 0..65535", o.port)
 	case o.ibPort < 1 || o.ibPort > 255:
@@ -285,6 +293,8 @@ func (o *perfOptions) resolve() error {
 		return usageError("-c UD: only send_lat and send_bw run on UD (RDMA and atomics need RC)")
 	case o.qps < 1 || o.qps > perfMaxQPs:
 		return usageError("-q %d: number of QPs must be 1..%d", o.qps, perfMaxQPs)
+	case o.iters > perfMaxStamps/o.qps:
+		return usageError("-n %d with -q %d: at most %d messages in all (iterations times QPs: a timestamp is kept for each)", o.iters, o.qps, perfMaxStamps)
 	case lat && o.qps != 1:
 		return usageError("-q %d: latency tests use one QP", o.qps)
 	case o.postList < 1 || o.postList > perfMaxTx:
@@ -299,11 +309,11 @@ func (o *perfOptions) resolve() error {
 		return usageError("-r %d: rx depth must be 1..%d", o.rxDepth, perfMaxRx)
 	case o.cqMod < 1 || o.cqMod > perfMaxCQMod:
 		return usageError("-Q %d: CQ moderation must be 1..%d", o.cqMod, perfMaxCQMod)
-	case o.inline < -1 || o.inline > perfMaxInline:
+	case o.inline < -1 || o.inline > perfMaxInline || o.given("inline_size") && o.inline < 0:
 		return usageError("-I %d: inline size must be 0..%d", o.inline, perfMaxInline)
-	case o.outReads < 0 || o.outReads > 255:
+	case o.outReads < 0 || o.outReads > 255 || o.given("outs") && o.outReads == 0:
 		return usageError("-o %d: outstanding reads must be 1..255", o.outReads)
-	case o.mtu != 0 && o.mtu != 256 && o.mtu != 512 && o.mtu != 1024 && o.mtu != 2048 && o.mtu != 4096:
+	case (o.mtu != 0 || o.given("mtu")) && o.mtu != 256 && o.mtu != 512 && o.mtu != 1024 && o.mtu != 2048 && o.mtu != 4096:
 		return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", o.mtu)
 	}
 	o.atomic = strings.ToUpper(o.atomic)

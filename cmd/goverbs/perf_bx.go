@@ -236,8 +236,12 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 		return usageError("--eager-size is for the bx tests")
 	case o.split != 0 && (o.tcp || o.grpc):
 		return usageError("--split-size is for the bx tests")
-	case o.iters < perfMinIters:
-		return usageError("-n %d: iterations must be %d..2147483647", o.iters, perfMinIters)
+	case o.iters < perfMinIters || o.iters > perfMaxIters:
+		return usageError("-n %d: iterations must be %d..%d", o.iters, perfMinIters, perfMaxIters)
+	case !o.bw && o.iters > perfMaxStamps:
+		// measuredCalls keeps a timestamp per call (and latStats a
+		// difference): -n 2^63-1 overflowed its make to a panic.
+		return usageError("-n %d: a _lat test keeps a timestamp per call: iterations must be %d..%d", o.iters, perfMinIters, perfMaxStamps)
 	case o.window < 1 || o.window > 1024:
 		return usageError("-t %d: outstanding calls must be 1..1024", o.window)
 	case o.port < 1 || o.port > 65534:
@@ -270,9 +274,19 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	if !o.bw {
 		o.window = 1
 	}
-	if !o.tcp && o.dev == "" {
-		dev, err := pickDevice("")
+	if set["d"] || set["ib-dev"] {
+		if o.dev == "" {
+			return usageError("-d \"\": empty device name")
+		}
+	}
+	if !o.tcp {
+		// A -d that names no device fails now, not after the server has
+		// waited for a client (or the client reached the server).
+		dev, err := pickDevice(o.dev)
 		if err != nil {
+			if o.dev != "" {
+				return err
+			}
 			return fmt.Errorf("%w (-d names one; is rdma_rxe loaded and a device added?)", err)
 		}
 		o.dev = dev

@@ -962,12 +962,22 @@ func (r *perfRun) measure(size int) error {
 func (r *perfRun) measureBound() time.Duration {
 	o := r.o
 	msgs := float64(o.iters) * float64(o.qps)
-	d := perfStall
+	d := float64(perfStall)
 	for _, size := range o.sizes {
-		d += time.Duration(msgs * (float64(time.Millisecond) + float64(size)*float64(time.Second)/1e6))
+		d += msgs * (float64(time.Millisecond) + float64(size)*float64(time.Second)/1e6)
 	}
-	return d
+	// In float64 and capped: -n 2^31-1 of -s 8 MiB is 1.8e19 ns, past
+	// int64, whose wrap-around made the bound negative (and the exchange
+	// then waited only perfStall for the whole measurement).
+	if d >= float64(perfMaxBound) {
+		return perfMaxBound
+	}
+	return time.Duration(d)
 }
+
+// perfMaxBound is measureBound's cap: a year, longer than any
+// measurement a person waits for, and far inside time.Duration.
+const perfMaxBound = 365 * 24 * time.Hour
 
 func (r *perfRun) finish(rep *perfReport, stdout io.Writer) error {
 	if r.o.json {

@@ -207,6 +207,9 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	if port.MaxMsgSize != 0 && uint64(o.size) > uint64(port.MaxMsgSize) {
 		return usageError("-s %d: larger than the port's max message size %d", o.size, port.MaxMsgSize)
 	}
+	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+1, false); err != nil {
+		return err
+	}
 	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
 	if a := port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
 		fmt.Fprintf(stderr, "goverbs rc-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())

@@ -80,6 +80,24 @@ func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevic
 	return d, nil
 }
 
+// checkRxDepth checks -r against the device: rxDepth receive WRs in one
+// queue (the QP's, or the SRQ's with srq) and cqe CQ entries, which the
+// device would refuse with a message that does not name -r.
+func (d *ppDevice) checkRxDepth(rxDepth, cqe int, srq bool) error {
+	a := d.ctx.Attr()
+	maxWR, what := int(a.MaxQPWR), "max_qp_wr"
+	if srq {
+		maxWR, what = int(a.MaxSRQWR), "max_srq_wr"
+	}
+	if maxWR > 0 && rxDepth > maxWR {
+		return usageError("-r %d: larger than %s's %s %d", rxDepth, d.name, what, maxWR)
+	}
+	if m := int(a.MaxCQE); m > 0 && cqe > m {
+		return usageError("-r %d: needs %d CQ entries, %s has max_cqe %d", rxDepth, cqe, d.name, m)
+	}
+	return nil
+}
+
 // localDest is our address as the exchange carries it: the port's LID,
 // qpn, psn and the GID at d.sgid (zero without one).
 func (d *ppDevice) localDest(ibPort int, qpn, psn uint32) (dest, error) {
@@ -265,7 +283,14 @@ type ppCommon struct {
 	mtu                                          int // -m (rc, srq); 0 without it
 	dev, server                                  string
 	events                                       bool
+	withMTU                                      bool // the tool has -m
+	devGiven                                     bool // -d was on the command line
 }
+
+// ppMaxInt32 bounds the options rdma-core keeps in a C int: -r and -n
+// (a larger -r also wrapped in the uint32 of the QP's receive queue size,
+// and -r + 1 CQ entries overflowed at 2^63-1).
+const ppMaxInt32 = 1<<31 - 1
 
 // flags registers the shared flags with their rdma-core names; defSize is
 // the tool's default -s, withMTU adds -m.
@@ -274,6 +299,7 @@ func (c *ppCommon) flags(f ppFlags, defSize int, withMTU bool) {
 	f.stringVar(&c.dev, "d", "ib-dev", "use IB device `dev` (default first device found)")
 	f.intVar(&c.ibPort, "i", "ib-port", 1, "use `port` of IB device")
 	f.intVar(&c.size, "s", "size", defSize, "`size` of message to exchange")
+	c.withMTU = withMTU
 	if withMTU {
 		f.intVar(&c.mtu, "m", "mtu", 1024, "path MTU: 256, 512, 1024, 2048 or 4096 (capped at the port's active MTU)")
 	}
@@ -290,6 +316,7 @@ func (c *ppCommon) parse(fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
+	fs.Visit(func(f *flag.Flag) { c.devGiven = c.devGiven || f.Name == "d" || f.Name == "ib-dev" })
 	c.server, err = hostArg(rest)
 	return err
 }
@@ -316,16 +343,20 @@ func (c *ppCommon) validate() error {
 		return usageError("-i %d: IB port must be 1..255", c.ibPort)
 	case c.size < 1:
 		return usageError("-s %d: message size must be at least 1", c.size)
-	case c.rxDepth < 1:
-		return usageError("-r %d: rx depth must be at least 1", c.rxDepth)
-	case c.iters < 1 || c.iters > 1<<31-1:
-		return usageError("-n %d: iterations must be 1..2147483647", c.iters)
+	case c.rxDepth < 1 || c.rxDepth > ppMaxInt32:
+		return usageError("-r %d: rx depth must be 1..%d", c.rxDepth, ppMaxInt32)
+	case c.iters < 1 || c.iters > ppMaxInt32:
+		return usageError("-n %d: iterations must be 1..%d", c.iters, ppMaxInt32)
 	case c.sl < 0 || c.sl > 15:
 		return usageError("-l %d: service level must be 0..15", c.sl)
 	case c.gidx < -1 || c.gidx > 255:
 		return usageError("-g %d: GID index must be 0..255", c.gidx)
+	case c.devGiven && c.dev == "":
+		return usageError("-d \"\": empty device name (leave -d out for the first device)")
 	}
-	if c.mtu != 0 {
+	// -m 0 is no MTU: it used to pass here as "no -m" and reach RTR as
+	// path MTU 0.
+	if c.withMTU || c.mtu != 0 {
 		if _, err := uverbs.MTUFromBytes(c.mtu); err != nil {
 			return usageError("-m %d: path MTU must be 256, 512, 1024, 2048 or 4096", c.mtu)
 		}

@@ -150,11 +150,13 @@ const psUsage = `Usage: goverbs ps COMMAND [flags]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
           (serve, bench, worker: SIGUSR1 writes bx's flow-control state and every goroutine's
           stack to stderr, for diagnosing a stall; the process goes on)
-  bench   --transport rdma|tcp --workload inference|training|incast [--workers N] [--servers M]
-          [--duration D] [--json] [--addrs A,B,...] [--metrics ADDR] [--spin D] [--shared-targets]
-          [--eager-size N] [--split-size N]
+  bench   --transport rdma|tcp --workload inference|training|incast|pull [--workers N] [--servers M]
+          [--worker-procs P] [--duration D] [--json] [--addrs A,B,...] [--device DEV]
+          [--server-device DEV] [--metrics ADDR] [--spin D] [--shared-targets] [--depth K]
+          [--eager-size N] [--split-size N] [--rate OPS | --rates A,B,...]
           run workers against servers (its own children unless --addrs) and report latency,
-          throughput and CPU per 1000 ops
+          throughput and CPU per 1000 ops; closed loop, or open loop at --rate steps per
+          second (Poisson arrivals, latency from the scheduled start), one row per --rates rate
 
   --metrics ADDR serves Prometheus metrics (goverbs_bx_*, goverbs_ps_*) on http://ADDR/metrics
   while the command runs (off by default; port 0 picks one, serve prints it as "metrics");
@@ -179,7 +181,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	var eager, split int
 	bxSizeFlags(fs, &eager, &split, "")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on HOST:PORT at /metrics (default: off)")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if err := parseNoOperands(fs, args); err != nil {
 		return err
 	}
 	if *listen == "" {
@@ -523,7 +525,7 @@ func parsePSWorker(args []string, stderr io.Writer) (*psWorkerOpts, error) {
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: steps per second of this process, Poisson arrivals, each taken by a free worker goroutine (0: closed loop)")
 	fs.IntVar(&o.depth, "depth", 1, "pull workload, closed loop: pulls each worker goroutine keeps outstanding (ps.Client.PullAsync)")
 	bxSizeFlags(fs, &o.eager, &o.split, "")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if err := parseNoOperands(fs, args); err != nil {
 		return nil, err
 	}
 	if err := checkEagerSize(o.eager); err != nil {
@@ -811,7 +813,7 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 	bxSizeFlags(fs, &o.eager, &o.split, " of servers and workers")
 	rate := fs.Float64("rate", 0, "open loop: offer this many steps per second in all (Poisson arrivals; latency from each arrival's scheduled time); an inference step is one pull (and a push every 20th), training 3 pulls and 3 pushes, incast one push. 0: closed loop")
 	rates := fs.String("rates", "", "open loop at each of these rates in turn (A,B,C steps per second), one row each; the servers stay up between them")
-	if _, err := parseGetopt(fs, args); err != nil {
+	if err := parseNoOperands(fs, args); err != nil {
 		return nil, err
 	}
 	o.rates = []float64{*rate}
@@ -822,7 +824,7 @@ func parsePSBench(args []string, stderr io.Writer) (*psBenchOpts, error) {
 		o.rates = o.rates[:0]
 		for _, f := range strings.Split(*rates, ",") {
 			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-			if err != nil || r <= 0 || math.IsInf(r, 0) {
+			if err != nil || !(r > 0) || math.IsInf(r, 0) { // !(r > 0): NaN too
 				return nil, usageError("--rates %q: %q is not a rate (steps per second > 0)", *rates, f)
 			}
 			o.rates = append(o.rates, r)
@@ -1345,6 +1347,20 @@ func bxSizeFlags(fs *flag.FlagSet, eager, split *int, whose string) {
 	}
 	fs.IntVar(eager, "eager-size", 0, "rdma: bx Config.EagerSize"+whose+", the largest payload sent in one message (0: bx's default, 8 KiB less the header)"+same)
 	fs.IntVar(split, "split-size", 0, "rdma: bx Config.SplitSize"+whose+", the largest payload sent as several eager messages instead of by rendezvous (0: bx's default; -1: never)")
+}
+
+// parseNoOperands parses args (getopt style) for a command that takes
+// flags only: an operand left over (a value whose flag was mistyped, say)
+// is an error, not ignored.
+func parseNoOperands(fs *flag.FlagSet, args []string) error {
+	rest, err := parseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageError("unexpected argument %q (%s takes flags only)", rest[0], fs.Name())
+	}
+	return nil
 }
 
 // checkSplitSize checks a --split-size (0: bx's default, -1: never; a

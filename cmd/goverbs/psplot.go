@@ -26,6 +26,26 @@ import (
 // goverbs ps report: bench --json results side by side (rdma against tcp
 // per workload and operation, with the change in percent), and PNG plots.
 
+// scanResults adds the bench results and rtt lines sc reads to rs and
+// rtts; other lines are skipped. A read error (a folder, a line over the
+// scanner's 64 MiB) is returned: it used to end the file silently, its
+// later results dropped.
+func scanResults(sc *bufio.Scanner, rs *[]benchResult, rtts *[]rttResult) error {
+	for sc.Scan() {
+		var l rttLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.RTT != nil {
+			*rtts = append(*rtts, *l.RTT)
+			continue
+		}
+		var r benchResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Transport == "" {
+			continue
+		}
+		*rs = append(*rs, r)
+	}
+	return sc.Err()
+}
+
 func psReport(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("goverbs ps report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -46,17 +66,9 @@ func psReport(args []string, stdout, stderr io.Writer) error {
 		}
 		sc := bufio.NewScanner(b)
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		for sc.Scan() {
-			var l rttLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.RTT != nil {
-				rtts = append(rtts, *l.RTT)
-				continue
-			}
-			var r benchResult
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Transport == "" {
-				continue
-			}
-			rs = append(rs, r)
+		if err := scanResults(sc, &rs, &rtts); err != nil {
+			b.Close()
+			return fmt.Errorf("%s: %w", f, err)
 		}
 		b.Close()
 	}
@@ -266,6 +278,9 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 				for _, b := range op.Hist {
 					n += b[1]
 				}
+				if n == 0 {
+					continue // nothing counted: no CDF (0/0 made NaN points)
+				}
 				for _, b := range op.Hist {
 					cum += b[1]
 					pts = append(pts, plotter.XY{X: max(float64(b[0])/1e3, 0.001), Y: float64(cum) / float64(n)})
@@ -289,6 +304,7 @@ func writePlots(dir string, rs []benchResult) ([]string, error) {
 		}
 		if lines > 0 {
 			f := filepath.Join(dir, "cdf-"+g.wl+suffix(g)+".png")
+			padLogAxis(&p.X)
 			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, f); err != nil {
 				return written, err
 			}
@@ -629,7 +645,18 @@ func writeLoadPlot(dir, name, title string, rs []benchResult) (string, error) {
 		return "", nil
 	}
 	f := filepath.Join(dir, name)
+	padLogAxis(&p.Y)
 	return f, p.Save(7*vg.Inch, 4.5*vg.Inch, f)
+}
+
+// padLogAxis widens a logarithmic axis whose data is one value (one
+// open-loop run with p50 = p99, a histogram of one bucket) to a decade
+// each side: gonum pads such a range by 1 either way, which below 1 makes
+// it reach 0 or less, and its log ticks panic on that.
+func padLogAxis(ax *plot.Axis) {
+	if ax.Min > 0 && ax.Min == ax.Max {
+		ax.Min, ax.Max = ax.Min/10, math.Min(ax.Max*10, math.MaxFloat64)
+	}
 }
 
 // newLogPlot is a plot with a grid and a logarithmic x axis (logX, legend

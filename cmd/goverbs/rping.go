@@ -75,13 +75,15 @@ func runRping(args []string, stdout, stderr io.Writer) error {
 	case o.server == o.client:
 		return usageError("give exactly one of -s (server) and -c (client)")
 	case o.size < rpingMinSize || o.size > rpingMaxSize:
-		return usageError("invalid size %d (valid range is %d to %d)", o.size, rpingMinSize, rpingMaxSize)
+		return usageError("-S %d: invalid size (valid range is %d to %d)", o.size, rpingMinSize, rpingMaxSize)
 	case o.count < 0:
-		return usageError("invalid count %d", o.count)
+		return usageError("-C %d: invalid count (0 or more; 0: until interrupted)", o.count)
 	case o.port <= 0 || o.port > 65535:
-		return usageError("invalid port %d", o.port)
+		return usageError("-p %d: invalid port (1..65535)", o.port)
 	case o.client && o.addr == "":
 		return usageError("the client needs -a (the server's address)")
+	case o.server && o.src != "":
+		return usageError("-I %q: the source address is the client's (-c); the server binds -a", o.src)
 	}
 	o.stdout, o.stderr = stdout, stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -147,6 +147,9 @@ func (pp *srqPingpong) init(stderr io.Writer) error {
 	if pp.dev.port.MaxMsgSize != 0 && uint64(o.size) > uint64(pp.dev.port.MaxMsgSize) {
 		return usageError("-s %d: larger than the port's max message size %d", o.size, pp.dev.port.MaxMsgSize)
 	}
+	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+o.numQP, true); err != nil {
+		return err
+	}
 	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
 	if a := pp.dev.port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
 		fmt.Fprintf(stderr, "goverbs srq-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -89,7 +90,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 		return usageError("unexpected argument %q", fs.Arg(0))
 	}
 	if o.interval <= 0 {
-		return usageError("--interval must be positive")
+		return usageError("--interval %v: must be positive", o.interval)
 	}
 	if o.rows < 1 {
 		return usageError("-n %d: rows per table must be at least 1", o.rows)
@@ -102,12 +103,19 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, s := range strings.FieldsFunc(pids, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			return usageError("--pid %q: not a process id", s)
+		if err != nil || n <= 0 || n > topMaxPID {
+			return usageError("--pid %q: not a process id (1..%d)", s, topMaxPID)
 		}
 		o.pids = append(o.pids, n)
 	}
-	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: strings.Split(skip, ","), PerPacket: o.perPacket})
+	skips, err := topSkips(skip)
+	if err != nil {
+		return err
+	}
+	if err := checkTopMetricsURL(o.metrics); err != nil {
+		return err
+	}
+	p, err := probe.Attach(probe.Options{PIDs: o.pids, Skip: skips, PerPacket: o.perPacket})
 	if err != nil {
 		if os.Geteuid() != 0 {
 			return fmt.Errorf("%v (loading eBPF programs needs root or CAP_BPF+CAP_PERFMON)", err)
@@ -141,6 +149,40 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 }
 
 var topSortKeys = []string{"rate", "count", "name"}
+
+// topMaxPID is Linux's PID_MAX_LIMIT (probe.Attach refuses pids above it).
+const topMaxPID = 1 << 22
+
+// topSkips parses --skip: probe names, comma separated, each one that
+// probe.Names lists (a misspelt name used to be ignored and its probe
+// attached).
+func topSkips(s string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		if !slices.Contains(probe.Names(), n) {
+			return nil, usageError("--skip %q: no probe %q (probes: %s)", s, n, strings.Join(probe.Names(), ", "))
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// checkTopMetricsURL checks --metrics: an http or https URL with a host,
+// or "" for none. A malformed one used to pass and show up only as a
+// scrape error in the view.
+func checkTopMetricsURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError("--metrics %q: want an http:// or https:// URL (e.g. http://127.0.0.1:9464/metrics)", s)
+	}
+	return nil
+}
 
 // byKey indexes s by key (the previous sample, to subtract from the
 // current one).

@@ -37,7 +37,7 @@ func runUcmatose(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.server, "s", "", "server address (client mode); without it, serve")
 	fs.IntVar(&o.port, "p", ucmatosePort, "port number")
 	ps := fs.String("P", "tcp", "port space (only tcp)")
-	fs.String("f", "name", "address format (name or ip; both are parsed the same way)")
+	format := fs.String("f", "name", "address format (name or ip; both are parsed the same way)")
 	tos := fs.String("t", "", "type of service (not supported)")
 	ack := fs.String("a", "", "ack timeout (not supported)")
 	migrate := fs.Bool("m", false, "migrate to a new event channel (not supported)")
@@ -53,13 +53,16 @@ func runUcmatose(args []string, stdout, stderr io.Writer) error {
 	case *tos != "" || *ack != "" || *migrate:
 		return usageError("-t, -a and -m need rdma_cm options and ID migration, which goverbs' cm does not have")
 	case o.count < 0 || o.count > 4096:
-		return usageError("invalid message count %d (0..4096)", o.count)
+		return usageError("-C %d: invalid message count (0..4096)", o.count)
 	case o.size < 0 || o.size > 1<<20:
-		return usageError("invalid message size %d (0..1048576)", o.size)
+		return usageError("-S %d: invalid message size (0..1048576)", o.size)
 	case o.port <= 0 || o.port > 65535:
-		return usageError("invalid port %d", o.port)
+		return usageError("-p %d: invalid port (1..65535)", o.port)
 	case o.idle <= 0:
-		return usageError("invalid -idle %v", o.idle)
+		return usageError("-idle %v: must be positive", o.idle)
+	case !strings.HasPrefix(strings.ToLower(*format), "name") && !strings.HasPrefix(strings.ToLower(*format), "ip"):
+		// cmatose takes "ip" and "name" by prefix, and "gid" (AF_IB).
+		return usageError("-f %q: address format must be name or ip (gid, AF_IB, is not supported)", *format)
 	}
 	if o.size == 0 {
 		o.count = 0 // as cmatose

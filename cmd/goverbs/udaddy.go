@@ -39,9 +39,9 @@ func runUdaddy(args []string, stdout, stderr io.Writer) error {
 	case *conns != 1:
 		return usageError("-c %d: goverbs udaddy makes one connection", *conns)
 	case o.count < 1 || o.count > 4096:
-		return usageError("invalid message count %d (1..4096)", o.count)
+		return usageError("-C %d: invalid message count (1..4096)", o.count)
 	case o.size < 1:
-		return usageError("invalid message size %d", o.size)
+		return usageError("-S %d: invalid message size (at least 1; at most the path MTU)", o.size)
 	case o.server == "" && o.bind == "":
 		return usageError("the server needs -b (the address to bind)")
 	}

@@ -118,6 +118,9 @@ func (pp *udPingpong) init(stderr io.Writer) error {
 		return usageError("-s %d: requested size larger than %s port %d's active MTU (%d): a UD message must fit in one packet",
 			o.size, pp.dev.name, o.ibPort, mtu)
 	}
+	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+1, false); err != nil {
+		return err
+	}
 	ctx := pp.dev.ctx
 	if pp.pd, err = ctx.AllocPD(); err != nil {
 		return fmt.Errorf("couldn't allocate PD: %v", err)

@@ -82,7 +82,7 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 		fmt.Fprint(os.Stdout, vmUsage)
 		fs.PrintDefaults()
 	}
-	fs.Usage = func() { fmt.Fprintf(stderr, "see 'goverbs vm -h'\n") }
+	fs.Usage = func() {} // -h prints the full usage, a bad flag a pointer to it (below)
 	cpus := fs.String("cpus", envOr("GOVERBS_VM_CPUS", "auto"), "vCPUs per guest, or auto (up to 2 free host cores; 1 per node)")
 	timeout := fs.String("timeout", "0", "stop CMD after this many seconds (or a duration like 5m); exit status 124")
 	fs.StringVar(&o.Mem, "mem", "", "guest memory, qemu syntax (default 2G, or 1G per node; env GOVERBS_VM_MEM)")
@@ -107,6 +107,7 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 			fullUsage()
 			return o, nil, err
 		}
+		fmt.Fprintf(stderr, "see 'goverbs vm -h'\n")
 		return o, nil, &exitError{code: vm.ExitUsage}
 	}
 	bad := func(format string, a ...any) error {
@@ -117,14 +118,18 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 	}
 	if *cpus != "auto" {
 		n, err := strconv.Atoi(*cpus)
-		if err != nil || n < 1 {
-			return o, nil, bad("--cpus wants a number or auto, not %q", *cpus)
+		if err != nil || n < 1 || n > vmMaxCPUs {
+			return o, nil, bad("--cpus wants a number 1..%d or auto, not %q", vmMaxCPUs, *cpus)
 		}
 		o.CPUs = n
 	}
-	if n, err := strconv.Atoi(*timeout); err == nil && n >= 0 {
+	if n, err := strconv.Atoi(*timeout); err == nil && n >= 0 && n <= vmMaxTimeout {
 		o.Timeout = time.Duration(n) * time.Second
-	} else if d, err := time.ParseDuration(*timeout); err == nil && d >= time.Second {
+	} else if err == nil {
+		// Whole seconds past vmMaxTimeout wrapped in time.Duration, to a
+		// negative timeout (none on the host, a bad one in the guest).
+		return o, nil, bad("--timeout %q: want 0..%d seconds (0: none)", *timeout, vmMaxTimeout)
+	} else if d, err := time.ParseDuration(*timeout); err == nil && d >= time.Second && d <= vmMaxTimeout*time.Second {
 		o.Timeout = d.Round(time.Second)
 	} else {
 		return o, nil, bad("--timeout wants whole seconds, not %q", *timeout)
@@ -170,6 +175,13 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 	}
 	return o, fs.Args(), nil
 }
+
+// vmMaxCPUs is the most vCPUs a guest gets: qemu's pc machine's limit.
+const vmMaxCPUs = 255
+
+// vmMaxTimeout is the longest --timeout, in seconds: a year, far inside
+// time.Duration and the guest's timeout(1).
+const vmMaxTimeout = 365 * 24 * 3600
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
