@@ -15,14 +15,7 @@ import (
 
 func echoEndpoint(t *testing.T, dev string, mod func(*bx.Config)) *bx.Endpoint {
 	t.Helper()
-	cfg := bx.Config{Device: dev, Token: token}
-	if mod != nil {
-		mod(&cfg)
-	}
-	e, err := bx.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newEndpoint(t, dev, mod) // closed by the tests themselves first
 	e.Handle(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
 		return req.Data(), nil
 	})
