@@ -8,6 +8,7 @@ package cq
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/goverbs/goverbs/internal/uvobj"
@@ -38,6 +39,11 @@ type CQ struct {
 	fd      int       // the device's descriptor, for arm (it outlives the CQ)
 	armed   atomic.Uint64
 	wakeups atomic.Uint64
+	// waitReads counts the Waits reading the ring now: a Wait may be
+	// under way as the CQ closes (it parks, and Close is how it ends), so
+	// Close, once the CQ reads closed, waits for 0 before it unmaps the
+	// ring (waitEmpty).
+	waitReads atomic.Int32
 }
 
 // Options are the optional parts of a CQ.
@@ -236,6 +242,9 @@ func (q *CQ) Close() error {
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
 		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
 		func() error {
+			for q.waitReads.Load() != 0 {
+				runtime.Gosched() // a Wait's look at the ring, a few loads
+			}
 			err := q.driver().Close()
 			if q.ch != nil {
 				q.ch.Unregister(q.user)

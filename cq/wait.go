@@ -117,13 +117,17 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !q.driver().Empty() {
+	if empty, closed := q.waitEmpty(); closed {
+		return ErrClosed
+	} else if !empty {
 		return nil
 	}
 	if err := q.Notify(solicited); err != nil {
 		return err
 	}
-	if !q.driver().Empty() {
+	if empty, closed := q.waitEmpty(); closed {
+		return ErrClosed
+	} else if !empty {
 		return nil
 	}
 	if q.ownCh {
@@ -152,6 +156,21 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 		}
 		return ErrClosed
 	}
+}
+
+// waitEmpty is the ring's Empty for Wait, counted in waitReads: Close
+// marks the CQ closed, then waits until no such read is under way before
+// it unmaps the ring, and a read that starts after the mark sees it and
+// does not look. (Without it a Wait parked while its context closed had
+// read the ring with nothing ordering that read before the unmap: the
+// race detector's report in TestGoroutineLeaks.)
+func (q *CQ) waitEmpty() (empty, closed bool) {
+	q.waitReads.Add(1)
+	defer q.waitReads.Add(-1)
+	if q.once.IsClosed() {
+		return true, true
+	}
+	return q.driver().Empty(), false
 }
 
 // Stats counts arms and event wakeups, for tests and metrics.
