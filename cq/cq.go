@@ -35,8 +35,9 @@ type CQ struct {
 	ch      *uverbs.CompChannel
 	ownCh   bool
 	ready   <-chan struct{}
-	arm     [2]armCmd // [0] any completion, [1] solicited only; read-only after Create
-	fd      int       // the device's descriptor, for arm (it outlives the CQ)
+	closing chan struct{} // a shared channel's CQ: closed by Close, ends a Wait parked on ready
+	arm     [2]armCmd     // [0] any completion, [1] solicited only; read-only after Create
+	fd      int           // the device's descriptor, for arm (it outlives the CQ)
 	armed   atomic.Uint64
 	wakeups atomic.Uint64
 	// waitReads counts the Waits reading the ring now: a Wait may be
@@ -140,6 +141,7 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 			return nil, fmt.Errorf("cq: create: %w", err)
 		}
 	} else if ch != nil {
+		q.closing = make(chan struct{})
 		if q.ready, err = ch.Register(user); err != nil {
 			q.destroy()
 			drv.Close()
@@ -233,8 +235,9 @@ func (q *CQ) Empty() bool {
 func (q *CQ) destroy() error { return uvobj.DestroyCQ(uvobj.Of(q.ctx).File, q.handle) }
 
 // Close destroys the CQ. It fails, and the CQ stays usable, while a queue
-// pair still uses it. Idempotent. Do not Close while another goroutine
-// polls: the ring is unmapped.
+// pair still uses it. Idempotent. A Wait under way returns ErrClosed. Do
+// not Close while another goroutine polls (Poll, Empty): the ring is
+// unmapped.
 func (q *CQ) Close() error {
 	if q.bad() {
 		return errNilCQ
@@ -242,6 +245,9 @@ func (q *CQ) Close() error {
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
 		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
 		func() error {
+			if q.closing != nil {
+				close(q.closing) // a Wait parked on the shared channel returns ErrClosed
+			}
 			for q.waitReads.Load() != 0 {
 				runtime.Gosched() // a Wait's look at the ring, a few loads
 			}

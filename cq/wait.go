@@ -145,6 +145,10 @@ func (q *CQ) wait(ctx context.Context, solicited bool) error {
 	case <-q.ready:
 		q.wakeups.Add(1)
 		return nil
+	case <-q.closing:
+		// Closed under us: the channel goes on serving its other CQs, so
+		// its Done would not end this wait.
+		return ErrClosed
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-q.ch.Done():

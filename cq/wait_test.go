@@ -426,3 +426,59 @@ func TestWaitAllocs(t *testing.T) {
 		t.Errorf("stats %+v after 60 rounds: want most rounds woken by an event, each wake-up from one channel event", st)
 	}
 }
+
+// TestCloseEndsWait: a Wait parked on a CQ ends with ErrClosed when the
+// CQ closes, on its own channel and on one it shares with another CQ (the
+// shared channel goes on serving the other, so its closing could not end
+// the wait; before, the Wait waited for its context).
+func TestCloseEndsWait(t *testing.T) {
+	dev := rxetest.One(t)
+	ctx, wd := hang.For(t, "", 60*time.Second) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	c, err := uverbs.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, err := c.CreateCompChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	other, err := cq.CreateWith(c, 16, cq.Options{Channel: ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, o := range []cq.Options{{Channel: ch}, {Events: true}} {
+		q, err := cq.CreateWith(c, 16, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- q.Wait(ctx) }()
+		for parkedWaits() < 1 {
+			select {
+			case err := <-errc:
+				t.Fatalf("Wait returned before the close: %v", err)
+			default:
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the Wait never parked: %v", hang.Err(ctx))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := q.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errc:
+			if !errors.Is(err, cq.ErrClosed) {
+				t.Errorf("%+v: Wait when its CQ closed: %v, want ErrClosed", o, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%+v: a Wait did not end with its CQ's Close: %v", o, hang.Err(ctx))
+		}
+		wd.Progress()
+	}
+}
