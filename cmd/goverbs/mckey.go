@@ -60,6 +60,10 @@ func runMckey(args []string, stdout, stderr io.Writer) error {
 		return usageError("-S %d: invalid message size (0 or more; at most the path MTU)", o.size)
 	case o.idle <= 0:
 		return usageError("-idle %v: must be positive", o.idle)
+	case o.sendOnly && !o.sender:
+		// A send-only member receives nothing from the group: the
+		// receiver would wait out -idle and fail.
+		return usageError("-o: a send-only join receives nothing; it goes with -s")
 	}
 	if o.size == 0 {
 		o.count = 0 // as mckey

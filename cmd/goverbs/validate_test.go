@@ -119,6 +119,7 @@ func TestRejectedFlags(t *testing.T) {
 		{[]string{"ucmatose", "-p", "70000"}, "-p 70000"},
 		{[]string{"mckey", "-m", "239.1.1.1", "-C", "-1"}, "-C -1"},
 		{[]string{"mckey", "-m", "239.1.1.1", "-S", "-1"}, "-S -1"},
+		{[]string{"mckey", "-m", "239.1.1.1", "-o"}, "-o: a send-only join receives nothing"},
 	} {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
 			args := append([]string(nil), tc.args...)
