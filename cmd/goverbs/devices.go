@@ -37,8 +37,7 @@ func runDevices(args []string, stdout, stderr io.Writer) error {
 	if port < 0 || port > 255 {
 		return usageError("-i %d: port must be 1..255 (0: all)", port)
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	given := givenFlags(fs)
 	if (given["d"] || given["ib-dev"]) && dev == "" {
 		return usageError("-d \"\": empty device name (leave -d out for all devices)")
 	}

@@ -40,6 +40,15 @@ func (e *exitError) Error() string { return e.msg }
 // ExitCode makes exitError a cli.ExitCoder.
 func (e *exitError) ExitCode() int { return e.code }
 
+// givenFlags is the names of the flags on the command line (after
+// fs.Parse): a value given explicitly, even the default's, is checked as
+// given.
+func givenFlags(fs *flag.FlagSet) map[string]bool {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	return given
+}
+
 // usageError is a bad command line: exit status 1, like rc_pingpong.
 func usageError(format string, a ...any) error {
 	return &exitError{code: 1, msg: fmt.Sprintf(format, a...)}

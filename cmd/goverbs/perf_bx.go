@@ -208,8 +208,7 @@ func runPerfBX(test string, args []string, stdout, stderr io.Writer) error {
 	if o.grpc && perfGRPC == nil {
 		return errPerfNoGRPC
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := givenFlags(fs)
 	if !set["n"] && !set["iters"] {
 		o.iters = 1000
 		if o.bw {

@@ -316,7 +316,8 @@ func (c *ppCommon) parse(fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
-	fs.Visit(func(f *flag.Flag) { c.devGiven = c.devGiven || f.Name == "d" || f.Name == "ib-dev" })
+	given := givenFlags(fs)
+	c.devGiven = given["d"] || given["ib-dev"]
 	c.server, err = hostArg(rest)
 	return err
 }
