@@ -82,7 +82,7 @@ func TestAcceptorRetryKeepsPeer(t *testing.T) {
 	}
 	r.Release()
 	// Exactly once: nothing more came on the stream.
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, hang.Scale(200*time.Millisecond)) // a window to look in, passed when it ends
 	defer cancel()
 	if m, err := p.Stream(4).Recv(short); !errors.Is(err, context.DeadlineExceeded) {
 		if m != nil {

@@ -11,18 +11,24 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goverbs/goverbs/internal/hang"
 )
 
 // These tests need no RDMA device: each command line is refused by the
 // command's own checks, before a device (or a peer) is looked for. They
 // run goverbs in this process (run), bounded: a command that accepted
 // the bad value would go on to wait for a peer, so a run that has not
-// returned within the bound is a failure, not a hang of the test.
+// returned within the bound is a failure, not a hang of the test. The
+// bound is a hang bound: a refusal takes milliseconds, and the bound,
+// scaled to the machine's speed (hang.Scale), is thousands of times that.
 
-// quickRun is run(args) that must return within bound; it returns the
-// exit status and stderr. A panic is reported as a failure.
+// quickRun is run(args) that must return within bound (scaled by
+// hang.Scale); it returns the exit status and stderr. A panic is reported
+// as a failure.
 func quickRun(t *testing.T, bound time.Duration, args ...string) (int, string) {
 	t.Helper()
+	bound = hang.Scale(bound)
 	type res struct {
 		code   int
 		stderr string
@@ -128,7 +134,7 @@ func TestRejectedFlags(t *testing.T) {
 					args[j] = freePort(t)
 				}
 			}
-			code, stderr := quickRun(t, 3*time.Second, args...)
+			code, stderr := quickRun(t, 30*time.Second, args...)
 			if code != 1 || !strings.Contains(stderr, tc.want) {
 				t.Errorf("goverbs %q: exit %d (want 1), stderr %q (want it to name %q)", args, code, stderr, tc.want)
 			}
