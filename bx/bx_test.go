@@ -44,6 +44,26 @@ func pair(t testing.TB, mod func(*bx.Config)) (srv, cli *bx.Endpoint, p *bx.Peer
 	return srv, cli, p, sp
 }
 
+// reportErrs closes errs, once nothing sends on it any more, and fails t
+// with each error it holds.
+func reportErrs(t *testing.T, errs chan error) {
+	t.Helper()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// fatalErrs closes errs, once nothing sends on it any more, and stops t
+// at the first error it holds.
+func fatalErrs(t *testing.T, errs chan error) {
+	t.Helper()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
 // newEndpoint opens an endpoint on dev with the test token, closed (and
 // its Close checked) at the end of the test.
 func newEndpoint(t testing.TB, dev string, mod func(*bx.Config)) *bx.Endpoint {
@@ -160,10 +180,7 @@ func TestRPC(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	fatalErrs(t, errs)
 	_, err := p.Call(ctx, 7, []byte("fail please"))
 	if !bx.IsRemote(err) || !strings.Contains(err.Error(), "asked to fail") {
 		t.Errorf("remote error: %v", err)

@@ -124,10 +124,7 @@ func TestIncast(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	fatalErrs(t, errs)
 	if total != senders*msgs {
 		t.Fatalf("delivered %d messages, want %d", total, senders*msgs)
 	}

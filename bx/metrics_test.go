@@ -85,10 +85,7 @@ func TestSnapshot(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	fatalErrs(t, errs)
 	for range fails {
 		if _, err := p.Call(ctx, 5, []byte("fail")); !bx.IsRemote(err) {
 			t.Fatalf("failing call: %v", err)
@@ -218,10 +215,7 @@ func TestSnapshotStalls(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			fatalErrs(t, errs)
 			s := cli.Snapshot()
 			ps := s.Peers[0]
 			t.Logf("credits %+v (available %d), window %+v", ps.Credits, ps.CreditsAvailable, ps.Window)

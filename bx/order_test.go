@@ -125,10 +125,7 @@ func echoBufferOrder(t *testing.T, size int, inline bool) {
 	}
 	wg.Wait()
 	close(stop)
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	reportErrs(t, errs)
 	wd.Stop() // ends the noise goroutines
 	noiseWG.Wait()
 }

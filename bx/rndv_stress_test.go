@@ -72,10 +72,23 @@ func TestRendezvousConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+	reportErrs(t, errs)
+}
+
+// runCallers runs call on perClient goroutines for each client endpoint
+// e (c its index, p its peer; g the goroutine's index), and once all
+// returned fails t with each error they sent on errs, which holds errCap.
+func runCallers(t *testing.T, eps []*bx.Endpoint, peers []*bx.Peer, perClient, errCap int, call func(c, g int, e *bx.Endpoint, p *bx.Peer, errs chan<- error)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, errCap)
+	for c, e := range eps {
+		for g := range perClient {
+			wg.Go(func() { call(c, g, e, peers[c], errs) })
+		}
 	}
+	wg.Wait()
+	reportErrs(t, errs)
 }
 
 // stressIdle bounds the many-client stress tests by progress: they check
@@ -150,45 +163,31 @@ func TestRendezvousCallsManyPeers(t *testing.T) {
 		binary.LittleEndian.PutUint32(out[4:], uint32(len(req.Data())))
 		return out[:], nil
 	})
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for c, e := range eps {
-		p := peers[c]
-		for g := range 3 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 8 {
-					n := []int{40_000, 1_200_000, 300}[(i+g)%3]
-					b, err := e.Alloc(n)
-					if err != nil {
-						errs <- err
-						return
-					}
-					pl := b.Payload()
-					for k := range pl {
-						pl[k] = byte(k*13 + i + g*5 + c*11)
-					}
-					want := crc32.ChecksumIEEE(pl)
-					m, err := p.CallBuffer(ctx, uint32(g), b)
-					if err != nil {
-						errs <- hang.Cause(ctx, err)
-						return
-					}
-					if got := binary.LittleEndian.Uint32(m.Data()); got != want || binary.LittleEndian.Uint32(m.Data()[4:]) != uint32(n) {
-						errs <- fmt.Errorf("client %d goroutine %d call %d (%d bytes): server saw crc %08x len %d, sent %08x", c, g, i, n, got, binary.LittleEndian.Uint32(m.Data()[4:]), want)
-					}
-					m.Release()
-					wd.Progress()
-				}
-			}()
+	runCallers(t, eps, peers, 3, 64, func(c, g int, e *bx.Endpoint, p *bx.Peer, errs chan<- error) {
+		for i := range 8 {
+			n := []int{40_000, 1_200_000, 300}[(i+g)%3]
+			b, err := e.Alloc(n)
+			if err != nil {
+				errs <- err
+				return
+			}
+			pl := b.Payload()
+			for k := range pl {
+				pl[k] = byte(k*13 + i + g*5 + c*11)
+			}
+			want := crc32.ChecksumIEEE(pl)
+			m, err := p.CallBuffer(ctx, uint32(g), b)
+			if err != nil {
+				errs <- hang.Cause(ctx, err)
+				return
+			}
+			if got := binary.LittleEndian.Uint32(m.Data()); got != want || binary.LittleEndian.Uint32(m.Data()[4:]) != uint32(n) {
+				errs <- fmt.Errorf("client %d goroutine %d call %d (%d bytes): server saw crc %08x len %d, sent %08x", c, g, i, n, got, binary.LittleEndian.Uint32(m.Data()[4:]), want)
+			}
+			m.Release()
+			wd.Progress()
 		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	})
 }
 
 // TestRendezvousLargeResponses: large requests and large responses at once
@@ -238,41 +237,27 @@ func TestRendezvousLargeResponses(t *testing.T) {
 		fill(out, int(calls.Load()))
 		return out, nil
 	})
-	var wg sync.WaitGroup
-	errs := make(chan error, 256)
-	for c, e := range eps {
-		p := peers[c]
-		for g := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 24 {
-					n := []int{1_200_014, 40_010, 300, 1_200_014}[(i+g)%4]
-					b, err := e.Alloc(n)
-					if err != nil {
-						errs <- err
-						return
-					}
-					fill(b.Payload(), i+g*5+c*11)
-					m, err := p.CallBuffer(ctx, uint32(g), b)
-					if err != nil {
-						errs <- fmt.Errorf("client %d goroutine %d call %d: %w", c, g, i, hang.Cause(ctx, err))
-						return
-					}
-					if err := check(m.Data()); err != nil {
-						errs <- fmt.Errorf("client %d goroutine %d call %d: response: %w", c, g, i, err)
-					}
-					m.Release()
-					wd.Progress()
-				}
-			}()
+	runCallers(t, eps, peers, 4, 256, func(c, g int, e *bx.Endpoint, p *bx.Peer, errs chan<- error) {
+		for i := range 24 {
+			n := []int{1_200_014, 40_010, 300, 1_200_014}[(i+g)%4]
+			b, err := e.Alloc(n)
+			if err != nil {
+				errs <- err
+				return
+			}
+			fill(b.Payload(), i+g*5+c*11)
+			m, err := p.CallBuffer(ctx, uint32(g), b)
+			if err != nil {
+				errs <- fmt.Errorf("client %d goroutine %d call %d: %w", c, g, i, hang.Cause(ctx, err))
+				return
+			}
+			if err := check(m.Data()); err != nil {
+				errs <- fmt.Errorf("client %d goroutine %d call %d: response: %w", c, g, i, err)
+			}
+			m.Release()
+			wd.Progress()
 		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if r := srv.Stats().Recoveries.Load(); r != 0 || len(causes) != 0 {

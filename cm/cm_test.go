@@ -129,20 +129,7 @@ func newEnd(t *testing.T, id *cm.ID) *end {
 
 func (e *end) poll(t *testing.T) cq.WC {
 	t.Helper()
-	deadline := time.Now().Add(hang.Scale(20 * time.Second))
-	for {
-		n, err := e.cq.Poll(e.wc[:1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			return e.wc[0]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no completion (%s)", e.ctx.Name(), hang.How())
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+	return rxetest.PollOne(t, e.cq, e.wc, e.ctx.Name())
 }
 
 // TestConnect connects an RC QP on rxe0 to a listener on rxe1 with private
@@ -166,13 +153,7 @@ func testConnect(t *testing.T, ps cm.PortSpace) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := netip.AddrPortFrom(addr1, port())
-	if err := lis.Bind(dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := lis.Listen(4); err != nil {
-		t.Fatal(err)
-	}
+	dst := listen(t, lis, 4)
 	defer lis.Close()
 	step(t, T, "listening")
 	if n := rxetest.CMIDs(); n < 1 {
@@ -311,23 +292,12 @@ func testUD(t *testing.T, ps cm.PortSpace) {
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	dst := netip.AddrPortFrom(addr1, port())
-	if err := lis.Bind(dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := lis.Listen(2); err != nil {
-		t.Fatal(err)
-	}
+	dst := listen(t, lis, 2)
 	cli, err := ch.CreateIDType(ps, qp.UD)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := cli.ResolveRoute(ctx); err != nil {
-		t.Fatal(err)
-	}
+	resolve(ctx, t, cli, dst)
 	c := newEnd(t, cli)
 	type result struct {
 		ev  cm.Event
@@ -396,18 +366,9 @@ func must(g qp.SGE, err error) qp.SGE {
 // TestReject: a listener rejects with private data; the client's error
 // carries reason 28 and the data.
 func TestReject(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	lis := newID(t, ch, cm.TCP)
-	dst := netip.AddrPortFrom(addr1, port())
-	if err := lis.Bind(dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := lis.Listen(1); err != nil {
-		t.Fatal(err)
-	}
+	dst := listen(t, lis, 1)
 	go func() {
 		ev, err := lis.GetRequest(ctx)
 		if err != nil {
@@ -417,12 +378,7 @@ func TestReject(t *testing.T) {
 		ev.ID.Close()
 	}()
 	cli := newID(t, ch, cm.TCP)
-	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := cli.ResolveRoute(ctx); err != nil {
-		t.Fatal(err)
-	}
+	resolve(ctx, t, cli, dst)
 	newEnd(t, cli)
 	_, err := cli.Connect(ctx, cm.ConnParam{})
 	var ee *cm.EventError
@@ -438,18 +394,9 @@ func TestReject(t *testing.T) {
 // TestRefused: nobody listens on the port; the peer's CM answers with
 // reason 8 (invalid service ID), ErrConnRefused.
 func TestRefused(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	cli := newID(t, ch, cm.TCP)
-	dst := netip.AddrPortFrom(addr1, port())
-	if err := cli.ResolveAddr(ctx, addr0, dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := cli.ResolveRoute(ctx); err != nil {
-		t.Fatal(err)
-	}
+	resolve(ctx, t, cli, netip.AddrPortFrom(addr1, port()))
 	newEnd(t, cli)
 	_, err := cli.Connect(ctx, cm.ConnParam{})
 	if !errors.Is(err, cm.ErrConnRefused) {
@@ -525,10 +472,7 @@ func TestDestroyDuringResolve(t *testing.T) {
 
 // TestBadInput: errors before the kernel.
 func TestBadInput(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	if _, err := ch.CreateID(cm.PortSpace(7)); err == nil {
 		t.Error("CreateID(7) succeeded")
 	}
@@ -588,6 +532,52 @@ func TestBadInput(t *testing.T) {
 	if _, err := ch.CreateID(cm.TCP); !errors.Is(err, cm.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("CreateID after Close: %v", err)
 	}
+}
+
+// listen binds lis to a random port on rxe1's address and listens with
+// backlog; it returns the address.
+func listen(t *testing.T, lis *cm.ID, backlog int) netip.AddrPort {
+	t.Helper()
+	dst := netip.AddrPortFrom(addr1, port())
+	if err := lis.Bind(dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := lis.Listen(backlog); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// resolve resolves the address and the route from rxe0's address to dst.
+func resolve(ctx context.Context, t *testing.T, id *cm.ID, dst netip.AddrPort) {
+	t.Helper()
+	if err := id.ResolveAddr(ctx, addr0, dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := id.ResolveRoute(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cmSetup starts a test over rdma_cm: it skips without the devices
+// (needCM), checks that the cm_id count comes back (rxetest.CheckCMIDs),
+// and returns a context bounding the test and a channel.
+func cmSetup(t *testing.T) (context.Context, *cm.Channel) {
+	t.Helper()
+	needCM(t)
+	rxetest.CheckCMIDs(t)
+	return testCtx(t), openChannel(t)
+}
+
+// boundID creates an ID on ch in port space ps, closed at the end of the
+// test, and binds it to addr (any port).
+func boundID(t *testing.T, ch *cm.Channel, ps cm.PortSpace, addr netip.Addr) *cm.ID {
+	t.Helper()
+	id := newID(t, ch, ps)
+	if err := id.Bind(netip.AddrPortFrom(addr, 0)); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // newID creates an ID on ch in port space ps, closed at the end of the

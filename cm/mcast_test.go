@@ -2,12 +2,10 @@ package cm_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,34 +15,6 @@ import (
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/qp"
 )
-
-// igmpMember reports whether netdev dev is a member of the IPv4 group g
-// in /proc/net/igmp (rdma_cm joins the group there for RoCE v2, so that
-// the IP layer takes the group's packets in).
-func igmpMember(t *testing.T, dev string, g netip.Addr) bool {
-	t.Helper()
-	b, err := os.ReadFile("/proc/net/igmp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := g.As4()
-	want := fmt.Sprintf("%08X", binary.NativeEndian.Uint32(a[:])) // the __be32 printed as a number
-	cur := ""
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 0 {
-			continue
-		}
-		if !strings.HasPrefix(l, "\t") && len(f) >= 2 {
-			cur = f[1]
-			continue
-		}
-		if cur == dev && f[0] == want {
-			return true
-		}
-	}
-	return false
-}
 
 // pollFor waits up to d for one completion on e's CQ.
 func (e *end) pollFor(t *testing.T, d time.Duration) bool {
@@ -70,25 +40,19 @@ func (e *end) pollFor(t *testing.T, d time.Duration) bool {
 // is no IGMP member and gets nothing while rxe0 still gets its copy; Close
 // leaves rxe0's membership.
 func TestMulticast(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	group := netip.MustParseAddr("239.1.7.1")
 	const qkey = 0x01234567
 	const msgs = 3
 
-	recv := newID(t, ch, cm.UDP)
-	if err := recv.Bind(netip.AddrPortFrom(addr1, 0)); err != nil {
-		t.Fatal(err)
-	}
+	recv := boundID(t, ch, cm.UDP, addr1)
 	r := newEnd(t, recv)
 	for i := 0; i < 8; i++ {
 		if err := r.qp.PostRecv([]qp.RecvWR{{ID: uint64(i), SGEs: []qp.SGE{must(r.mr.SGE(i*512, 512))}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if igmpMember(t, "v1", group) {
+	if rxetest.IGMPMember(t, "v1", group) {
 		t.Fatalf("v1 is a member of %v before the join", group)
 	}
 	start := time.Now()
@@ -102,17 +66,14 @@ func TestMulticast(t *testing.T) {
 		t.Fatalf("join: QPN %#x QKey %#x MGID %v addr %v; want %#x %#x %v %v", rm.QPN, rm.QKey, rm.MGID(), rm.Addr, cm.MulticastQPN, qkey, wantMGID, group)
 	}
 	t.Logf("group AH %+v, MLID %#x", rm.AH, rm.MLID)
-	if !igmpMember(t, "v1", group) {
+	if !rxetest.IGMPMember(t, "v1", group) {
 		t.Errorf("v1 is no IGMP member of %v after the join", group)
 	}
 	if _, err := recv.JoinMulticast(ctx, group, cm.JoinOptions{}); err == nil || !strings.Contains(err.Error(), "member already") {
 		t.Errorf("second join of %v: %v", group, err)
 	}
 
-	send := newID(t, ch, cm.UDP)
-	if err := send.Bind(netip.AddrPortFrom(addr0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	send := boundID(t, ch, cm.UDP, addr0)
 	sm, err := send.JoinMulticast(ctx, group, cm.JoinOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +132,7 @@ func TestMulticast(t *testing.T) {
 	if err := recv.LeaveMulticast(group); err != nil {
 		t.Fatal(err)
 	}
-	if igmpMember(t, "v1", group) {
+	if rxetest.IGMPMember(t, "v1", group) {
 		t.Errorf("v1 is still an IGMP member of %v after the leave", group)
 	}
 	if err := recv.LeaveMulticast(group); !errors.Is(err, cm.ErrNotJoined) {
@@ -186,13 +147,13 @@ func TestMulticast(t *testing.T) {
 	if r.pollFor(t, 300*time.Millisecond) {
 		t.Errorf("rxe1 received a datagram after leaving the group: %+v", r.wc[0])
 	}
-	if !igmpMember(t, "v0", group) {
+	if !rxetest.IGMPMember(t, "v0", group) {
 		t.Errorf("v0 is no IGMP member of %v", group)
 	}
 	if err := send.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if igmpMember(t, "v0", group) {
+	if rxetest.IGMPMember(t, "v0", group) {
 		t.Errorf("v0 is still an IGMP member of %v after Close of the ID", group)
 	}
 	step(t, start, "left")
@@ -202,16 +163,10 @@ func TestMulticast(t *testing.T) {
 // what was not joined, and Close (or a cancelled context) while a join
 // waits; no group and no cm_id stays behind.
 func TestMulticastBadInput(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	group := netip.MustParseAddr("239.1.7.2")
 
-	tcp := newID(t, ch, cm.TCP)
-	if err := tcp.Bind(netip.AddrPortFrom(addr1, 0)); err != nil {
-		t.Fatal(err)
-	}
+	tcp := boundID(t, ch, cm.TCP, addr1)
 	if _, err := tcp.JoinMulticast(ctx, group, cm.JoinOptions{}); err == nil || !strings.Contains(err.Error(), "UDP") {
 		t.Errorf("join on a TCP ID: %v", err)
 	} else {
@@ -234,7 +189,7 @@ func TestMulticastBadInput(t *testing.T) {
 	if err := id.LeaveMulticast(group); !errors.Is(err, cm.ErrNotJoined) {
 		t.Errorf("leave of a group never joined: %v", err)
 	}
-	if len(id.Multicasts()) != 0 || igmpMember(t, "v1", group) {
+	if len(id.Multicasts()) != 0 || rxetest.IGMPMember(t, "v1", group) {
 		t.Fatalf("refused joins left groups: %v", id.Multicasts())
 	}
 
@@ -249,7 +204,7 @@ func TestMulticastBadInput(t *testing.T) {
 	} else if !errors.Is(err, context.Canceled) {
 		t.Errorf("join with a cancelled context: %v", err)
 	}
-	if len(id.Multicasts()) != 0 || igmpMember(t, "v1", group) {
+	if len(id.Multicasts()) != 0 || rxetest.IGMPMember(t, "v1", group) {
 		t.Errorf("a cancelled join left the group behind: %v", id.Multicasts())
 	}
 
@@ -279,7 +234,7 @@ func TestMulticastBadInput(t *testing.T) {
 		default:
 			t.Errorf("join across Close: %v", err)
 		}
-		if igmpMember(t, "v1", group) || len(id.Multicasts()) != 0 {
+		if rxetest.IGMPMember(t, "v1", group) || len(id.Multicasts()) != 0 {
 			t.Fatalf("Close during a join left the group %v behind", group)
 		}
 		if _, err := id.JoinMulticast(ctx, group, cm.JoinOptions{}); !errors.Is(err, cm.ErrClosed) {
@@ -296,15 +251,9 @@ func TestMulticastBadInput(t *testing.T) {
 // membership and its QP is not attached, yet its datagrams reach a full
 // member (rxe1); rxe0 gets no copy of them.
 func TestMulticastSendOnly(t *testing.T) {
-	needCM(t)
-	rxetest.CheckCMIDs(t)
-	ctx := testCtx(t)
-	ch := openChannel(t)
+	ctx, ch := cmSetup(t)
 	group := netip.MustParseAddr("239.1.7.3")
-	recv := newID(t, ch, cm.UDP)
-	if err := recv.Bind(netip.AddrPortFrom(addr1, 0)); err != nil {
-		t.Fatal(err)
-	}
+	recv := boundID(t, ch, cm.UDP, addr1)
 	r := newEnd(t, recv)
 	if err := r.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{must(r.mr.SGE(0, 512))}}}); err != nil {
 		t.Fatal(err)
@@ -312,10 +261,7 @@ func TestMulticastSendOnly(t *testing.T) {
 	if _, err := recv.JoinMulticast(ctx, group, cm.JoinOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	send := newID(t, ch, cm.UDP)
-	if err := send.Bind(netip.AddrPortFrom(addr0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	send := boundID(t, ch, cm.UDP, addr0)
 	s := newEnd(t, send)
 	if err := s.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{must(s.mr.SGE(0, 512))}}}); err != nil {
 		t.Fatal(err)
@@ -324,8 +270,8 @@ func TestMulticastSendOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.SendOnly || igmpMember(t, "v0", group) {
-		t.Errorf("send-only join: SendOnly %v, v0 IGMP member %v", m.SendOnly, igmpMember(t, "v0", group))
+	if !m.SendOnly || rxetest.IGMPMember(t, "v0", group) {
+		t.Errorf("send-only join: SendOnly %v, v0 IGMP member %v", m.SendOnly, rxetest.IGMPMember(t, "v0", group))
 	}
 	ah, err := s.pd.CreateAH(m.AH)
 	if err != nil {

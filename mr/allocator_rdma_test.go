@@ -3,10 +3,8 @@ package mr_test
 import (
 	"bytes"
 	"testing"
-	"time"
 
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
@@ -60,21 +58,7 @@ func newEnd(t *testing.T, name string) *end {
 
 func (e *end) wait(t *testing.T) cq.WC {
 	t.Helper()
-	limit := hang.Scale(20 * time.Second) // a hang bound
-	deadline := time.Now().Add(limit)
-	for {
-		n, err := e.cq.Poll(e.wc[:1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			return e.wc[0]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no completion after %v (%s)", e.ctx.Name(), limit, hang.How())
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+	return rxetest.PollOne(t, e.cq, e.wc, e.ctx.Name())
 }
 
 func (e *end) waitOK(t *testing.T) cq.WC {

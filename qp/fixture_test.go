@@ -110,6 +110,28 @@ func (s *side) sge(t testing.TB, off, n int) qp.SGE {
 	return g
 }
 
+// sges returns the SGEs for n bytes at off in the side's buffer: one, or
+// none for n == 0.
+func (s *side) sges(t testing.TB, off, n int) []qp.SGE {
+	t.Helper()
+	if n == 0 {
+		return nil
+	}
+	return []qp.SGE{s.sge(t, off, n)}
+}
+
+// poison fills b with 0xee, a byte the tests never send, and returns it:
+// what an operation must not write stays so (untouched).
+func poison(b []byte) []byte {
+	for i := range b {
+		b[i] = 0xee
+	}
+	return b
+}
+
+// untouched reports whether b still holds poison's bytes.
+func untouched(b []byte) bool { return bytes.Equal(b, bytes.Repeat([]byte{0xee}, len(b))) }
+
 func (s *side) addr(off int) uint64 { return s.mr.Addr() + uint64(off) }
 
 // wait polls until n completions arrived, or none arrived for 20 s
@@ -176,10 +198,7 @@ func writeWithImm(t *testing.T, a, b *side, srcOff, dstOff, n int, seed byte, wr
 		t.Fatal(err)
 	}
 	wr := qp.SendWR{ID: wrID, Opcode: qp.OpRDMAWriteWithImm, Flags: qp.Signaled, Imm: imm,
-		RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
-	if n > 0 {
-		wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-	}
+		RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: a.sges(t, srcOff, n)}
 	if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/qp"
 	wcs "github.com/goverbs/goverbs/wr" // (wr is a local name here)
 )
@@ -29,51 +30,56 @@ const (
 	dstOff = 2 << 20
 )
 
+// sendChecked SENDs n bytes (a pattern from seed) at srcOff in a's buffer,
+// as work request sendID, with immediate data imm if withImm, to a
+// receive recvID of n+64 bytes at dstOff in b's; it checks both
+// completions, the payload, and that nothing past it was written, and
+// returns the receive's completion.
+func sendChecked(t *testing.T, a, b *side, n int, seed byte, sendID, recvID uint64, withImm bool, imm uint32) cq.WC {
+	t.Helper()
+	src := a.mem.Bytes()[srcOff : srcOff+n]
+	fill(src, seed)
+	dst := poison(b.mem.Bytes()[dstOff : dstOff+n+64])
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: recvID, SGEs: []qp.SGE{b.sge(t, dstOff, n+64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	wr := qp.SendWR{ID: sendID, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: a.sges(t, srcOff, n)}
+	if withImm {
+		wr.Opcode, wr.Imm = qp.OpSendWithImm, imm
+	}
+	if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
+		t.Fatal(err)
+	}
+	if sw := a.waitOK(t, 1)[0]; sw.ID != sendID || sw.Opcode.String() != "SEND" {
+		t.Errorf("send completion %+v", sw)
+	}
+	rw := b.waitOK(t, 1)[0]
+	if rw.ID != recvID || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV" {
+		t.Errorf("receive completion %+v, want id %d, %d bytes", rw, recvID, n)
+	}
+	if !bytes.Equal(dst[:n], src) {
+		t.Errorf("payload differs")
+	}
+	if !untouched(dst[n:]) {
+		t.Errorf("bytes past the message were written")
+	}
+	return rw
+}
+
 func TestSend(t *testing.T) {
 	a, b := connectedPair(t, pairOpts{})
 	for _, withImm := range []bool{false, true} {
 		for _, n := range sizes(t, a) {
 			name := fmt.Sprintf("imm=%v/size=%d", withImm, n)
 			t.Run(name, func(t *testing.T) {
-				src := a.mem.Bytes()[srcOff : srcOff+n]
-				fill(src, byte(n))
-				dst := b.mem.Bytes()[dstOff : dstOff+n+64]
-				for i := range dst {
-					dst[i] = 0xee
-				}
-				if err := b.qp.PostRecv([]qp.RecvWR{{ID: 100, SGEs: []qp.SGE{b.sge(t, dstOff, n+64)}}}); err != nil {
-					t.Fatal(err)
-				}
-				wr := qp.SendWR{ID: 1, Opcode: qp.OpSend, Flags: qp.Signaled}
-				if n > 0 {
-					wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-				}
+				imm := 0xdeadbeef ^ uint32(n)
+				rw := sendChecked(t, a, b, n, byte(n), 1, 100, withImm, imm)
 				if withImm {
-					wr.Opcode, wr.Imm = qp.OpSendWithImm, 0xdeadbeef^uint32(n)
-				}
-				if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
-					t.Fatal(err)
-				}
-				sw := a.waitOK(t, 1)[0]
-				if sw.ID != 1 || sw.Opcode.String() != "SEND" {
-					t.Errorf("send completion %+v", sw)
-				}
-				rw := b.waitOK(t, 1)[0]
-				if rw.ID != 100 || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV" {
-					t.Errorf("receive completion %+v, want id 100, %d bytes", rw, n)
-				}
-				if withImm {
-					if rw.Flags&wcs.WCWithImm == 0 || rw.Imm != 0xdeadbeef^uint32(n) {
-						t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, 0xdeadbeef^uint32(n))
+					if rw.Flags&wcs.WCWithImm == 0 || rw.Imm != imm {
+						t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, imm)
 					}
 				} else if rw.Flags&wcs.WCWithImm != 0 {
 					t.Errorf("receive without imm has the imm flag: %+v", rw)
-				}
-				if !bytes.Equal(dst[:n], src) {
-					t.Errorf("payload differs")
-				}
-				if !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, 64)) {
-					t.Errorf("bytes past the message were written")
 				}
 			})
 		}
@@ -143,21 +149,15 @@ func TestRDMAWriteRead(t *testing.T) {
 	for _, n := range sizes(t, a) {
 		t.Run(fmt.Sprintf("write/size=%d", n), func(t *testing.T) {
 			fill(a.mem.Bytes()[srcOff:srcOff+n], byte(n)+1)
-			dst := b.mem.Bytes()[dstOff : dstOff+n+8]
-			for i := range dst {
-				dst[i] = 0xee
-			}
-			wr := qp.SendWR{ID: 3, Opcode: qp.OpRDMAWrite, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
-			if n > 0 {
-				wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-			}
+			dst := poison(b.mem.Bytes()[dstOff : dstOff+n+8])
+			wr := qp.SendWR{ID: 3, Opcode: qp.OpRDMAWrite, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: a.sges(t, srcOff, n)}
 			if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
 				t.Fatal(err)
 			}
 			if w := a.waitOK(t, 1)[0]; w.Opcode.String() != "RDMA_WRITE" {
 				t.Errorf("completion opcode %v", w.Opcode)
 			}
-			if !bytes.Equal(dst[:n], a.mem.Bytes()[srcOff:srcOff+n]) || !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, 8)) {
+			if !bytes.Equal(dst[:n], a.mem.Bytes()[srcOff:srcOff+n]) || !untouched(dst[n:]) {
 				t.Errorf("remote memory differs after RDMA WRITE")
 			}
 		})
@@ -166,21 +166,15 @@ func TestRDMAWriteRead(t *testing.T) {
 		})
 		t.Run(fmt.Sprintf("read/size=%d", n), func(t *testing.T) {
 			fill(b.mem.Bytes()[dstOff:dstOff+n], byte(n)+3)
-			local := a.mem.Bytes()[srcOff : srcOff+n+8]
-			for i := range local {
-				local[i] = 0xee
-			}
-			wr := qp.SendWR{ID: 5, Opcode: qp.OpRDMARead, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
-			if n > 0 {
-				wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-			}
+			local := poison(a.mem.Bytes()[srcOff : srcOff+n+8])
+			wr := qp.SendWR{ID: 5, Opcode: qp.OpRDMARead, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: a.sges(t, srcOff, n)}
 			if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
 				t.Fatal(err)
 			}
 			if w := a.waitOK(t, 1)[0]; w.Opcode.String() != "RDMA_READ" || w.ByteLen != uint32(n) {
 				t.Errorf("read completion %+v", w)
 			}
-			if !bytes.Equal(local[:n], b.mem.Bytes()[dstOff:dstOff+n]) || !bytes.Equal(local[n:], bytes.Repeat([]byte{0xee}, 8)) {
+			if !bytes.Equal(local[:n], b.mem.Bytes()[dstOff:dstOff+n]) || !untouched(local[n:]) {
 				t.Errorf("local memory differs after RDMA READ")
 			}
 		})

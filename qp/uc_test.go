@@ -49,40 +49,10 @@ func TestUC(t *testing.T) {
 	for _, withImm := range []bool{false, true} {
 		for _, n := range sizes(t, a) {
 			t.Run(fmt.Sprintf("send/imm=%v/size=%d", withImm, n), func(t *testing.T) {
-				src := a.mem.Bytes()[srcOff : srcOff+n]
-				fill(src, byte(n)+5)
-				dst := b.mem.Bytes()[dstOff : dstOff+n+64]
-				for i := range dst {
-					dst[i] = 0xee
-				}
-				if err := b.qp.PostRecv([]qp.RecvWR{{ID: 200, SGEs: []qp.SGE{b.sge(t, dstOff, n+64)}}}); err != nil {
-					t.Fatal(err)
-				}
-				wr := qp.SendWR{ID: 11, Opcode: qp.OpSend, Flags: qp.Signaled}
-				if n > 0 {
-					wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-				}
-				if withImm {
-					wr.Opcode, wr.Imm = qp.OpSendWithImm, 0xc0ffee00^uint32(n)
-				}
-				if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
-					t.Fatal(err)
-				}
-				if sw := a.waitOK(t, 1)[0]; sw.ID != 11 || sw.Opcode.String() != "SEND" {
-					t.Errorf("send completion %+v", sw)
-				}
-				rw := b.waitOK(t, 1)[0]
-				if rw.ID != 200 || rw.ByteLen != uint32(n) || rw.Opcode.String() != "RECV" {
-					t.Errorf("receive completion %+v, want id 200, %d bytes", rw, n)
-				}
-				if withImm && (rw.Flags&wcs.WCWithImm == 0 || rw.Imm != 0xc0ffee00^uint32(n)) {
-					t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, 0xc0ffee00^uint32(n))
-				}
-				if !bytes.Equal(dst[:n], src) {
-					t.Errorf("payload differs")
-				}
-				if !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, 64)) {
-					t.Errorf("bytes past the message were written")
+				imm := 0xc0ffee00 ^ uint32(n)
+				rw := sendChecked(t, a, b, n, byte(n)+5, 11, 200, withImm, imm)
+				if withImm && (rw.Flags&wcs.WCWithImm == 0 || rw.Imm != imm) {
+					t.Errorf("imm: flags %v imm %#x, want %#x", rw.Flags, rw.Imm, imm)
 				}
 			})
 		}
@@ -90,14 +60,8 @@ func TestUC(t *testing.T) {
 	for _, n := range sizes(t, a) {
 		t.Run(fmt.Sprintf("write/size=%d", n), func(t *testing.T) {
 			fill(a.mem.Bytes()[srcOff:srcOff+n], byte(n)+6)
-			dst := b.mem.Bytes()[dstOff : dstOff+n+8]
-			for i := range dst {
-				dst[i] = 0xee
-			}
-			wr := qp.SendWR{ID: 12, Opcode: qp.OpRDMAWrite, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey()}
-			if n > 0 {
-				wr.SGEs = []qp.SGE{a.sge(t, srcOff, n)}
-			}
+			dst := poison(b.mem.Bytes()[dstOff : dstOff+n+8])
+			wr := qp.SendWR{ID: 12, Opcode: qp.OpRDMAWrite, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: a.sges(t, srcOff, n)}
 			// UC has no ACK: the sender's completion says the WRITE
 			// left, not that it landed. A SEND behind it on the same QP
 			// is received after it (in order), so its receive
@@ -115,7 +79,7 @@ func TestUC(t *testing.T) {
 				t.Errorf("receive completion %+v, want id 203, 0 bytes", rw)
 			}
 			want := a.mem.Bytes()[srcOff : srcOff+n]
-			if !bytes.Equal(dst[:n], want) || !bytes.Equal(dst[n:], bytes.Repeat([]byte{0xee}, 8)) {
+			if !bytes.Equal(dst[:n], want) || !untouched(dst[n:]) {
 				t.Errorf("remote memory differs after RDMA WRITE")
 			}
 		})
@@ -149,10 +113,7 @@ func TestUC(t *testing.T) {
 		}
 		a.waitOK(t, 1)
 		b.noMore(t, 200*time.Millisecond)
-		dst := b.mem.Bytes()[dstOff : dstOff+100]
-		for i := range dst {
-			dst[i] = 0xee
-		}
+		dst := poison(b.mem.Bytes()[dstOff : dstOff+100])
 		if err := b.qp.PostRecv([]qp.RecvWR{{ID: 202, SGEs: []qp.SGE{b.sge(t, dstOff, 100)}}}); err != nil {
 			t.Fatal(err)
 		}

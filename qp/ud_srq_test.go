@@ -46,10 +46,7 @@ func TestUD(t *testing.T) {
 			if err := b.qp.PostRecv([]qp.RecvWR{{ID: 5, SGEs: []qp.SGE{b.sge(t, dstOff, qp.GRHSize+mtu)}}}); err != nil {
 				t.Fatal(err)
 			}
-			wr := qp.SendWR{ID: 6, Opcode: qp.OpSend, Flags: qp.Signaled, AH: ah.Provider(), RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}
-			if n > 0 {
-				wr.SGEs = []qp.SGE{a.sge(t, 0, n)}
-			}
+			wr := qp.SendWR{ID: 6, Opcode: qp.OpSend, Flags: qp.Signaled, AH: ah.Provider(), RemoteQPN: b.qp.QPN(), RemoteQKey: qkey, SGEs: a.sges(t, 0, n)}
 			if err := a.qp.PostSend([]qp.SendWR{wr}); err != nil {
 				t.Fatal(err)
 			}
