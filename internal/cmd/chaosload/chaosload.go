@@ -47,7 +47,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/bits"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -64,6 +66,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goverbs/goverbs/bx"
+	"github.com/goverbs/goverbs/flow"
 	"github.com/goverbs/goverbs/internal/cli"
 	"github.com/goverbs/goverbs/internal/procstat"
 	"github.com/goverbs/goverbs/ioctl"
@@ -124,8 +127,82 @@ func runChaosLoad(args []string, stdout, stderr io.Writer) error {
 	return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("unknown chaosload command %q", args[0])}
 }
 
+// The bounds of the flags, checked before anything is opened, so that a
+// bad value is refused at once with a message naming the flag and the
+// value.
+const (
+	// chaosMaxDuration bounds every duration flag: a year, past any run,
+	// and short enough that sums of them (drive's hard end is --duration
+	// + --give-up + 30 s) cannot overflow.
+	chaosMaxDuration = 8760 * time.Hour
+	chaosMaxConc     = 1 << 16 // drive's calls in flight, a goroutine each
+	// drive --rate: the ticker's period (1 s / rate) is 1 ns to
+	// chaosMaxDuration.
+	chaosMaxRate = 1e9
+	chaosMinRate = float64(time.Second) / float64(chaosMaxDuration)
+	chaosMaxPID  = 1 << 22 // PID_MAX_LIMIT of 64-bit Linux
+	// bx's and mr's bounds, which bx.New checks too, but in its own
+	// words (naming no flag) or, for the memory, only once the device is
+	// open.
+	chaosMaxCredits    = 1 << 20 // bx's maxGrant: what a peer accepts
+	chaosMaxPeers      = 1 << 16 // bx's maxPeers
+	chaosMaxLanes      = 4
+	chaosMinMemLimit   = 64 << 10             // mr's granule, its least Limit
+	chaosEagerSize     = 8192 - bx.HeaderSize // bx's default EagerSize: the least MaxMessage
+	chaosMaxMessage    = 1 << 31              // mr's buffers are a power of 2 below 4 GiB
+	chaosDefMaxMessage = 4 << 20              // bx's default MaxMessage
+	chaosDefMemLimit   = 1 << 30              // bx's default MemoryLimit
+	chaosDefCredits    = 64                   // bx's default Credits
+	chaosDefLanes      = 2                    // bx's default Lanes
+	chaosLaneMsgs      = 64                   // bx's default LaneMsgs
+	chaosMaxBacklog    = 1 << 22              // bx's maxBacklog: handler calls queued
+	chaosEagerBuf      = 8192                 // a receive buffer: the default EagerSize and the header
+)
+
+// chaosBad is a bad command line of command cmd: exit status 1 and a
+// message naming the flag and its value.
+func chaosBad(cmd, format string, a ...any) error {
+	return &cli.ExitError{Code: 1, Msg: cmd + ": " + fmt.Sprintf(format, a...)}
+}
+
+// chaosParse parses the command line of cmd, which takes no operands, into
+// fs.
+func chaosParse(cmd string, fs *flag.FlagSet, args []string) error {
+	rest, err := cli.ParseGetopt(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return chaosBad(cmd, "unexpected arguments %q", rest)
+	}
+	return nil
+}
+
+// chaosDuration checks d, the value of duration flag name of cmd: more
+// than 0 (or 0 as well, if zero says what 0 is) and at most
+// chaosMaxDuration.
+func chaosDuration(cmd, name string, d time.Duration, zero string) error {
+	switch {
+	case d > 0 && d <= chaosMaxDuration || d == 0 && zero != "":
+		return nil
+	case zero != "":
+		return chaosBad(cmd, "%s %v: want 0 (%s) up to %v", name, d, zero, chaosMaxDuration)
+	}
+	return chaosBad(cmd, "%s %v: want more than 0, at most %v", name, d, chaosMaxDuration)
+}
+
+// chaosAddr checks addr, the value of address flag name of cmd: HOST:PORT
+// (an empty HOST is this host), as bx dials and listens on it.
+func chaosAddr(cmd, name, addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return chaosBad(cmd, "%s %q: want HOST:PORT", name, addr)
+	}
+	return nil
+}
+
 // chaosEndpointFlags are the bx.Config knobs both roles share.
 type chaosEndpointFlags struct {
+	cmd         string // the command, for the messages
 	device      *string
 	credits     *int
 	maxPeers    *int
@@ -141,6 +218,7 @@ func chaosFlags(cmd, dev string, stderr io.Writer) (*flag.FlagSet, chaosEndpoint
 	fs := flag.NewFlagSet("chaosload "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	return fs, chaosEndpointFlags{
+		cmd:         cmd,
 		device:      fs.String("device", dev, "RDMA device"),
 		credits:     fs.Int("credits", 0, "bx Config.Credits (0: default 64)"),
 		maxPeers:    fs.Int("max-peers", 4, "bx Config.MaxPeers"),
@@ -149,6 +227,86 @@ func chaosFlags(cmd, dev string, stderr io.Writer) (*flag.FlagSet, chaosEndpoint
 		maxMessage:  fs.Int("max-message", 0, "bx Config.MaxMessage (0: default 4 MiB)"),
 		peerTimeout: fs.Duration("peer-timeout", 0, "bx Config.PeerTimeout (0: default 10s)"),
 	}
+}
+
+// check checks the endpoint flags against bx's bounds (and mr's, for the
+// memory), naming the flag and its value.
+func (f chaosEndpointFlags) check() error {
+	cmd := f.cmd
+	switch {
+	case *f.device == "":
+		return chaosBad(cmd, `--device "": want an RDMA device name`)
+	case *f.credits != 0 && (*f.credits < flow.MinGrant || *f.credits > chaosMaxCredits):
+		return chaosBad(cmd, "--credits %d: want %d..%d (0: bx's default, 64)", *f.credits, flow.MinGrant, chaosMaxCredits)
+	case *f.maxPeers < 1 || *f.maxPeers > chaosMaxPeers:
+		return chaosBad(cmd, "--max-peers %d: want 1..%d", *f.maxPeers, chaosMaxPeers)
+	case *f.lanes < 0 || *f.lanes > chaosMaxLanes:
+		return chaosBad(cmd, "--lanes %d: want 1..%d (0: bx's default, 2)", *f.lanes, chaosMaxLanes)
+	case *f.memLimit != 0 && (*f.memLimit < chaosMinMemLimit || *f.memLimit > mr.MaxAllocatorLimit):
+		return chaosBad(cmd, "--memory-limit %d: want %d..%d bytes (0: bx's default, 1 GiB)", *f.memLimit, chaosMinMemLimit, int64(mr.MaxAllocatorLimit))
+	case *f.maxMessage != 0 && (*f.maxMessage < chaosEagerSize || *f.maxMessage > chaosMaxMessage):
+		return chaosBad(cmd, "--max-message %d: want %d (bx's eager size)..%d bytes (0: bx's default, 4 MiB)", *f.maxMessage, chaosEagerSize, chaosMaxMessage)
+	case f.maxMessageBuf() > f.memoryLimit():
+		return chaosBad(cmd, "--max-message %d: a buffer for it (%d bytes) does not fit the memory limit (%d bytes per pool; --memory-limit)",
+			f.maxMessageSize(), f.maxMessageBuf(), f.memoryLimit())
+	case f.backlog() > chaosMaxBacklog:
+		return chaosBad(cmd, "--max-peers %d with %d credits and %d lanes: %d handler calls queued at most, above bx's %d",
+			*f.maxPeers, f.creditCount(), f.laneCount(), f.backlog(), chaosMaxBacklog)
+	case f.receiveBytes() > f.memoryLimit():
+		return chaosBad(cmd, "--max-peers %d with %d credits: the receive buffers bx posts (%d bytes, %d each) do not fit the memory limit (%d bytes per pool; --memory-limit)",
+			*f.maxPeers, f.creditCount(), f.receiveBytes(), chaosEagerBuf, f.memoryLimit())
+	}
+	return chaosDuration(cmd, "--peer-timeout", *f.peerTimeout, "bx's default, 10s")
+}
+
+// creditCount is the endpoint's receive buffers per peer.
+func (f chaosEndpointFlags) creditCount() int {
+	if *f.credits != 0 {
+		return *f.credits
+	}
+	return chaosDefCredits
+}
+
+// laneCount is the endpoint's QPs per peer.
+func (f chaosEndpointFlags) laneCount() int {
+	if *f.lanes != 0 {
+		return *f.lanes
+	}
+	return chaosDefLanes
+}
+
+// backlog is the most handler calls bx queues (bx's Config.backlog, with
+// the default LaneMsgs).
+func (f chaosEndpointFlags) backlog() int64 {
+	return int64(*f.maxPeers) * (int64(f.creditCount()) + int64(f.laneCount())*chaosLaneMsgs)
+}
+
+// receiveBytes is the memory of the receive buffers bx.New posts: for
+// each peer, a buffer of the eager size and the header for each credit.
+func (f chaosEndpointFlags) receiveBytes() int64 {
+	return int64(*f.maxPeers) * int64(f.creditCount()) * chaosEagerBuf
+}
+
+// maxMessageSize is the endpoint's largest payload.
+func (f chaosEndpointFlags) maxMessageSize() int {
+	if *f.maxMessage != 0 {
+		return *f.maxMessage
+	}
+	return chaosDefMaxMessage
+}
+
+// memoryLimit is the endpoint's limit of each buffer pool.
+func (f chaosEndpointFlags) memoryLimit() int64 {
+	if *f.memLimit != 0 {
+		return *f.memLimit
+	}
+	return chaosDefMemLimit
+}
+
+// maxMessageBuf is the buffer of the largest message: the power of 2 that
+// holds it, at least mr's granule (what mr fits in the limit).
+func (f chaosEndpointFlags) maxMessageBuf() int64 {
+	return max(int64(1)<<bits.Len(uint(f.maxMessageSize()-1)), chaosMinMemLimit)
 }
 
 func (f chaosEndpointFlags) config() bx.Config {
@@ -319,24 +477,47 @@ type chaosServer struct {
 	idle       chaosProc // the process right after it started listening
 }
 
-func chaosServe(args []string, stdout, stderr io.Writer) error {
+// chaosServeOpts are serve's own command-line options.
+type chaosServeOpts struct {
+	listen string
+	stall  time.Duration
+}
+
+// chaosServeFlags parses and checks serve's command line into its options
+// and the endpoint's.
+func chaosServeFlags(args []string, stderr io.Writer) (chaosServeOpts, chaosEndpointFlags, error) {
 	fs, ef := chaosFlags("serve", "rxe1", stderr)
-	listen := fs.String("listen", "10.99.0.2:18900", "control-plane address")
-	stall := fs.Duration("stall", 3*time.Second, "how long apply handlers hold their requests after SIGUSR1")
-	if _, err := cli.ParseGetopt(fs, args); err != nil {
+	var o chaosServeOpts
+	fs.StringVar(&o.listen, "listen", "10.99.0.2:18900", "control-plane address")
+	fs.DurationVar(&o.stall, "stall", 3*time.Second, "how long apply handlers hold their requests after SIGUSR1")
+	if err := chaosParse("serve", fs, args); err != nil {
+		return o, ef, err
+	}
+	if err := ef.check(); err != nil {
+		return o, ef, err
+	}
+	if err := chaosAddr("serve", "--listen", o.listen); err != nil {
+		return o, ef, err
+	}
+	return o, ef, chaosDuration("serve", "--stall", o.stall, "")
+}
+
+func chaosServe(args []string, stdout, stderr io.Writer) error {
+	o, ef, err := chaosServeFlags(args, stderr)
+	if err != nil {
 		return err
 	}
 	e, err := bx.New(ef.config())
 	if err != nil {
 		return err
 	}
-	s := &chaosServer{e: e, l: &chaosLedger{ids: map[uint64]*chaosEntry{}}, stall: *stall, peers: map[*bx.Peer]struct{}{}}
+	s := &chaosServer{e: e, l: &chaosLedger{ids: map[uint64]*chaosEntry{}}, stall: o.stall, peers: map[*bx.Peer]struct{}{}}
 	e.Handle(chaosStreamApply, s.apply)
 	e.Handle(chaosStreamStats, s.stats)
 	e.Handle(chaosStreamCheck, s.check)
 	// The idle baseline, before any peer can connect.
 	s.idle = chaosProcStats(e, true)
-	addr, err := e.Listen(*listen)
+	addr, err := e.Listen(o.listen)
 	if err != nil {
 		e.Close()
 		return err
@@ -540,32 +721,49 @@ func modifyQPsOf(pid int, st qp.State) (int, error) {
 	return n, nil
 }
 
-// chaosBreakCmd: chaosload break --pid PID [--state err|sqd].
-func chaosBreakCmd(args []string, stdout, stderr io.Writer) error {
+// chaosBreakOpts are break's command-line options: the process and the
+// state its QPs go to.
+type chaosBreakOpts struct {
+	pid   int
+	state string
+	st    qp.State
+}
+
+// chaosBreakFlags parses and checks break's command line.
+func chaosBreakFlags(args []string, stderr io.Writer) (chaosBreakOpts, error) {
 	fs := flag.NewFlagSet("chaosload break", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	pid := fs.Int("pid", 0, "the process whose QPs to move (required)")
-	state := fs.String("state", "err", "the state to move them to: err (a failed QP) or sqd (a stall, no error)")
+	var o chaosBreakOpts
+	fs.IntVar(&o.pid, "pid", 0, "the process whose QPs to move (required)")
+	fs.StringVar(&o.state, "state", "err", "the state to move them to: err (a failed QP) or sqd (a stall, no error)")
 	if err := fs.Parse(args); err != nil {
-		return &cli.ExitError{Code: 1}
+		return o, &cli.ExitError{Code: 1}
 	}
 	if fs.NArg() > 0 {
-		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: unexpected arguments %q", fs.Args())}
+		return o, chaosBad("break", "unexpected arguments %q", fs.Args())
 	}
-	if *pid <= 0 {
-		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: --pid %d: want a process id", *pid)}
+	if o.pid <= 0 || o.pid > chaosMaxPID {
+		return o, chaosBad("break", "--pid %d: want a process id (1..%d)", o.pid, chaosMaxPID)
 	}
-	var st qp.State
-	switch *state {
+	switch o.state {
 	case "err":
-		st = qp.Err
+		o.st = qp.Err
 	case "sqd":
-		st = qp.SQD
+		o.st = qp.SQD
 	default:
-		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("break: --state %q: want err or sqd", *state)}
+		return o, chaosBad("break", "--state %q: want err or sqd", o.state)
 	}
-	n, err := modifyQPsOf(*pid, st)
-	fmt.Fprintf(stdout, "moved %d QPs of process %d to %s\n", n, *pid, strings.ToUpper(*state))
+	return o, nil
+}
+
+// chaosBreakCmd: chaosload break --pid PID [--state err|sqd].
+func chaosBreakCmd(args []string, stdout, stderr io.Writer) error {
+	o, err := chaosBreakFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	n, err := modifyQPsOf(o.pid, o.st)
+	fmt.Fprintf(stdout, "moved %d QPs of process %d to %s\n", n, o.pid, strings.ToUpper(o.state))
 	return err
 }
 
@@ -734,14 +932,52 @@ func chaosDriveFlags(args []string, stderr io.Writer) (chaosDriveOpts, chaosEndp
 	fs.DurationVar(&o.giveUp, "give-up", 60*time.Second, "an id is retried until this long after its first attempt")
 	fs.StringVar(&o.journal, "journal", "", "append acknowledged ids (id, server incarnation: 2 little-endian uint64) to this file")
 	fs.DurationVar(&o.every, "report-every", 0, "print a progress line and verify the ids acknowledged since the last one this often (soak)")
-	fs.Int64Var(&o.maxRSS, "max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded)")
-	if _, err := cli.ParseGetopt(fs, args); err != nil {
+	fs.Int64Var(&o.maxRSS, "max-rss", 512<<10, "largest acceptable RSS in KiB (memory bounded; 0: no limit)")
+	if err := chaosParse("drive", fs, args); err != nil {
 		return o, ef, err
 	}
-	if o.payload < chaosReqHeader {
-		o.payload = chaosReqHeader
+	if err := ef.check(); err != nil {
+		return o, ef, err
 	}
-	return o, ef, nil
+	return o, ef, o.check(ef.maxMessageSize())
+}
+
+// check checks drive's options, naming the flag and its value; maxMsg is
+// the endpoint's largest payload.
+func (o chaosDriveOpts) check(maxMsg int) error {
+	const cmd = "drive"
+	if err := chaosAddr(cmd, "--peer", o.peer); err != nil {
+		return err
+	}
+	switch {
+	case o.conc < 1 || o.conc > chaosMaxConc:
+		return chaosBad(cmd, "--concurrency %d: want 1..%d calls in flight", o.conc, chaosMaxConc)
+	case o.rate != 0 && !(o.rate >= chaosMinRate && o.rate <= chaosMaxRate): // NaN too
+		return chaosBad(cmd, "--rate %v: want 0 (as fast as the calls return) or %.3g..%g calls per second", o.rate, chaosMinRate, chaosMaxRate)
+	case o.payload < chaosReqHeader || o.payload > maxMsg:
+		return chaosBad(cmd, "--payload %d: want %d (the id and attempt header)..%d bytes (the max message)", o.payload, chaosReqHeader, maxMsg)
+	case o.bigEvery < 0:
+		return chaosBad(cmd, "--big-every %d: want 0 (never) or more", o.bigEvery)
+	case o.bigSize < chaosReqHeader || o.bigEvery > 0 && o.bigSize > maxMsg:
+		return chaosBad(cmd, "--big-size %d: want %d (the id and attempt header)..%d bytes (the max message)", o.bigSize, chaosReqHeader, maxMsg)
+	case o.maxRSS < 0:
+		return chaosBad(cmd, "--max-rss %d: want 0 (no limit) or more KiB", o.maxRSS)
+	}
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+		zero string
+	}{
+		{"--duration", o.duration, ""},
+		{"--call-timeout", o.callTimeout, ""},
+		{"--give-up", o.giveUp, "no retry"},
+		{"--report-every", o.every, "no reports"},
+	} {
+		if err := chaosDuration(cmd, d.name, d.d, d.zero); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // chaosDriver is one drive run: its options, endpoint and connection, the
@@ -1345,16 +1581,38 @@ func chaosDialServer(ef chaosEndpointFlags, addr string) (ctx context.Context, p
 	return ctx, p, func() { p.Close(); e.Close(); cancel() }, nil
 }
 
+// chaosVerifyOpts are verify's own command-line options.
+type chaosVerifyOpts struct {
+	peer, journal string
+}
+
+// chaosVerifyFlags parses and checks verify's command line into its
+// options and the endpoint's.
+func chaosVerifyFlags(args []string, stderr io.Writer) (chaosVerifyOpts, chaosEndpointFlags, error) {
+	fs, ef := chaosFlags("verify", "rxe0", stderr)
+	var o chaosVerifyOpts
+	fs.StringVar(&o.peer, "peer", "10.99.0.2:18900", "the server's control-plane address")
+	fs.StringVar(&o.journal, "journal", "", "journal written by drive --journal (required)")
+	if err := chaosParse("verify", fs, args); err != nil {
+		return o, ef, err
+	}
+	if err := ef.check(); err != nil {
+		return o, ef, err
+	}
+	if o.journal == "" {
+		return o, ef, chaosBad("verify", `--journal "": want the file drive --journal wrote`)
+	}
+	return o, ef, chaosAddr("verify", "--peer", o.peer)
+}
+
 // chaosVerifyCmd checks journals written by drive processes (killed ones
 // too) against the server's ledger.
 func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
-	fs, ef := chaosFlags("verify", "rxe0", stderr)
-	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
-	journal := fs.String("journal", "", "journal written by drive --journal (required)")
-	if _, err := cli.ParseGetopt(fs, args); err != nil {
+	o, ef, err := chaosVerifyFlags(args, stderr)
+	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(*journal)
+	b, err := os.ReadFile(o.journal)
 	if err != nil {
 		return err
 	}
@@ -1362,7 +1620,7 @@ func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
 	for i := 0; i+16 <= len(b); i += 16 {
 		acks = append(acks, chaosAck{binary.LittleEndian.Uint64(b[i:]), binary.LittleEndian.Uint64(b[i+8:])})
 	}
-	ctx, p, done, err := chaosDialServer(ef, *peer)
+	ctx, p, done, err := chaosDialServer(ef, o.peer)
 	if err != nil {
 		return err
 	}
@@ -1371,7 +1629,7 @@ func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	out, _ := json.Marshal(map[string]any{"journal": *journal, "records": len(acks), "torn_bytes": len(b) % 16, "verify": vr})
+	out, _ := json.Marshal(map[string]any{"journal": o.journal, "records": len(acks), "torn_bytes": len(b) % 16, "verify": vr})
 	fmt.Fprintf(stdout, "verify %s\n", out)
 	if vr.NotApplied > 0 {
 		return &cli.ExitError{Code: 3, Msg: fmt.Sprintf("%d acknowledged ids not applied", vr.NotApplied)}
@@ -1379,16 +1637,44 @@ func chaosVerifyCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
+// chaosStatsOpts are stats' own command-line options.
+type chaosStatsOpts struct {
+	peer     string
+	check    bool
+	srvLanes int
+	maxRSS   int64
+}
+
+// chaosStatsFlags parses and checks stats' command line into its options
+// and the endpoint's.
+func chaosStatsFlags(args []string, stderr io.Writer) (chaosStatsOpts, chaosEndpointFlags, error) {
 	fs, ef := chaosFlags("stats", "rxe0", stderr)
-	peer := fs.String("peer", "10.99.0.2:18900", "the server's control-plane address")
-	check := fs.Bool("check", false, "exit 3 unless the server is back to its idle resources (but for this one peer)")
-	srvLanes := fs.Int("server-lanes", 2, "with --check: QPs the server holds per peer")
-	maxRSS := fs.Int64("max-rss", 512<<10, "with --check: largest acceptable server RSS in KiB")
-	if _, err := cli.ParseGetopt(fs, args); err != nil {
+	var o chaosStatsOpts
+	fs.StringVar(&o.peer, "peer", "10.99.0.2:18900", "the server's control-plane address")
+	fs.BoolVar(&o.check, "check", false, "exit 3 unless the server is back to its idle resources (but for this one peer)")
+	fs.IntVar(&o.srvLanes, "server-lanes", 2, "with --check: QPs the server holds per peer (its --lanes)")
+	fs.Int64Var(&o.maxRSS, "max-rss", 512<<10, "with --check: largest acceptable server RSS in KiB (0: no limit)")
+	if err := chaosParse("stats", fs, args); err != nil {
+		return o, ef, err
+	}
+	if err := ef.check(); err != nil {
+		return o, ef, err
+	}
+	switch {
+	case o.srvLanes < 1 || o.srvLanes > chaosMaxLanes:
+		return o, ef, chaosBad("stats", "--server-lanes %d: want 1..%d (the server's lanes per peer)", o.srvLanes, chaosMaxLanes)
+	case o.maxRSS < 0:
+		return o, ef, chaosBad("stats", "--max-rss %d: want 0 (no limit) or more KiB", o.maxRSS)
+	}
+	return o, ef, chaosAddr("stats", "--peer", o.peer)
+}
+
+func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
+	o, ef, err := chaosStatsFlags(args, stderr)
+	if err != nil {
 		return err
 	}
-	ctx, p, done, err := chaosDialServer(ef, *peer)
+	ctx, p, done, err := chaosDialServer(ef, o.peer)
 	if err != nil {
 		return err
 	}
@@ -1408,14 +1694,14 @@ func chaosStatsCmd(args []string, stdout, stderr io.Writer) error {
 			break
 		}
 		st = s
-		if v = chaosServerViolations(st, *srvLanes, *maxRSS); !*check || len(v) == 0 {
+		if v = chaosServerViolations(st, o.srvLanes, o.maxRSS); !o.check || len(v) == 0 {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	out, _ := json.Marshal(map[string]any{"stats": st, "violations": v})
 	fmt.Fprintf(stdout, "stats %s\n", out)
-	if *check && len(v) > 0 {
+	if o.check && len(v) > 0 {
 		return &cli.ExitError{Code: 3, Msg: "server invariants violated: " + strings.Join(v, "; ")}
 	}
 	return nil
