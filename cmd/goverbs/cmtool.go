@@ -24,19 +24,10 @@ import (
 // their output, the verbs resources on an ID and the completion loop.
 
 // cmResolve opens an event channel, creates an ID in port space ps and
-// resolves host:port (from src, unless empty) and the route within
-// rdma-core's tools' 2 s. Closing the channel closes the ID.
-func cmResolve(ctx context.Context, ps cm.PortSpace, host string, port uint16, src string) (*cm.Channel, *cm.ID, error) {
-	dst, err := resolveHost(host)
-	if err != nil {
-		return nil, nil, err
-	}
-	var from netip.Addr
-	if src != "" {
-		if from, err = resolveHost(src); err != nil {
-			return nil, nil, err
-		}
-	}
+// resolves dst:port (from src, unless it is the zero Addr) and the route
+// within rdma-core's tools' 2 s. Closing the channel closes the ID. The
+// tools resolve their addresses (hostFlag) as they check their flags.
+func cmResolve(ctx context.Context, ps cm.PortSpace, dst netip.Addr, port uint16, src netip.Addr) (*cm.Channel, *cm.ID, error) {
 	ch, err := cm.Open()
 	if err != nil {
 		return nil, nil, err
@@ -44,7 +35,7 @@ func cmResolve(ctx context.Context, ps cm.PortSpace, host string, port uint16, s
 	id, err := ch.CreateID(ps)
 	if err == nil {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second) // the tools' 2000 ms
-		if err = id.ResolveAddr(rctx, from, netip.AddrPortFrom(dst, port)); err == nil {
+		if err = id.ResolveAddr(rctx, src, netip.AddrPortFrom(dst, port)); err == nil {
 			err = id.ResolveRoute(rctx)
 		}
 		cancel()
@@ -57,15 +48,11 @@ func cmResolve(ctx context.Context, ps cm.PortSpace, host string, port uint16, s
 }
 
 // cmListen opens an event channel and listens in port space ps on
-// host:port (every address if host is empty) with backlog. Closing the
-// channel closes the listener.
-func cmListen(ps cm.PortSpace, host string, port uint16, backlog int) (*cm.Channel, *cm.ID, netip.AddrPort, error) {
-	bind := netip.IPv4Unspecified()
-	if host != "" {
-		var err error
-		if bind, err = resolveHost(host); err != nil {
-			return nil, nil, netip.AddrPort{}, err
-		}
+// bind:port (every address if bind is the zero Addr) with backlog.
+// Closing the channel closes the listener.
+func cmListen(ps cm.PortSpace, bind netip.Addr, port uint16, backlog int) (*cm.Channel, *cm.ID, netip.AddrPort, error) {
+	if !bind.IsValid() {
+		bind = netip.IPv4Unspecified()
 	}
 	at := netip.AddrPortFrom(bind, port)
 	ch, err := cm.Open()
@@ -85,18 +72,48 @@ func cmListen(ps cm.PortSpace, host string, port uint16, backlog int) (*cm.Chann
 	return ch, lis, at, nil
 }
 
+// hostFlag resolves s, the value of flag name (as the messages name it:
+// "-b"), which is the tool's what ("bind address"). A bad value is a usage
+// error naming the flag, the value and what it is for, as the other flag
+// errors do, before the tool starts.
+func hostFlag(name, what, s string) (netip.Addr, error) {
+	a, err := lookupHost(s)
+	if err != nil {
+		return netip.Addr{}, usageError("%s %q: invalid %s: %v", name, s, what, err)
+	}
+	return a, nil
+}
+
 // cmOpts are the options udaddy, ucmatose and mckey have in common.
 type cmOpts struct {
 	bind        string
+	bindAddr    netip.Addr // bind resolved (resolve); the zero Addr without -b
 	count, size int
 	stdout      io.Writer
 }
 
-// cmFirstRequest listens in port space ps on host:port with backlog 1 and
-// takes the first connection request. Closing the channel closes the
-// listener.
-func cmFirstRequest(ctx context.Context, ps cm.PortSpace, host string, port uint16) (*cm.Channel, cm.Event, error) {
-	ch, lis, _, err := cmListen(ps, host, port, 1)
+// resolve resolves the tools' addresses: server, the client's -s (the
+// server's address; "" on the server side), which it returns, and -b, if
+// given, into bindAddr.
+func (o *cmOpts) resolve(server string) (netip.Addr, error) {
+	var dst netip.Addr
+	var err error
+	if server != "" {
+		if dst, err = hostFlag("-s", "server address", server); err != nil {
+			return dst, err
+		}
+	}
+	if o.bind != "" {
+		o.bindAddr, err = hostFlag("-b", "bind address", o.bind)
+	}
+	return dst, err
+}
+
+// cmFirstRequest listens in port space ps on bind:port (every address if
+// bind is the zero Addr) with backlog 1 and takes the first connection
+// request. Closing the channel closes the listener.
+func cmFirstRequest(ctx context.Context, ps cm.PortSpace, bind netip.Addr, port uint16) (*cm.Channel, cm.Event, error) {
+	ch, lis, _, err := cmListen(ps, bind, port, 1)
 	if err != nil {
 		return nil, cm.Event{}, err
 	}

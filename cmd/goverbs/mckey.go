@@ -29,47 +29,73 @@ const mckeyPause = 3 * time.Second
 
 type mckeyOpts struct {
 	cmOpts
-	group    string
-	sender   bool
-	sendOnly bool
-	idle     time.Duration
+	group     string
+	groupAddr netip.Addr // group resolved: a multicast address
+	sender    bool
+	sendOnly  bool
+	idle      time.Duration
 }
 
 func runMckey(args []string, stdout, stderr io.Writer) error {
-	var o mckeyOpts
+	o, err := parseMckey(args, stderr)
+	if err != nil {
+		return err
+	}
+	o.stdout = stdout
+	return cmRun(stdout, "mckey", o, o.sender, mckey, mckey)
+}
+
+// parseMckey parses and checks mckey's command line, resolving -m (which
+// must be a multicast address) and -b.
+func parseMckey(args []string, stderr io.Writer) (*mckeyOpts, error) {
+	o := &mckeyOpts{}
 	fs, conns := cmFlags("mckey", stderr, &o.cmOpts)
-	fs.StringVar(&o.group, "m", "", "multicast address")
+	fs.StringVar(&o.group, "m", "", "multicast address (IPv4 224.0.0.0/4 or IPv6 ff00::/8)")
 	fs.BoolVar(&o.sender, "s", false, "send (without it, receive)")
 	fs.BoolVar(&o.sendOnly, "o", false, "join as a send-only full member")
 	ps := fs.String("p", "0x111", "port space (only 0x111, UDP)")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "give up receiving after this long without a datagram (mckey waits forever)")
 	if err := cmParse(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	psv, perr := strconv.ParseUint(*ps, 0, 16)
 	switch {
 	case o.group == "":
-		return usageError("-m multicast_address is required")
+		return nil, usageError("-m multicast_address is required")
 	case *conns != 1:
-		return usageError("-c %d: goverbs mckey makes one join", *conns)
+		return nil, usageError("-c %d: goverbs mckey makes one join", *conns)
 	case perr != nil || psv != ioctl.RDMA_PS_UDP:
-		return usageError("-p %s: only the UDP port space (%#x) is supported (IPoIB is not)", *ps, ioctl.RDMA_PS_UDP)
+		return nil, usageError("-p %s: only the UDP port space (%#x) is supported (IPoIB is not)", *ps, ioctl.RDMA_PS_UDP)
 	case o.count < 0 || o.count > 4096:
-		return usageError("-C %d: invalid message count (0..4096)", o.count)
+		return nil, usageError("-C %d: invalid message count (0..4096)", o.count)
 	case o.size < 0:
-		return usageError("-S %d: invalid message size (0 or more; at most the path MTU)", o.size)
+		return nil, usageError("-S %d: invalid message size (0 or more; at most the path MTU)", o.size)
 	case o.idle <= 0:
-		return usageError("-idle %v: must be positive", o.idle)
+		return nil, usageError("-idle %v: must be positive", o.idle)
 	case o.sendOnly && !o.sender:
 		// A send-only member receives nothing from the group: the
 		// receiver would wait out -idle and fail.
-		return usageError("-o: a send-only join receives nothing; it goes with -s")
+		return nil, usageError("-o: a send-only join receives nothing; it goes with -s")
+	}
+	var err error
+	if o.groupAddr, err = hostFlag("-m", "multicast address", o.group); err != nil {
+		return nil, err
+	}
+	if !o.groupAddr.IsMulticast() {
+		// A unicast group failed the join later, or waited for it.
+		it := ""
+		if o.groupAddr.String() != o.group {
+			it = fmt.Sprintf("it is %v; ", o.groupAddr)
+		}
+		return nil, usageError("-m %q: not a multicast address (%swant IPv4 224.0.0.0/4 or IPv6 ff00::/8)", o.group, it)
+	}
+	if _, err := o.resolve(""); err != nil {
+		return nil, err
 	}
 	if o.size == 0 {
 		o.count = 0 // as mckey
 	}
-	o.stdout = stdout
-	return cmRun(stdout, "mckey", &o, o.sender, mckey, mckey)
+	return o, nil
 }
 
 type mcNode struct {
@@ -79,16 +105,7 @@ type mcNode struct {
 }
 
 func mckey(ctx context.Context, o *mckeyOpts) error {
-	group, err := resolveHost(o.group)
-	if err != nil {
-		return err
-	}
-	var src netip.Addr
-	if o.bind != "" {
-		if src, err = resolveHost(o.bind); err != nil {
-			return err
-		}
-	}
+	group, src := o.groupAddr, o.bindAddr
 	fmt.Fprintln(o.stdout, "mckey: joining")
 	ch, err := cm.Open()
 	if err != nil {

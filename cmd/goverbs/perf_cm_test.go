@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net"
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -64,10 +65,11 @@ func silentCMPeer(t *testing.T, id *cm.ID) func() {
 func TestPerfSilentPeerCM(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
+	addr := netip.MustParseAddr(host)
 	t.Run("client", func(t *testing.T) {
 		port := perfPort
 		perfPort++
-		ch, lis, _, err := cmListen(cm.TCP, host, uint16(port), 1)
+		ch, lis, _, err := cmListen(cm.TCP, addr, uint16(port), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +95,7 @@ func TestPerfSilentPeerCM(t *testing.T) {
 		waitCMListenPort(t, port, bg.done)
 		ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(30*time.Second))
 		defer cancel()
-		ch, id, err := cmResolve(ctx, cm.TCP, host, uint16(port), "")
+		ch, id, err := cmResolve(ctx, cm.TCP, addr, uint16(port), netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}

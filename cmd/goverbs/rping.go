@@ -41,6 +41,7 @@ const (
 type rpingOpts struct {
 	server, client bool
 	addr, src      string
+	at, from       netip.Addr // addr and src resolved; the zero Addr if not given
 	port           int
 	count, size    int
 	verbose, valid bool
@@ -85,6 +86,21 @@ func runRping(args []string, stdout, stderr io.Writer) error {
 	case o.server && o.src != "":
 		return usageError("-I %q: the source address is the client's (-c); the server binds -a", o.src)
 	}
+	var err error
+	if o.addr != "" {
+		what := "server address"
+		if o.server {
+			what = "bind address"
+		}
+		if o.at, err = hostFlag("-a", what, o.addr); err != nil {
+			return err
+		}
+	}
+	if o.src != "" {
+		if o.from, err = hostFlag("-I", "source address", o.src); err != nil {
+			return err
+		}
+	}
 	o.stdout, o.stderr = stdout, stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -94,15 +110,27 @@ func runRping(args []string, stdout, stderr io.Writer) error {
 	return rpingClient(ctx, &o)
 }
 
-// resolveHost parses an address or looks a name up (IPv4 first, as
-// rping's getaddrinfo use mostly does).
+// resolveHost is lookupHost, its error naming s.
 func resolveHost(s string) (netip.Addr, error) {
+	a, err := lookupHost(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("invalid hostname or IP address %q: %v", s, err)
+	}
+	return a, nil
+}
+
+// lookupHost parses an address or looks a name up (IPv4 first, as
+// rping's getaddrinfo use mostly does).
+func lookupHost(s string) (netip.Addr, error) {
 	if a, err := netip.ParseAddr(s); err == nil {
 		return a.Unmap(), nil
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(context.Background(), "ip", s)
-	if err != nil || len(ips) == 0 {
-		return netip.Addr{}, fmt.Errorf("invalid hostname or IP address %q: %v", s, err)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if len(ips) == 0 {
+		return netip.Addr{}, fmt.Errorf("lookup %s: no address", s)
 	}
 	for _, ip := range ips {
 		if ip.Unmap().Is4() {
@@ -275,7 +303,7 @@ func rpingConnParam() cm.ConnParam {
 }
 
 func rpingServer(ctx context.Context, o *rpingOpts) error {
-	ch, lis, at, err := cmListen(cm.TCP, o.addr, uint16(o.port), 3)
+	ch, lis, at, err := cmListen(cm.TCP, o.at, uint16(o.port), 3)
 	if err != nil {
 		return err
 	}
@@ -354,7 +382,7 @@ func (c *rpingConn) serve(ctx context.Context) error {
 }
 
 func rpingClient(ctx context.Context, o *rpingOpts) error {
-	ch, id, err := cmResolve(ctx, cm.TCP, o.addr, uint16(o.port), o.src)
+	ch, id, err := cmResolve(ctx, cm.TCP, o.at, uint16(o.port), o.from)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -26,9 +27,10 @@ const ucmatosePort = 7471
 
 type ucmatoseOpts struct {
 	cmOpts
-	server string
-	port   int
-	idle   time.Duration
+	server     string
+	serverAddr netip.Addr // server resolved
+	port       int
+	idle       time.Duration
 }
 
 func runUcmatose(args []string, stdout, stderr io.Writer) error {
@@ -63,6 +65,10 @@ func runUcmatose(args []string, stdout, stderr io.Writer) error {
 	case !strings.HasPrefix(strings.ToLower(*format), "name") && !strings.HasPrefix(strings.ToLower(*format), "ip"):
 		// cmatose takes "ip" and "name" by prefix, and "gid" (AF_IB).
 		return usageError("-f %q: address format must be name or ip (gid, AF_IB, is not supported)", *format)
+	}
+	var err error
+	if o.serverAddr, err = o.resolve(o.server); err != nil {
+		return err
 	}
 	if o.size == 0 {
 		o.count = 0 // as cmatose
@@ -131,7 +137,7 @@ func (n *toseNode) poll(ctx context.Context, c *cq.CQ, what string) error {
 }
 
 func ucmatoseServer(ctx context.Context, o *ucmatoseOpts) error {
-	ch, req, err := cmFirstRequest(ctx, cm.TCP, o.bind, uint16(o.port))
+	ch, req, err := cmFirstRequest(ctx, cm.TCP, o.bindAddr, uint16(o.port))
 	if err != nil {
 		return err
 	}
@@ -180,7 +186,7 @@ func ucmatoseServer(ctx context.Context, o *ucmatoseOpts) error {
 
 func ucmatoseClient(ctx context.Context, o *ucmatoseOpts) error {
 	fmt.Fprintln(o.stdout, "cmatose: connecting")
-	ch, id, err := cmResolve(ctx, cm.TCP, o.server, uint16(o.port), o.bind)
+	ch, id, err := cmResolve(ctx, cm.TCP, o.serverAddr, uint16(o.port), o.bindAddr)
 	if err != nil {
 		return err
 	}

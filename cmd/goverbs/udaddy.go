@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"time"
 
 	"github.com/goverbs/goverbs/cm"
@@ -25,7 +26,8 @@ const udaddyPort = 7174
 
 type udaddyOpts struct {
 	cmOpts
-	server string
+	server     string
+	serverAddr netip.Addr // server resolved
 }
 
 func runUdaddy(args []string, stdout, stderr io.Writer) error {
@@ -44,6 +46,10 @@ func runUdaddy(args []string, stdout, stderr io.Writer) error {
 		return usageError("-S %d: invalid message size (at least 1; at most the path MTU)", o.size)
 	case o.server == "" && o.bind == "":
 		return usageError("the server needs -b (the address to bind)")
+	}
+	var err error
+	if o.serverAddr, err = o.resolve(o.server); err != nil {
+		return err
 	}
 	o.stdout = stdout
 	return cmRun(stdout, "udaddy", &o, o.server != "", udaddyClient, udaddyServer)
@@ -114,7 +120,7 @@ func (n *udNode) poll(ctx context.Context) error {
 
 func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 	fmt.Fprintln(o.stdout, "udaddy: connecting")
-	ch, id, err := cmResolve(ctx, cm.UDP, o.server, udaddyPort, o.bind)
+	ch, id, err := cmResolve(ctx, cm.UDP, o.serverAddr, udaddyPort, o.bindAddr)
 	if err != nil {
 		return err
 	}
@@ -149,7 +155,7 @@ func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 }
 
 func udaddyServer(ctx context.Context, o *udaddyOpts) error {
-	ch, req, err := cmFirstRequest(ctx, cm.UDP, o.bind, udaddyPort)
+	ch, req, err := cmFirstRequest(ctx, cm.UDP, o.bindAddr, udaddyPort)
 	if err != nil {
 		return err
 	}

@@ -126,6 +126,27 @@ func TestRejectedFlags(t *testing.T) {
 		{[]string{"mckey", "-m", "239.1.1.1", "-C", "-1"}, "-C -1"},
 		{[]string{"mckey", "-m", "239.1.1.1", "-S", "-1"}, "-S -1"},
 		{[]string{"mckey", "-m", "239.1.1.1", "-o"}, "-o: a send-only join receives nothing"},
+		// The rdma_cm tools' addresses: a bad one was refused with the
+		// value alone (and, but for rping, after "starting"), not the
+		// flag it came from. "bad!host" is no IP address and no domain
+		// name: its lookup fails without asking a name server.
+		{[]string{"rping", "-c", "-a", "bad!host"}, `-a "bad!host": invalid server address`},
+		{[]string{"rping", "-s", "-p", p, "-a", "bad!host"}, `-a "bad!host": invalid bind address`},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-I", "bad!host"}, `-I "bad!host": invalid source address`},
+		{[]string{"udaddy", "-s", "bad!host"}, `-s "bad!host": invalid server address`},
+		{[]string{"udaddy", "-s", "127.0.0.1", "-b", "bad!host"}, `-b "bad!host": invalid bind address`},
+		{[]string{"udaddy", "-b", "bad!host"}, `-b "bad!host": invalid bind address`},
+		{[]string{"ucmatose", "-p", p, "-s", "bad!host"}, `-s "bad!host": invalid server address`},
+		{[]string{"ucmatose", "-p", p, "-s", "127.0.0.1", "-b", "bad!host"}, `-b "bad!host": invalid bind address`},
+		{[]string{"ucmatose", "-p", p, "-b", "bad!host"}, `-b "bad!host": invalid bind address`},
+		{[]string{"mckey", "-m", "bad!host"}, `-m "bad!host": invalid multicast address`},
+		{[]string{"mckey", "-m", "239.1.1.1", "-b", "bad!host"}, `-b "bad!host": invalid bind address`},
+		// mckey -m took a unicast address: the join failed later, or
+		// waited.
+		{[]string{"mckey", "-m", "10.0.0.1"}, `-m "10.0.0.1": not a multicast address`},
+		{[]string{"mckey", "-s", "-m", "2001:db8::1"}, `-m "2001:db8::1": not a multicast address`},
+		{[]string{"mckey", "-m", "::ffff:10.1.2.3"}, `-m "::ffff:10.1.2.3": not a multicast address`},
+		{[]string{"mckey", "-m", "localhost"}, `-m "localhost": not a multicast address (it is `},
 	} {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
 			args := append([]string(nil), tc.args...)
@@ -139,6 +160,29 @@ func TestRejectedFlags(t *testing.T) {
 				t.Errorf("goverbs %q: exit %d (want 1), stderr %q (want it to name %q)", args, code, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// TestMckeyGroup: mckey -m takes the multicast ranges, IPv4 224.0.0.0/4
+// and IPv6 ff00::/8 (a v4-mapped group as its IPv4 address), and refuses
+// the addresses at their borders, naming -m and the value.
+func TestMckeyGroup(t *testing.T) {
+	for g, want := range map[string]string{
+		"224.0.0.1": "224.0.0.1", "239.255.255.255": "239.255.255.255", "::ffff:239.1.8.1": "239.1.8.1",
+		"ff02::1": "ff02::1", "ffff:ffff::1": "ffff:ffff::1",
+	} {
+		o, err := parseMckey([]string{"-m", g, "-C", "5"}, io.Discard)
+		if err != nil {
+			t.Errorf("mckey -m %s: %v", g, err)
+		} else if o.groupAddr.String() != want || o.count != 5 {
+			t.Errorf("mckey -m %s -C 5: group %v, count %d; want %s, 5", g, o.groupAddr, o.count, want)
+		}
+	}
+	for _, g := range []string{"223.255.255.255", "240.0.0.0", "255.255.255.255", "0.0.0.0", "feff::1", "::", "::ffff:10.0.0.1"} {
+		_, err := parseMckey([]string{"-s", "-m", g}, io.Discard)
+		if want := fmt.Sprintf("-m %q: not a multicast address", g); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("mckey -s -m %s: %v; want an error naming %q", g, err, want)
+		}
 	}
 }
 
