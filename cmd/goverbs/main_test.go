@@ -134,11 +134,27 @@ func runCmdCtx(t *testing.T, parent context.Context, idle time.Duration, bin str
 	return r
 }
 
+// refusal is a command line goverbs must refuse, and what its message
+// must hold.
+type refusal struct {
+	args []string
+	want string
+}
+
+// checkRefused checks that each command line exits 1 with its want in
+// stderr.
+func checkRefused(t *testing.T, cases []refusal) {
+	t.Helper()
+	for _, tc := range cases {
+		r := goverbs(t, time.Minute, tc.args...)
+		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("goverbs %q: exit %d (want 1), stderr %q (want it to contain %q)", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+}
+
 func TestBadFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	checkRefused(t, []refusal{
 		{[]string{"rc-pingpong", "-m", "300"}, "-m 300"},
 		{[]string{"rc-pingpong", "-s", "0"}, "-s 0"},
 		{[]string{"rc-pingpong", "-r", "0"}, "-r 0"},
@@ -180,12 +196,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"top", "-n", "0"}, "-n 0"},
 		{[]string{"devices", "-v", "-i", "-1"}, "-i -1: port must be 1..255"},
 		{[]string{"nosuchcommand"}, "unknown command"},
-	} {
-		r := goverbs(t, time.Minute, tc.args...)
-		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
-			t.Errorf("goverbs %q: exit %d (want 1), stderr %q (want it to contain %q)", tc.args, r.code, r.stderr, tc.want)
-		}
-	}
+	})
 }
 
 func TestGetoptStyle(t *testing.T) {
@@ -306,6 +317,23 @@ func waitListen(t *testing.T, port int, done <-chan struct{}) {
 	t.Fatalf("nothing listens on port %d after 60 s", port)
 }
 
+// serverClient runs `goverbs srvArgs...` in the background, waits until
+// something listens on TCP port (or the server exited), then runs
+// `goverbs cliArgs...`; it returns both results once both exited. idle
+// bounds each run, as in goverbs.
+func serverClient(t *testing.T, idle time.Duration, port int, srvArgs, cliArgs []string) (client, server result) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		server = goverbs(t, idle, srvArgs...)
+	}()
+	waitListen(t, port, done)
+	client = goverbs(t, idle, cliArgs...)
+	<-done
+	return client, server
+}
+
 var itersRE = regexp.MustCompile(`(?m)^(\d+) iters in ([0-9.]+) seconds = ([0-9.]+) usec/iter$`)
 var bytesRE = regexp.MustCompile(`(?m)^(\d+) bytes in ([0-9.]+) seconds = ([0-9.]+) Mbit/sec$`)
 
@@ -334,13 +362,7 @@ var nextPort = 18600
 func TestPingpongInterop(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
-	ibv, err := exec.LookPath("ibv_rc_pingpong")
-	if err != nil {
-		if rxetest.Required() {
-			t.Fatal("GOVERBS_RXE=required but ibv_rc_pingpong is not installed (apt-get install ibverbs-utils)")
-		}
-		t.Skip("ibv_rc_pingpong not installed")
-	}
+	ibv := lookIbv(t, "ibv_rc_pingpong")
 	const iters = 200
 	g := strconv.Itoa(gidx)
 	for _, pair := range []struct{ server, client string }{
@@ -405,16 +427,10 @@ func TestPingpongJSON(t *testing.T) {
 	cli, srv := rxetest.Pair(t)
 	host, gidx := serverTarget(t, srv)
 	port := 18700
-	done := make(chan struct{})
-	var rs result
-	go func() {
-		defer close(done)
-		rs = goverbs(t, 3*time.Minute, "rc-pingpong", "-d", srv, "-g", strconv.Itoa(gidx), "-p", strconv.Itoa(port), "-n", "100", "-s", "128")
-	}()
-	waitListen(t, port, done)
-	// No -g: goverbs picks the RoCE v2 IPv4 GID itself.
-	rc := goverbs(t, 3*time.Minute, "rc-pingpong", "-d", cli, "-p", strconv.Itoa(port), "-n", "100", "-s", "128", "--json", host)
-	<-done
+	rc, rs := serverClient(t, 3*time.Minute, port,
+		[]string{"rc-pingpong", "-d", srv, "-g", strconv.Itoa(gidx), "-p", strconv.Itoa(port), "-n", "100", "-s", "128"},
+		// No -g: goverbs picks the RoCE v2 IPv4 GID itself.
+		[]string{"rc-pingpong", "-d", cli, "-p", strconv.Itoa(port), "-n", "100", "-s", "128", "--json", host})
 	if rs.code != 0 || rc.code != 0 {
 		t.Fatalf("server exit %d: %s\nclient exit %d: %s", rs.code, rs.stderr, rc.code, rc.stderr)
 	}

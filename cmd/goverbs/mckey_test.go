@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -13,33 +10,6 @@ import (
 	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/rxetest"
 )
-
-// igmpJoined reports whether netdev dev is a member of the IPv4 group g in
-// /proc/net/igmp (rdma_cm makes the membership for a RoCE v2 join).
-func igmpJoined(t *testing.T, dev string, g netip.Addr) bool {
-	t.Helper()
-	b, err := os.ReadFile("/proc/net/igmp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := g.As4()
-	want := fmt.Sprintf("%08X", binary.NativeEndian.Uint32(a[:]))
-	cur := ""
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 0 {
-			continue
-		}
-		if !strings.HasPrefix(l, "\t") && len(f) >= 2 {
-			cur = f[1]
-			continue
-		}
-		if cur == dev && f[0] == want {
-			return true
-		}
-	}
-	return false
-}
 
 // TestMckeyInterop runs goverbs mckey against rdma-core's mckey
 // (rdmacm-utils) both ways and against itself: the receiver joins a group
@@ -49,25 +19,17 @@ func igmpJoined(t *testing.T, dev string, g netip.Addr) bool {
 // complete`; a goverbs receiver also reports the count, size and sender.
 func TestMckeyInterop(t *testing.T) {
 	rxetest.Pair(t)
-	mckey, err := exec.LookPath("mckey")
-	if err != nil {
-		if rxetest.Required() {
-			t.Fatal("GOVERBS_RXE=required but mckey is not installed (apt-get install rdmacm-utils)")
-		}
-		t.Skip("mckey not installed")
-	}
+	mckey := lookTool(t, "mckey", "rdmacm-utils")
 	for i, pair := range []struct{ sender, receiver string }{
 		{"goverbs", "mckey"}, {"mckey", "goverbs"}, {"goverbs", "goverbs"},
 	} {
 		t.Run(fmt.Sprintf("%s-sender/%s-receiver", pair.sender, pair.receiver), func(t *testing.T) {
 			group := netip.AddrFrom4([4]byte{239, 1, 8, byte(1 + i)})
-			run := func(who string, args ...string) (func() result, chan struct{}) {
-				return startPeer(t, who == "mckey", mckey, "mckey", args...)
-			}
+			run := peerStarter(t, mckey, "mckey")
 			start := time.Now()
 			recvRes, recvDone := run(pair.receiver, "-m", group.String(), "-b", "10.99.0.2", "-C", "10", "-S", "100")
 			deadline := time.Now().Add(hang.Scale(30 * time.Second))
-			for !igmpJoined(t, "v1", group) {
+			for !rxetest.IGMPMember(t, "v1", group) {
 				select {
 				case <-recvDone:
 					r := recvRes()
@@ -94,7 +56,7 @@ func TestMckeyInterop(t *testing.T) {
 			if pair.receiver == "goverbs" && !strings.Contains(rr.stdout, "mckey: received 10 messages of 100 bytes from ::ffff:10.99.0.1") {
 				t.Errorf("goverbs receiver's report:\n%s", rr.stdout)
 			}
-			if igmpJoined(t, "v0", group) || igmpJoined(t, "v1", group) {
+			if rxetest.IGMPMember(t, "v0", group) || rxetest.IGMPMember(t, "v1", group) {
 				t.Errorf("a membership of %v outlived the processes", group)
 			}
 		})
@@ -102,13 +64,8 @@ func TestMckeyInterop(t *testing.T) {
 }
 
 func TestMckeyUsage(t *testing.T) {
-	for _, args := range [][]string{
+	checkUsageErrors(t, [][]string{
 		{"mckey"}, {"mckey", "-m", "239.1.1.1", "-c", "2"}, {"mckey", "-m", "239.1.1.1", "-p", "2"},
 		{"mckey", "-m", "239.1.1.1", "-C", "-1"}, {"mckey", "-m", "239.1.1.1", "-l"},
-	} {
-		r := goverbs(t, time.Minute, args...)
-		if r.code == 0 || r.stderr == "" {
-			t.Errorf("goverbs %s: exit %d, stderr %q; want a usage error", strings.Join(args, " "), r.code, r.stderr)
-		}
-	}
+	})
 }

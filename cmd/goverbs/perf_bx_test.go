@@ -57,15 +57,8 @@ func TestPerfBX(t *testing.T) {
 			if strings.HasPrefix(tc.args, "grpc_") && !goverbsHasGRPC(t) {
 				t.Skip("goverbs built without -tags goverbs_grpc (it says so, checked); scripts/vm's copy has it")
 			}
-			done := make(chan struct{})
-			var rs result
-			go func() {
-				defer close(done)
-				rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", srv})...)
-			}()
-			waitListen(t, port, done)
-			rc := goverbs(t, 4*time.Minute, slices.Concat(common, strings.Fields(tc.cliArgs), []string{"-d", cli, host})...)
-			<-done
+			rc, rs := serverClient(t, 4*time.Minute, port, slices.Concat(common, []string{"-d", srv}),
+				slices.Concat(common, strings.Fields(tc.cliArgs), []string{"-d", cli, host}))
 			test := strings.Fields(tc.args)[0]
 			for _, x := range []struct {
 				who string
@@ -164,15 +157,8 @@ func TestPerfBXSamplesTrace(t *testing.T) {
 	port := perfPort
 	perfPort += 2
 	common := []string{"perf", "bx_lat", "-n", strconv.Itoa(iters), "-p", strconv.Itoa(port), "--json"}
-	done := make(chan struct{})
-	var rs result
-	go func() {
-		defer close(done)
-		rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"--trace", strace, "-d", srv})...)
-	}()
-	waitListen(t, port, done)
-	rc := goverbs(t, 4*time.Minute, slices.Concat(common, []string{"--samples", samples, "--trace", ctrace, "-d", cli, host})...)
-	<-done
+	rc, rs := serverClient(t, 4*time.Minute, port, slices.Concat(common, []string{"--trace", strace, "-d", srv}),
+		slices.Concat(common, []string{"--samples", samples, "--trace", ctrace, "-d", cli, host}))
 	for _, r := range []result{rc, rs} {
 		if r.code != 0 || r.err != nil {
 			t.Fatalf("exit %d (%v)\nstdout:\n%s\nstderr:\n%s", r.code, r.err, r.stdout, r.stderr)

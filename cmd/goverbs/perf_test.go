@@ -98,17 +98,9 @@ func perfPair(t *testing.T, cli, srv, host string, gidx int, args ...string) (cl
 	perfPort++
 	common := append([]string{"perf"}, args...)
 	common = append(common, "-x", strconv.Itoa(gidx), "-p", strconv.Itoa(port), "--json")
-	done := make(chan struct{})
-	var rs result
-	go func() {
-		defer close(done)
-		rs = goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", srv})...)
-	}()
-	waitListen(t, port, done)
 	// slices.Concat: append on common would share its spare capacity
-	// between the two goroutines.
-	rc := goverbs(t, 4*time.Minute, slices.Concat(common, []string{"-d", cli, host})...)
-	<-done
+	// between the two runs.
+	rc, rs := serverClient(t, 4*time.Minute, port, slices.Concat(common, []string{"-d", srv}), slices.Concat(common, []string{"-d", cli, host}))
 	for _, x := range []struct {
 		who string
 		r   result

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,13 +45,7 @@ func waitCMListen(t *testing.T, addr string, port int, done <-chan struct{}) {
 // be rping's pattern.
 func TestRpingInterop(t *testing.T) {
 	rxetest.Pair(t)
-	rping, err := exec.LookPath("rping")
-	if err != nil {
-		if rxetest.Required() {
-			t.Fatal("GOVERBS_RXE=required but rping is not installed (apt-get install rdmacm-utils)")
-		}
-		t.Skip("rping not installed")
-	}
+	rping := lookTool(t, "rping", "rdmacm-utils")
 	const count = 5
 	for _, pair := range []struct{ server, client string }{
 		{"goverbs", "rping"}, {"rping", "goverbs"}, {"goverbs", "goverbs"},
@@ -61,9 +54,7 @@ func TestRpingInterop(t *testing.T) {
 			t.Run(fmt.Sprintf("%s-server/%s-client/S%d", pair.server, pair.client, size), func(t *testing.T) {
 				port := rpingPort
 				rpingPort++
-				run := func(who string, args ...string) (func() result, chan struct{}) {
-					return startPeer(t, who == "rping", rping, "rping", args...)
-				}
+				run := peerStarter(t, rping, "rping")
 				common := []string{"-p", strconv.Itoa(port), "-S", strconv.Itoa(size), "-v"}
 				srvRes, srvDone := run(pair.server, append([]string{"-s", "-a", "10.99.0.2"}, common...)...)
 				waitCMListen(t, "10.99.0.2", port, srvDone)
@@ -92,14 +83,29 @@ func TestRpingInterop(t *testing.T) {
 }
 
 func TestRpingUsage(t *testing.T) {
-	for _, args := range [][]string{
+	checkUsageErrors(t, [][]string{
 		{"rping"}, {"rping", "-s", "-c"}, {"rping", "-c"}, {"rping", "-s", "-S", "10"},
 		{"rping", "-s", "-S", "70000"}, {"rping", "-s", "-C", "-1"}, {"rping", "-s", "-p", "0"},
-	} {
+	})
+}
+
+// checkUsageErrors checks that each goverbs command line exits non-zero
+// with a usage error on stderr.
+func checkUsageErrors(t *testing.T, cmdlines [][]string) {
+	t.Helper()
+	for _, args := range cmdlines {
 		r := goverbs(t, time.Minute, args...)
 		if r.code == 0 || r.stderr == "" {
 			t.Errorf("goverbs %s: exit %d, stderr %q; want a usage error", strings.Join(args, " "), r.code, r.stderr)
 		}
+	}
+}
+
+// peerStarter returns how to start one side of an interop test, run as
+// who: sub, rdma-core's tool at path; else `goverbs sub`.
+func peerStarter(t *testing.T, path, sub string) func(who string, args ...string) (func() result, chan struct{}) {
+	return func(who string, args ...string) (func() result, chan struct{}) {
+		return startPeer(t, who == sub, path, sub, args...)
 	}
 }
 

@@ -101,15 +101,9 @@ func TestTopOnceJSON(t *testing.T) {
 	<-started
 	const iters = 300
 	port := 18760
-	done := make(chan struct{})
-	var rs result
-	go func() {
-		defer close(done)
-		rs = goverbs(t, 2*time.Minute, "rc-pingpong", "-e", "-d", srv, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters))
-	}()
-	waitListen(t, port, done)
-	rc := goverbs(t, 2*time.Minute, "rc-pingpong", "-e", "-d", cli, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters), host)
-	<-done
+	rc, rs := serverClient(t, 2*time.Minute, port,
+		[]string{"rc-pingpong", "-e", "-d", srv, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters)},
+		[]string{"rc-pingpong", "-e", "-d", cli, "-p", strconv.Itoa(port), "-n", strconv.Itoa(iters), host})
 	if rs.code != 0 || rc.code != 0 {
 		t.Fatalf("pingpong: server %d %s client %d %s", rs.code, rs.stderr, rc.code, rc.stderr)
 	}

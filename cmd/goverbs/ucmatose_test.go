@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -17,20 +16,12 @@ import (
 // received.
 func TestUcmatoseInterop(t *testing.T) {
 	rxetest.Pair(t)
-	tose, err := exec.LookPath("ucmatose")
-	if err != nil {
-		if rxetest.Required() {
-			t.Fatal("GOVERBS_RXE=required but ucmatose is not installed (apt-get install rdmacm-utils)")
-		}
-		t.Skip("ucmatose not installed")
-	}
+	tose := lookTool(t, "ucmatose", "rdmacm-utils")
 	for _, pair := range []struct{ server, client string }{
 		{"ucmatose", "goverbs"}, {"goverbs", "ucmatose"}, {"goverbs", "goverbs"},
 	} {
 		t.Run(fmt.Sprintf("%s-server/%s-client", pair.server, pair.client), func(t *testing.T) {
-			run := func(who string, args ...string) (func() result, chan struct{}) {
-				return startPeer(t, who == "ucmatose", tose, "ucmatose", args...)
-			}
+			run := peerStarter(t, tose, "ucmatose")
 			start := time.Now()
 			srvRes, srvDone := run(pair.server, "-b", "10.99.0.2")
 			waitCMListen(t, "10.99.0.2", ucmatosePort, srvDone)
@@ -54,13 +45,8 @@ func TestUcmatoseInterop(t *testing.T) {
 }
 
 func TestUcmatoseUsage(t *testing.T) {
-	for _, args := range [][]string{
+	checkUsageErrors(t, [][]string{
 		{"ucmatose", "-c", "2"}, {"ucmatose", "-P", "ib"}, {"ucmatose", "-t", "0x10"},
 		{"ucmatose", "-C", "-1"}, {"ucmatose", "-p", "0"},
-	} {
-		r := goverbs(t, time.Minute, args...)
-		if r.code == 0 || r.stderr == "" {
-			t.Errorf("goverbs %s: exit %d, stderr %q; want a usage error", strings.Join(args, " "), r.code, r.stderr)
-		}
-	}
+	})
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -14,20 +13,12 @@ import (
 // port space (port 7174, fixed in udaddy), then 10 datagrams each way.
 func TestUdaddyInterop(t *testing.T) {
 	rxetest.Pair(t)
-	udaddy, err := exec.LookPath("udaddy")
-	if err != nil {
-		if rxetest.Required() {
-			t.Fatal("GOVERBS_RXE=required but udaddy is not installed (apt-get install rdmacm-utils)")
-		}
-		t.Skip("udaddy not installed")
-	}
+	udaddy := lookTool(t, "udaddy", "rdmacm-utils")
 	for _, pair := range []struct{ server, client string }{
 		{"goverbs", "udaddy"}, {"udaddy", "goverbs"}, {"goverbs", "goverbs"},
 	} {
 		t.Run(fmt.Sprintf("%s-server/%s-client", pair.server, pair.client), func(t *testing.T) {
-			run := func(who string, args ...string) (func() result, chan struct{}) {
-				return startPeer(t, who == "udaddy", udaddy, "udaddy", args...)
-			}
+			run := peerStarter(t, udaddy, "udaddy")
 			srvRes, srvDone := run(pair.server, "-b", "10.99.0.2", "-C", "10", "-S", "100")
 			waitCMListen(t, "10.99.0.2", udaddyPort, srvDone)
 			cliRes, _ := run(pair.client, "-s", "10.99.0.2", "-b", "10.99.0.1", "-C", "10", "-S", "100")
