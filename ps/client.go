@@ -296,7 +296,9 @@ func (c *Client) call(ctx context.Context, i int, k *call) error {
 			// A new incarnation: its shard came back empty. Re-define what
 			// this client defined there, and say so once.
 			inc := k.inc
-			c.redefine(ctx, i)
+			if rerr := c.redefine(ctx, i); rerr != nil {
+				return fmt.Errorf("%w (server %d, incarnation %#x -> %#x): %w; re-defining its parameters there failed: %w", ErrStateLost, i, old, inc, errOrOK(err), rerr)
+			}
 			return fmt.Errorf("%w (server %d, incarnation %#x -> %#x): %w", ErrStateLost, i, old, inc, errOrOK(err))
 		}
 	}
@@ -334,7 +336,10 @@ func checkName(method, what, name string) error {
 	return nil
 }
 
-func (c *Client) redefine(ctx context.Context, i int) {
+// redefine defines again on server i (restarted, empty) what this client
+// defined there, and returns what failed (the caller reports it with
+// ErrStateLost: a parameter left undefined is not silently lost).
+func (c *Client) redefine(ctx context.Context, i int) error {
 	c.mu.Lock()
 	var specs []Spec
 	for _, s := range c.specs {
@@ -343,11 +348,15 @@ func (c *Client) redefine(ctx context.Context, i int) {
 		}
 	}
 	c.mu.Unlock()
+	var errs []error
 	for _, s := range specs {
 		if req, err := EncodeDefine(s); err == nil { // Define validated s
-			c.callRaw(ctx, i, req, nil)
+			if err := c.callRaw(ctx, i, req, nil); err != nil {
+				errs = append(errs, fmt.Errorf("%q: %w", s.Name, err))
+			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // Define creates parameters on the servers that hold them (a sparse table
@@ -503,6 +512,9 @@ func (c *Client) Pull(ctx context.Context, table string, keys []uint64, out []fl
 		return err
 	}
 	if len(keys) == 0 {
+		if len(out) != 0 {
+			return fmt.Errorf("%w: 0 keys cannot fill %d values", ErrDim, len(out))
+		}
 		return nil
 	}
 	if len(out)%len(keys) != 0 || len(out) == 0 {
@@ -531,6 +543,9 @@ func (c *Client) Push(ctx context.Context, table string, keys []uint64, grads []
 		return res, err
 	}
 	if len(keys) == 0 {
+		if len(grads) != 0 {
+			return res, fmt.Errorf("%w: 0 keys cannot take %d gradient values", ErrDim, len(grads))
+		}
 		return res, nil
 	}
 	if len(grads)%len(keys) != 0 || len(grads) == 0 {
@@ -599,14 +614,18 @@ func (c *Client) Stats(ctx context.Context) (_ []ServerStats, err error) {
 	out := make([]ServerStats, c.n)
 	req := EncodeStats()
 	err = c.each(func(i int) error {
-		return c.callRaw(ctx, i, req, func(body []byte) error {
+		// The incarnation is the response's (k.inc, set with the body):
+		// the client's record of it is updated only after read runs.
+		var k call
+		k = call{raw: req, isRaw: true, read: func(body []byte) error {
 			if len(body) != 32 {
 				return fmt.Errorf("%w: stats response of %d bytes", ErrMalformed, len(body))
 			}
 			out[i] = ServerStats{User: time.Duration(binary.LittleEndian.Uint64(body)), System: time.Duration(binary.LittleEndian.Uint64(body[8:])),
-				Requests: binary.LittleEndian.Uint64(body[16:]), Errors: binary.LittleEndian.Uint64(body[24:]), Incarnation: c.inc[i].Load()}
+				Requests: binary.LittleEndian.Uint64(body[16:]), Errors: binary.LittleEndian.Uint64(body[24:]), Incarnation: k.inc}
 			return nil
-		})
+		}}
+		return c.call(ctx, i, &k)
 	})
 	return out, err
 }

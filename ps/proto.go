@@ -199,10 +199,14 @@ func encodeCheck(fn, name string, dim, keys, floats int) error {
 // EncodePull encodes a sparse pull request (for tests and tools; Client
 // builds requests in place). It refuses, with an error wrapping
 // ErrMalformed that names the field, a name over MaxName bytes, a
-// negative dim or counts over the wire's bounds.
+// negative dim or counts over the wire's bounds (the response's
+// len(keys)*dim values included).
 func EncodePull(name string, dim int, keys []uint64) ([]byte, error) {
 	if err := encodeCheck("EncodePull", name, dim, len(keys), 0); err != nil {
 		return nil, err
+	}
+	if len(keys)*dim > maxWireFloats {
+		return nil, fmt.Errorf("%w: EncodePull: %d keys of dim %d, a response of more than %d values", ErrMalformed, len(keys), dim, maxWireFloats)
 	}
 	b := make([]byte, pullSize(name, len(keys)))
 	o := encodeHead(b, OpPull, name)
@@ -330,13 +334,15 @@ func decodeRequest(b []byte) (Request, error) {
 		if r.N > maxWireKeys || r.Dim > maxWireFloats {
 			return r, fmt.Errorf("%w: %v of %d keys of dim %d", ErrMalformed, r.Op, r.N, r.Dim)
 		}
+		// A push carries n*dim floats, a pull's response as many: both
+		// are bounded as one message's (a pull of a few KiB of keys must
+		// not make the server build GiBs of rows).
+		nf := r.N * r.Dim
+		if nf > maxWireFloats {
+			return r, fmt.Errorf("%w: %v of %d x %d values, more than a message's %d", ErrMalformed, r.Op, r.N, r.Dim, maxWireFloats)
+		}
 		want := 8 + 8*r.N
-		var nf int
 		if r.Op == OpPush {
-			nf = r.N * r.Dim
-			if nf > maxWireFloats {
-				return r, fmt.Errorf("%w: push of %d x %d values", ErrMalformed, r.N, r.Dim)
-			}
 			want += 4 * nf
 		}
 		if len(body) != want {

@@ -99,6 +99,7 @@ type Server struct {
 	conns          map[net.Conn]struct{}
 	wg             sync.WaitGroup
 	closed         atomic.Bool
+	done           chan struct{} // tcp: closed by Close (ends acceptTCP's back-off)
 }
 
 // NewServer starts a server with an empty store.
@@ -148,7 +149,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ps: server: %w", err)
 		}
-		s.ln, s.addr = ln, ln.Addr()
+		s.ln, s.addr, s.done = ln, ln.Addr(), make(chan struct{})
 		s.wg.Add(1)
 		go s.acceptTCP()
 	}
@@ -181,6 +182,7 @@ func (s *Server) Close() error {
 		err = s.ep.Close()
 	}
 	if s.ln != nil {
+		close(s.done)
 		err = s.ln.Close()
 		s.mu.Lock()
 		for c := range s.conns {
@@ -296,13 +298,31 @@ func CPUTime() (user, sys time.Duration) {
 	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
+// acceptTCP accepts connections until Close. An Accept that fails
+// otherwise (EMFILE, ENFILE, ENOBUFS: descriptors or memory run out under
+// many workers' pools) is retried after a back-off, as net/http does: the
+// server goes on accepting once they are free again, instead of staying
+// open and taking no new connection for good.
 func (s *Server) acceptTCP() {
 	defer s.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.done:
+				t.Stop()
+				return
+			}
+			continue
 		}
+		delay = 0
 		s.mu.Lock()
 		if s.closed.Load() {
 			s.mu.Unlock()
@@ -338,13 +358,20 @@ func (s *Server) serveTCP(c net.Conn) {
 		}
 		n := int(binary.LittleEndian.Uint32(lb[:]))
 		if n > s.cfg.MaxFrame {
-			// Too large to read: answer, then drop the connection (its
-			// stream position is lost).
+			// Too large to read: answer, then skip its bytes (read, not
+			// kept) and go on. Closing with them unread would reset the
+			// connection, and the answer with it: the client, which
+			// writes its whole request before it reads, would see EOF.
 			resp = appendErrResp(append(resp[:0], 0, 0, 0, 0), s.inc,
 				errorf(codeTooLarge, "request of %d bytes exceeds the server's %d-byte limit", n, s.cfg.MaxFrame))
 			binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
-			c.Write(resp)
-			return
+			if _, err := c.Write(resp); err != nil {
+				return
+			}
+			if _, err := br.Discard(n); err != nil {
+				return
+			}
+			continue
 		}
 		var in []byte
 		peeked := n <= br.Size()

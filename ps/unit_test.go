@@ -484,16 +484,7 @@ func TestRingBounds(t *testing.T) {
 // for it.
 func loopClient(t *testing.T) (*Client, context.Context) {
 	t.Helper()
-	srv, err := NewServer(ServerConfig{Transport: "tcp", Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	c, err := Dial(ClientConfig{Transport: "tcp", Servers: []string{srv.Addr().String()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, c := tcpServerClient(t)
 	ctx, _ := hang.For(t, "ps client on loopback", 2*time.Minute) // catches a hang, not a slow run: the calls are few
 	return c, ctx
 }
