@@ -223,6 +223,21 @@ func (tc *tcpConn) put(done chan struct{}) {
 	case tc.pool <- tc:
 	default:
 		tc.c.Close()
+		return
+	}
+	// A close that ran whole between the check above and the send found
+	// the pool empty: whatever is in it now is ours to close.
+	select {
+	case <-done:
+		for {
+			select {
+			case c := <-tc.pool:
+				c.c.Close()
+			default:
+				return
+			}
+		}
+	default:
 	}
 }
 
@@ -299,15 +314,20 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 			return fail(err)
 		}
 	}
-	if stop != nil && !stop() {
-		// The context ended as we finished: the deadline may be set.
-		return fail(ctx.Err())
-	}
+	// The context may have ended as we finished: the response is whole,
+	// so the call's result stands (a push it applied, reported as
+	// cancelled, would be applied again by a retry), but the connection's
+	// deadline may be set, so it is not reused.
+	expired := stop != nil && !stop()
 	k.finish(r, i)
 	if peeked {
 		tc.br.Discard(m)
 	}
 	t.unhold(tc) // before it goes back to the pool, for another call
+	if expired {
+		tc.c.Close()
+		return nil
+	}
 	tc.put(t.done)
 	return nil
 }
