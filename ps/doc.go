@@ -42,5 +42,8 @@
 //
 // A server that restarts comes back empty: a client notices the new
 // incarnation in the next response and returns ErrStateLost (once per
-// restart) instead of silently serving re-initialised parameters.
+// restart) instead of silently serving re-initialised parameters. It
+// defines again on that server what it defined there; a define the new
+// server refuses (a smaller MaxValues, say) is named in that error, so a
+// parameter left undefined is not lost without a word.
 package ps
