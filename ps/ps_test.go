@@ -329,6 +329,23 @@ func TestBadInput(t *testing.T) {
 					t.Logf("%s: %v", k.name, err)
 				}
 			}
+			if tr == "rdma" {
+				// A pull whose response is over bx's MaxMessage (4 MiB
+				// here): refused before it is built, as too large, not
+				// answered with bx's error (ErrInternal at the client).
+				wd.Note("case %q", "oversized response")
+				must(t, c.Define(ctx, ps.Spec{Name: "wide", Kind: ps.Sparse, Dim: 2048, Rows: 1000, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}}))
+				keys := make([]uint64, 600)
+				for i := range keys {
+					keys[i] = uint64(i)
+				}
+				err := c.Pull(ctx, "wide", keys, make([]float32, 600*2048))
+				if !errors.Is(err, ps.ErrTooLarge) || !strings.Contains(fmt.Sprint(err), "exceeds the server's bx MaxMessage") {
+					t.Errorf("oversized response: got %v, want %v naming bx's MaxMessage", err, ps.ErrTooLarge)
+				} else {
+					t.Logf("oversized response: %v", err)
+				}
+			}
 			// The NaN row was not applied: row 1 is still its pull value.
 			before := make([]float32, 8)
 			must(t, c.Pull(ctx, "emb", []uint64{1}, before))

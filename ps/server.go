@@ -91,7 +91,11 @@ type Server struct {
 	addr  net.Addr
 
 	ep *bx.Endpoint
-	ln net.Listener
+	// respMax (rdma): bx's MaxMessage, the largest response the
+	// endpoint sends; a pull whose response is larger is refused before
+	// it is built (ErrTooLarge). 0: no bound (tcp).
+	respMax int
+	ln      net.Listener
 
 	requests, errs atomic.Uint64
 	ops            opStats // per operation (metrics.go)
@@ -143,7 +147,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			ep.Close()
 			return nil, fmt.Errorf("ps: server: %w", err)
 		}
-		s.ep, s.addr = ep, addr
+		s.ep, s.addr, s.respMax = ep, addr, c.MaxMessage
 	case "tcp":
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
@@ -262,8 +266,14 @@ func (s *Server) Handle(req, b []byte) (out []byte) {
 func (s *Server) serve(r *Request, b []byte) ([]byte, error) {
 	switch r.Op {
 	case OpPull:
+		if err := s.fits(r, respHeader+8+4*r.N*r.Dim); err != nil {
+			return b, err
+		}
 		return s.store.pullReq(r, b)
 	case OpPullDense:
+		if err := s.fits(r, respHeader+4+4*r.N); err != nil {
+			return b, err
+		}
 		return s.store.pullDenseReq(r, b)
 	case OpPush, OpPushDense:
 		var a, k int
@@ -287,6 +297,17 @@ func (s *Server) serve(r *Request, b []byte) ([]byte, error) {
 		return binary.LittleEndian.AppendUint64(b, s.errs.Load()), nil
 	}
 	return b, errorf(codeMalformed, "unknown op %d", r.Op)
+}
+
+// fits refuses a pull whose response of n bytes the transport would not
+// send (bx's MaxMessage): built, it was replaced by bx's own error, which
+// the client saw as ErrInternal, while tcp served the same pull. r's
+// counts are the decoder's, bounded, so n does not overflow.
+func (s *Server) fits(r *Request, n int) error {
+	if s.respMax > 0 && n > s.respMax {
+		return errorf(codeTooLarge, "%v of %q: a response of %d bytes exceeds the server's bx MaxMessage of %d", r.Op, r.name, n, s.respMax)
+	}
+	return nil
 }
 
 // CPUTime is the process's user and system CPU time (getrusage).
