@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"syscall"
@@ -253,5 +254,41 @@ func restartTCP(ctx context.Context, t *testing.T, srv *Server, cfg ServerConfig
 			t.Fatalf("restart: %v", hang.Cause(ctx, err))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDeadlineIsContexts: a TCP call that runs out of its context's time
+// returns an error that is context.DeadlineExceeded. The connection's
+// deadline is set to the context's, and when its timer fired first the
+// call returned the connection's "i/o timeout" instead (the context not
+// done yet): errors.Is(err, context.DeadlineExceeded) missed some runs.
+func TestDeadlineIsContexts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // a server that reads and never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	c, err := Dial(ClientConfig{Transport: "tcp", Servers: []string{ln.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bound, _ := hang.For(t, "", 60*time.Second) // a hang bound: each call ends at its own 5 ms deadline
+	for i := range 40 {
+		ctx, cancel := context.WithTimeout(bound, 5*time.Millisecond)
+		_, err := c.Stats(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("call %d past its deadline: %v, want context.DeadlineExceeded", i, err)
+		}
 	}
 }

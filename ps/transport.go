@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -285,6 +286,10 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
+		} else if dl, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
+			// The connection's deadline is the context's, and its timer
+			// fired first: the context's error is the call's.
+			err = context.DeadlineExceeded
 		}
 		return err
 	}
