@@ -947,7 +947,7 @@ func (k *Cache) Alloc(n int) (Buf, error) {
 	cc := &k.cls[c]
 	if len(cc.ids) == 0 {
 		if err := k.refill(c); err != nil {
-			return Buf{}, err
+			return k.allocLarger(c, n, err)
 		}
 	}
 	id := cc.ids[len(cc.ids)-1]
@@ -956,6 +956,36 @@ func (k *Cache) Alloc(n int) (Buf, error) {
 	if err != nil {
 		return Buf{}, err
 	}
+	cc.allocs.Store(cc.allocs.Load() + 1)
+	return b, nil
+}
+
+// allocLarger is Cache.Alloc when class c has no buffer and refill failed
+// with err: at the limit, as Allocator.Alloc does, a free buffer of a
+// larger class serves, one this cache holds first, else the allocator's.
+func (k *Cache) allocLarger(c, n int, err error) (Buf, error) {
+	if !errors.Is(err, ErrAllocatorFull) {
+		return Buf{}, err
+	}
+	a := k.a
+	var id uint32
+	found := false
+	for d := c + 1; d < len(k.cls) && !found; d++ {
+		if ids := k.cls[d].ids; len(ids) > 0 {
+			id, found = ids[len(ids)-1], true
+			k.cls[d].ids = ids[:len(ids)-1]
+		}
+	}
+	if !found {
+		if id, found = a.popLarger(c, a.shard()); !found {
+			return Buf{}, err
+		}
+	}
+	b, err := a.take(id, n)
+	if err != nil {
+		return Buf{}, err
+	}
+	cc := &k.cls[b.class] // counted in the class it came from, as Allocator.Alloc does
 	cc.allocs.Store(cc.allocs.Load() + 1)
 	return b, nil
 }
