@@ -243,23 +243,26 @@ func (q *CQ) Close() error {
 		return errNilCQ
 	}
 	return q.once.Close(uvobj.Of(q.ctx).Objects, q, q.user, q.destroy,
-		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) },
-		func() error {
-			if q.closing != nil {
-				close(q.closing) // a Wait parked on the shared channel returns ErrClosed
-			}
-			for q.waitReads.Load() != 0 {
-				runtime.Gosched() // a Wait's look at the ring, a few loads
-			}
-			err := q.driver().Close()
-			if q.ch != nil {
-				q.ch.Unregister(q.user)
-				if q.ownCh {
-					err = errors.Join(err, q.ch.Close())
-				}
-			}
-			return err
-		})
+		func(err error) error { return fmt.Errorf("cq: destroy: %w", err) }, q.release)
+}
+
+// release is what Close does once the kernel destroyed the CQ: end the
+// Waits, unmap the ring, let go of the channel.
+func (q *CQ) release() error {
+	if q.closing != nil {
+		close(q.closing) // a Wait parked on the shared channel returns ErrClosed
+	}
+	for q.waitReads.Load() != 0 {
+		runtime.Gosched() // a Wait's look at the ring, a few loads
+	}
+	err := q.driver().Close()
+	if q.ch != nil {
+		q.ch.Unregister(q.user)
+		if q.ownCh {
+			err = errors.Join(err, q.ch.Close())
+		}
+	}
+	return err
 }
 
 func max1(n int) int {

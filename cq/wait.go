@@ -19,7 +19,8 @@ var ErrNoChannel = errors.New("cq: the CQ has no completion channel (create it w
 
 // Notify arms the CQ: the next completion (with solicitedOnly, the next
 // solicited or error completion) raises one event on its channel. Arming
-// again before the event fired is harmless.
+// again before the event fired is harmless. It waits for a Close in
+// progress and returns ErrClosed after one.
 func (q *CQ) Notify(solicitedOnly bool) error {
 	if q.bad() {
 		return errNilCQ
@@ -29,6 +30,15 @@ func (q *CQ) Notify(solicitedOnly bool) error {
 	}
 	if q.ch == nil {
 		return ErrNoChannel
+	}
+	// Under Close's lock, checked again: a CQ closed since the check
+	// above has a destroyed handle, which the kernel may have given to a
+	// new object of this context already (arming that instead), and a
+	// provider's Arm would touch an unmapped ring.
+	q.once.Lock()
+	defer q.once.Unlock()
+	if q.once.IsClosed() {
+		return ErrClosed
 	}
 	if a, ok := q.driver().(provider.CQArmer); ok {
 		if err := a.Arm(solicitedOnly); err != nil {
