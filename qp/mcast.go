@@ -38,8 +38,12 @@ func (q *QP) mcast(cmd uint32, op, verb string, gid net.IP, mlid uint16) error {
 	if q.cfg.Type != UD {
 		return fmt.Errorf("qp: QP %d: %s multicast group %v: a %v QP cannot join (UD only)", q.qpn, verb, gid, q.cfg.Type)
 	}
+	// Under Close's lock: the handle of a QP closed meanwhile may be a
+	// new QP's already, which would join (or leave) the group instead.
+	q.once.Lock()
+	defer q.once.Unlock()
 	if q.once.IsClosed() {
-		return fmt.Errorf("qp: QP %d: %s multicast group %v: QP closed", q.qpn, verb, gid)
+		return fmt.Errorf("qp: QP %d: %s multicast group %v: QP closed: %w", q.qpn, verb, gid, ErrClosed)
 	}
 	// ib_uverbs_attach_mcast and ib_uverbs_detach_mcast share a layout.
 	c := ioctl.AttachMcast{Handle: q.handle, Mlid: mlid}

@@ -166,8 +166,14 @@ func (s *SRQ) SetLimit(limit uint32) error {
 	if limit > s.maxWR {
 		return fmt.Errorf("qp: SRQ %d: limit %d above its %d receives", s.num, limit, s.maxWR)
 	}
+	// Checked again under Close's lock: an SRQ closed since the check
+	// above has a destroyed handle, which the kernel may have given to a
+	// new object of this context already.
 	s.once.Lock()
 	defer s.once.Unlock()
+	if s.once.IsClosed() {
+		return ErrClosed
+	}
 	req := ioctl.ModifySRQ{Srq_handle: s.handle, Attr_mask: srqLimit, Srq_limit: limit}
 	err := uvobj.Of(s.ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_MODIFY_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofModifySRQ,
@@ -190,6 +196,8 @@ func (s *SRQ) Query() (SRQAttr, error) {
 	if s.bad() {
 		return SRQAttr{}, errNilSRQ
 	}
+	s.once.Lock() // as SetLimit: not the handle of an SRQ closed meanwhile
+	defer s.once.Unlock()
 	if s.once.IsClosed() {
 		return SRQAttr{}, ErrClosed
 	}
@@ -207,7 +215,10 @@ func (s *SRQ) Query() (SRQAttr, error) {
 
 func (s *SRQ) destroy() error { return uvobj.DestroySRQ(uvobj.Of(s.ctx).File, s.handle) }
 
-// Close destroys the SRQ; it fails (EBUSY) while QPs use it. Idempotent.
+// Close destroys the SRQ and unmaps its queue; it fails (EBUSY) while QPs
+// use it. Idempotent. SetLimit and Query wait for a Close in progress and
+// return ErrClosed after one; do not Close while another goroutine posts
+// (PostRecv).
 func (s *SRQ) Close() error {
 	if s.bad() {
 		return errNilSRQ
