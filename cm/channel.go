@@ -62,12 +62,16 @@ func (ch *Channel) Close() error {
 	if ch.bad() {
 		return errNilChannel
 	}
+	// Closed first: from here no ID joins the table (CreateIDType and a
+	// connect request see it), so the IDs taken now are all there are
+	// and each is closed below; a second Close waits for this one.
 	ch.mu.Lock()
 	if ch.closed {
 		ch.mu.Unlock()
 		<-ch.done
 		return nil
 	}
+	ch.closed = true
 	ids := make([]*ID, 0, len(ch.ids))
 	for _, id := range ch.ids {
 		ids = append(ids, id)
@@ -79,9 +83,6 @@ func (ch *Channel) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	ch.mu.Lock()
-	ch.closed = true
-	ch.mu.Unlock()
 	if err := ch.file.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("cm: close channel: %w", err))
 	}
@@ -169,9 +170,10 @@ func (ch *Channel) read() {
 		}
 		if err != nil {
 			ch.mu.Lock()
-			if !ch.closed {
-				ch.readErr = err
+			if ch.closed {
+				err = ErrClosed
 			}
+			ch.readErr = err
 			ids := make([]*ID, 0, len(ch.ids))
 			for _, id := range ch.ids {
 				ids = append(ids, id)
@@ -272,8 +274,14 @@ func (ch *Channel) destroyHandle(h uint32) {
 
 func (ch *Channel) newIDLocked(ps PortSpace, ud bool, handle uint32) *ID {
 	ch.nextUID++
-	id := &ID{ch: ch, uid: ch.nextUID, handle: handle, ps: ps, ud: ud, notify: make(chan struct{}, 1), done: make(chan struct{})}
-	ch.ids[id.uid] = id
+	return ch.addIDLocked(ch.nextUID, ps, ud, handle)
+}
+
+// addIDLocked enters the ID of the kernel's handle, reporting its events
+// with uid, in the table.
+func (ch *Channel) addIDLocked(uid uint64, ps PortSpace, ud bool, handle uint32) *ID {
+	id := &ID{ch: ch, uid: uid, handle: handle, ps: ps, ud: ud, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	ch.ids[uid] = id
 	return id
 }
 

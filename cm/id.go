@@ -102,23 +102,35 @@ func (ch *Channel) CreateIDType(ps PortSpace, t qp.Type) (*ID, error) {
 	case t != qp.RC && t != qp.UD, ps == TCP && t != qp.RC, ps == UDP && t != qp.UD:
 		return nil, fmt.Errorf("cm: create ID: QP type %v not possible in the %v port space (TCP: RC, UDP: UD, IB: RC or UD)", t, ps)
 	}
+	// The uid is taken now, the ID enters the table once the kernel made
+	// it: an ID in the table always has its handle (a Close of the
+	// channel in between must not destroy handle 0, someone else's), and
+	// no event of the uid can come before a command on the handle.
 	ch.mu.Lock()
 	if ch.closed {
 		ch.mu.Unlock()
 		return nil, ErrClosed
 	}
-	id := ch.newIDLocked(ps, t == qp.UD, 0)
+	ch.nextUID++
+	uid := ch.nextUID
 	ch.mu.Unlock()
-	c := ioctl.UcmCreateID{Uid: id.uid, Ps: uint16(ps), Type: uint8(t)}
+	c := ioctl.UcmCreateID{Uid: uid, Ps: uint16(ps), Type: uint8(t)}
 	var r ioctl.UcmCreateIDResp
 	if err := ch.command(ioctl.RDMA_USER_CM_CMD_CREATE_ID, unsafe.Pointer(&c), ioctl.SizeofUcmCreateID,
 		int(unsafe.Offsetof(c.Response)), unsafe.Pointer(&r), ioctl.SizeofUcmCreateIDResp, "CREATE_ID"); err != nil {
-		ch.mu.Lock()
-		delete(ch.ids, id.uid)
-		ch.mu.Unlock()
 		return nil, fmt.Errorf("cm: create ID: %w", err)
 	}
-	id.handle = r.Id
+	ch.mu.Lock()
+	if ch.closed {
+		// The channel's Close took its IDs while the kernel made this
+		// one: destroy it (if the descriptor is closed already, its
+		// release did).
+		ch.mu.Unlock()
+		ch.destroyHandle(r.Id)
+		return nil, fmt.Errorf("cm: create ID: %w", ErrClosed)
+	}
+	id := ch.addIDLocked(uid, ps, t == qp.UD, r.Id)
+	ch.mu.Unlock()
 	return id, nil
 }
 
@@ -323,6 +335,14 @@ func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPor
 	if dst.Port() == 0 && !dst.Addr().IsMulticast() {
 		return fmt.Errorf("cm: resolve address: destination %v has port 0", dst)
 	}
+	if c.Src_size != 0 && c.Src_size != c.Dst_size {
+		// rdma_resolve_addr refuses it with a bare EINVAL.
+		return fmt.Errorf("cm: resolve address: source %v and destination %v are of different address families (an IPv4-mapped IPv6 address is IPv6 here)", src, dst)
+	}
+	if err := ctx.Err(); err != nil {
+		// Nothing started: a resolution given up leaves no late event.
+		return fmt.Errorf("cm: resolve address %v: %w", dst, err)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultResolveTimeout)
@@ -363,6 +383,9 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 	}
 	if err := id.check("resolve route"); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("cm: resolve route: %w", err)
 	}
 	c := ioctl.UcmResolveRoute{Id: id.handle, Ms: timeoutMS(ctx)}
 	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_RESOLVE_ROUTE, unsafe.Pointer(&c), ioctl.SizeofUcmResolveRoute, 0, nil, 0, "RESOLVE_ROUTE"); err != nil {
