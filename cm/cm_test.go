@@ -505,7 +505,7 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("reject with %d bytes of private data: %v", cm.MaxRejectData+1, err)
 	}
 	// The kernel refuses a connect before the route is resolved.
-	if _, err := id.Connect(ctx, cm.ConnParam{}); err == nil {
+	if _, err := id.Connect(ctx, cm.ConnParam{QPN: 0x123456}); err == nil {
 		t.Error("connect without a route succeeded")
 	} else {
 		t.Log(err)

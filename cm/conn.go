@@ -24,6 +24,10 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 	if pd == nil {
 		return nil, errors.New("cm: create QP: nil PD")
 	}
+	if pd.IsClosed() {
+		// Closed, or a zero PD that AllocPD did not make.
+		return nil, errors.New("cm: create QP: the PD is closed (or a zero PD, not from AllocPD)")
+	}
 	if err := id.check("create QP"); err != nil {
 		return nil, err
 	}
@@ -157,13 +161,22 @@ type ConnParam struct {
 	// (19, about 2.1 s, on rxe), as librdmacm's RDMA_OPTION_ID_ACK_TIMEOUT.
 	ACKTimeout uint8
 	// QPN is used when the ID has no QP of its own (the caller moves its
-	// QP with InitQPAttr); ignored otherwise.
+	// QP with InitQPAttr); ignored otherwise. Such an ID must name one
+	// (1..0xFFFFFF) to connect or accept, except in a SIDR request.
 	QPN uint32
-	// QKey of a UD QP (accept on a UDP ID). With a QP made by CreateQP
-	// leave it 0: the kernel answers with the Q_Key it gave that QP
-	// (0x01234567 on the UDP port space).
+	// QKey of a UD QP (accept on a UDP ID): 0 or 0x01234567. On IP
+	// addresses the kernel answers with the Q_Key of the port space
+	// (0x01234567, the one it gave a QP made by CreateQP) and ignores
+	// any other, so another is refused.
 	QKey uint32
 }
+
+// maxQPN is the largest QP number (24 bits).
+const maxQPN = 1<<24 - 1
+
+// ipQKey is the Q_Key the kernel gives UD IDs on IP addresses
+// (RDMA_UDP_QKEY), in the UDP and IB port spaces.
+const ipQKey = 0x01234567
 
 func (id *ID) connParam(p ConnParam, op string, maxData int) (ioctl.UcmConnParam, error) {
 	var c ioctl.UcmConnParam
@@ -173,9 +186,25 @@ func (id *ID) connParam(p ConnParam, op string, maxData int) (ioctl.UcmConnParam
 	if p.RetryCount > 7 || p.RNRRetryCount > 7 {
 		return c, fmt.Errorf("cm: %s: retry count %d / RNR retry count %d: at most 7", op, p.RetryCount, p.RNRRetryCount)
 	}
+	if p.QPN > maxQPN {
+		// The kernel keeps the low 24 bits: the peer would be given
+		// another QP.
+		return c, fmt.Errorf("cm: %s: QPN %#x does not fit in 24 bits", op, p.QPN)
+	}
+	if p.QKey != 0 && p.QKey != ipQKey {
+		// ucma passes the Q_Key on only for AF_IB addresses; on the IP
+		// addresses this package gives, the kernel answers with its own.
+		return c, fmt.Errorf("cm: %s: Q_Key %#x: on IP addresses the kernel uses the port space's Q_Key, %#x, and ignores another", op, p.QKey, ipQKey)
+	}
 	id.mu.Lock()
 	q := id.qp
 	id.mu.Unlock()
+	// An RC connect or accept, and a SIDR reply, name a QP to the peer:
+	// without one of the ID's own, ConnParam.QPN is it (QP 0 is the
+	// subnet management QP, never the user's).
+	if q == nil && p.QPN == 0 && (!id.ud || op == "accept") {
+		return c, fmt.Errorf("cm: %s: the ID has no QP (CreateQP) and ConnParam.QPN is 0: name the QP the peer is to use", op)
+	}
 	c.Qp_num = p.QPN
 	resp, init := p.ResponderResources, p.InitiatorDepth
 	if q == nil {
@@ -230,6 +259,11 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a request the peer would answer is not made for
+		// a step already given up.
+		return Event{}, fmt.Errorf("cm: connect: %w", err)
+	}
 	c := ioctl.UcmConnect{Param: cp, Id: id.handle}
 	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_CONNECT, unsafe.Pointer(&c), ioctl.SizeofUcmConnect, 0, nil, 0, "CONNECT"); err != nil {
 		return Event{}, fmt.Errorf("cm: connect: %w", err)
@@ -281,6 +315,11 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: the peer must not see an accept this side
+		// reports as failed.
+		return Event{}, fmt.Errorf("cm: accept: %w", err)
+	}
 	id.mu.Lock()
 	q := id.qp
 	id.mu.Unlock()
@@ -303,8 +342,9 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 }
 
 // Reject rejects a connect request with private data (at most
-// MaxRejectData bytes) and a reason (0: the kernel's default, consumer
-// defined, 28).
+// MaxRejectData bytes; MaxUDAcceptData on a UD ID) and a reason: 0 (the
+// kernel's default, RejectConsumerDefined) or RejectVendorOptionNotSupported;
+// the kernel sends no other.
 func (id *ID) Reject(data []byte, reason uint8) error {
 	if id.bad() {
 		return errNilID
@@ -312,8 +352,18 @@ func (id *ID) Reject(data []byte, reason uint8) error {
 	if err := id.check("reject"); err != nil {
 		return err
 	}
-	if len(data) > MaxRejectData {
-		return fmt.Errorf("cm: reject: %d bytes of private data, at most %d fit", len(data), MaxRejectData)
+	max := MaxRejectData
+	if id.ud {
+		max = MaxUDAcceptData // a SIDR reply with a reject status
+	}
+	if len(data) > max {
+		return fmt.Errorf("cm: reject: %d bytes of private data, at most %d fit (%v port space)", len(data), max, id.ps)
+	}
+	switch reason {
+	case 0, RejectConsumerDefined, RejectVendorOptionNotSupported:
+	default:
+		return fmt.Errorf("cm: reject: reason %d: the kernel sends only %d (consumer defined, what 0 gives) or %d (vendor option not supported)",
+			reason, RejectConsumerDefined, RejectVendorOptionNotSupported)
 	}
 	c := ioctl.UcmReject{Id: id.handle, Reason: reason}
 	c.Data_len = uint8(copy(c.Data[:], data))

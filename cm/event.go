@@ -105,6 +105,9 @@ const (
 	RejectTimeout          = 26 // rdma_cm sends it when route or address do not match
 	RejectConsumerDefined  = 28 // what Reject sends
 	RejectInvalidRNRRetry  = 29
+	// RejectVendorOptionNotSupported is the other reason Reject may send
+	// (the kernel refuses any but it and RejectConsumerDefined).
+	RejectVendorOptionNotSupported = 35
 )
 
 func rejectReason(r int32) string {

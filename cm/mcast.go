@@ -100,6 +100,9 @@ func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions)
 	} else {
 		c.Join_flags = ioctl.RDMA_MC_JOIN_FLAG_FULLMEMBER
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("cm: %s: %w", op, err)
+	}
 	m := &Multicast{Addr: addr, SendOnly: o.SendOnly, id: id}
 	// Register the group before the command: its events carry its uid.
 	id.ch.mu.Lock()
