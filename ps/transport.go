@@ -242,6 +242,24 @@ func (tc *tcpConn) put(done chan struct{}) {
 	}
 }
 
+// ctxErr is the error of a call that failed with err: the context's
+// when it ended. The dial's and the connection's deadlines are the
+// context's, and when their timer fired before the context's, err is an
+// "i/o timeout" while the context is not done yet: past the deadline,
+// that is context.DeadlineExceeded too.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return err // says so, and what it was doing (a dial)
+		}
+		return cerr
+	}
+	if dl, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
 func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 	n := k.size()
 	if n > t.max {
@@ -250,7 +268,7 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 	}
 	tc, err := t.get(ctx, i)
 	if err != nil {
-		return err
+		return ctxErr(ctx, err)
 	}
 	if !t.hold(tc) {
 		return errClientClosed
@@ -284,14 +302,7 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 			return errClientClosed // close closed the connection under us
 		default:
 		}
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		} else if dl, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
-			// The connection's deadline is the context's, and its timer
-			// fired first: the context's error is the call's.
-			err = context.DeadlineExceeded
-		}
-		return err
+		return ctxErr(ctx, err)
 	}
 	if _, err := tc.c.Write(w); err != nil {
 		return fail(err)
