@@ -319,6 +319,23 @@ func CPUTime() (user, sys time.Duration) {
 	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
+// acceptRetry reports whether an Accept error passes: descriptors or
+// memory ran out for a while, or a connection went before it was taken.
+func acceptRetry(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxFrameSkip is the largest request frame a ps client can write (a
+// push of the wire's most keys and values, with its header): a frame over
+// MaxFrame up to it is read and dropped after the refusal, one over it
+// ends the connection.
+const maxFrameSkip = 8*maxWireKeys + 4*maxWireFloats + 512
+
 // acceptTCP accepts connections until Close. An Accept that fails
 // otherwise (EMFILE, ENFILE, ENOBUFS: descriptors or memory run out under
 // many workers' pools) is retried after a back-off, as net/http does: the
@@ -330,7 +347,7 @@ func (s *Server) acceptTCP() {
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			if s.closed.Load() || errors.Is(err, net.ErrClosed) {
+			if s.closed.Load() || errors.Is(err, net.ErrClosed) || !acceptRetry(err) {
 				return
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
@@ -387,6 +404,11 @@ func (s *Server) serveTCP(c net.Conn) {
 				errorf(codeTooLarge, "request of %d bytes exceeds the server's %d-byte limit", n, s.cfg.MaxFrame))
 			binary.LittleEndian.PutUint32(resp, uint32(len(resp)-4))
 			if _, err := c.Write(resp); err != nil {
+				return
+			}
+			if n > maxFrameSkip {
+				// No ps client writes such a frame: not a ps peer, or
+				// the stream is out of step. Not read.
 				return
 			}
 			if _, err := br.Discard(n); err != nil {
