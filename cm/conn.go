@@ -24,9 +24,11 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 	if pd == nil {
 		return nil, errors.New("cm: create QP: nil PD")
 	}
+	if pd.Context() == nil {
+		return nil, errors.New("cm: create QP: a zero PD (make one with Context.AllocPD)")
+	}
 	if pd.IsClosed() {
-		// Closed, or a zero PD that AllocPD did not make.
-		return nil, errors.New("cm: create QP: the PD is closed (or a zero PD, not from AllocPD)")
+		return nil, fmt.Errorf("cm: create QP: PD: %w", uverbs.ErrClosed)
 	}
 	if err := id.check("create QP"); err != nil {
 		return nil, err

@@ -28,10 +28,12 @@
 // group's address handle attributes, QPN (MulticastQPN) and Q_Key to send
 // to it. LeaveMulticast leaves; Close leaves every group first.
 //
-// Every step that waits for the kernel takes a context; a failure is an
-// *EventError naming the step and the event (address error, route error,
-// unreachable, rejected with its reason and private data, disconnected),
-// matched with errors.Is against ErrAddress, ErrRoute, ErrUnreachable,
-// ErrRejected, ErrConnRefused, ErrDisconnected. Every object has an
-// idempotent Close.
+// Every step that waits for the kernel takes a context; one already done
+// when the step is called starts nothing in the kernel (no request the
+// peer would act on while this side reports the context's error). A
+// failure is an *EventError naming the step and the event (address
+// error, route error, unreachable, rejected with its reason and private
+// data, disconnected), matched with errors.Is against ErrAddress,
+// ErrRoute, ErrUnreachable, ErrRejected, ErrConnRefused, ErrDisconnected.
+// Every object has an idempotent Close.
 package cm

@@ -309,6 +309,8 @@ const resolveAttempt = 500 * time.Millisecond
 // and waits for ADDR_RESOLVED. It gives up at the context's deadline
 // (after DefaultResolveTimeout without one), with the kernel's last address
 // error (ETIMEDOUT when no neighbour answered) or the context's error.
+// src and dst must be of one address family (an IPv4-mapped IPv6 address
+// is IPv6 here).
 func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPort) error {
 	if id.bad() {
 		return errNilID

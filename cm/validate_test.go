@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -55,8 +56,9 @@ func pipeID(t *testing.T, ps PortSpace, ud bool) (*ID, func() int) {
 // them, and no command is written.
 func TestRefusedBeforeKernel(t *testing.T) {
 	// Bounds a step that went to the pipe and waits for an event that
-	// never comes; a step refused first does not wait.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// never comes (the old code's, failing); a step refused first does not
+	// wait. A hang bound: the cases run in milliseconds.
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(10*time.Second))
 	defer cancel()
 	for _, c := range []struct {
 		name string
@@ -135,7 +137,9 @@ func TestRefusedBeforeKernel(t *testing.T) {
 			t.Errorf("reject with reason %d wrote no command", reason)
 		}
 	}
-	if _, err := id.Accept(ctx, ConnParam{QPN: 0x11, QKey: 0x01234567}); err != nil {
+	// A UD accept does not wait: its own context, not the cases' (whose
+	// time a slow machine may have spent).
+	if _, err := id.Accept(context.Background(), ConnParam{QPN: 0x11, QKey: 0x01234567}); err != nil {
 		t.Errorf("UD accept with the port space's Q_Key: %v", err)
 	}
 	if written() == 0 {
