@@ -2,8 +2,6 @@ package cq_test
 
 import (
 	"errors"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +32,7 @@ func TestNotifyDuringClose(t *testing.T) {
 		closeHeld, unlock := cq.HoldClose(c)
 		done := make(chan error, 1)
 		go func() { done <- c.Notify(false) }()
-		early, returned := waitBlocked(t, "cq.(*CQ).Notify(", done)
+		early, returned := rxetest.WaitBlocked(t, "cq.(*CQ).Notify(", done)
 		if err := closeHeld(); err != nil {
 			unlock()
 			t.Fatalf("close under the held lock: %v", err)
@@ -53,29 +51,4 @@ func TestNotifyDuringClose(t *testing.T) {
 			t.Errorf("options %+v: Notify after a Close it waited for: %v, want ErrClosed", o, err)
 		}
 	}
-}
-
-// waitBlocked waits until the goroutine running frame blocks on a mutex
-// (Close's lock, which the test holds), or returns (its error, true).
-func waitBlocked(t *testing.T, frame string, done <-chan error) (error, bool) {
-	t.Helper()
-	idle := hang.Scale(20 * time.Second)
-	deadline := time.Now().Add(idle)
-	buf := make([]byte, 1<<20)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-done:
-			return err, true
-		default:
-		}
-		n := runtime.Stack(buf, true)
-		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-			if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, frame) {
-				return nil, false
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("%s neither returned nor blocked in %v (%s)", frame, idle, hang.How())
-	return nil, false
 }

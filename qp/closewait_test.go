@@ -3,8 +3,6 @@ package qp_test
 import (
 	"errors"
 	"net"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +26,7 @@ func duringClose(t *testing.T, what, frame string, obj any, op func() error, und
 	closeHeld, unlock := qp.HoldClose(obj)
 	done := make(chan error, 1)
 	go func() { done <- op() }()
-	early, returned := waitBlocked(t, frame, done)
+	early, returned := rxetest.WaitBlocked(t, frame, done)
 	if returned && early == nil && undo != nil {
 		undo()
 	}
@@ -50,31 +48,6 @@ func duringClose(t *testing.T, what, frame string, obj any, op func() error, und
 	if !errors.Is(err, qp.ErrClosed) || !errors.Is(err, goverbs.ErrClosed) {
 		t.Errorf("%s after a Close it waited for: %v, want ErrClosed", what, err)
 	}
-}
-
-// waitBlocked waits until the goroutine running frame blocks on a mutex
-// (Close's lock, which the test holds), or returns (its error, true).
-func waitBlocked(t *testing.T, frame string, done <-chan error) (error, bool) {
-	t.Helper()
-	idle := hang.Scale(20 * time.Second)
-	deadline := time.Now().Add(idle)
-	buf := make([]byte, 1<<20)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-done:
-			return err, true
-		default:
-		}
-		n := runtime.Stack(buf, true)
-		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-			if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, frame) {
-				return nil, false
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("%s neither returned nor blocked in %v (%s)", frame, idle, hang.How())
-	return nil, false
 }
 
 // TestSRQSetLimitDuringClose: SetLimit checked for Close before it took
