@@ -26,6 +26,9 @@ type CQ struct {
 	// cqBase holds the provider's CQ (driver), where qp reaches it too
 	// (uvobj.CQOf: the clean hook).
 	cqBase
+	// handleBase is where qp holds the CQ open across QP_CREATE
+	// (uvobj.HoldHandle).
+	handleBase
 	handle uint32
 	cqe    int
 	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
@@ -95,12 +98,8 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 			}
 		}()
 	}
-	chFd := -1
-	if ch != nil {
-		if chFd = ch.Fd(); chFd < 0 {
-			// Its old number may be another file's by now.
-			return nil, errors.New("cq: create: the completion channel is closed")
-		}
+	if ch != nil && ch.Fd() < 0 {
+		return nil, fmt.Errorf("cq: create: the completion channel is closed: %w", ErrClosed)
 	}
 	parts := uvobj.Of(ctx)
 	user := parts.Objects.NewUserHandle(nil)
@@ -115,11 +114,23 @@ func CreateWith(ctx *uverbs.Context, cqe int, o Options) (q *CQ, err error) {
 	}
 	in, out := drv.Udata()
 	f := parts.File
-	handle, granted, err := uvobj.CreateCQ(f, &uvobj.CQCreate{CQE: uint32(cqe), User: user, Vector: uint32(o.Vector), Channel: chFd, In: in, Out: out})
+	var handle, granted uint32
+	create := func(chFd int) {
+		handle, granted, err = uvobj.CreateCQ(f, &uvobj.CQCreate{CQE: uint32(cqe), User: user, Vector: uint32(o.Vector), Channel: chFd, In: in, Out: out})
+	}
+	if ch == nil {
+		create(-1)
+	} else if herr := uvobj.WithFile(ch, create); herr != nil {
+		// The channel closed since the look above: its number may be
+		// another file's by now (another channel's, which the CQ would
+		// report to). WithFile keeps it ours while CQ_CREATE names it.
+		return nil, fmt.Errorf("cq: create: the completion channel is closed: %w", ErrClosed)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cq: create %d entries on %s: %w", cqe, ctx.Name(), err)
 	}
 	q = &CQ{ctx: ctx, handle: handle, cqe: int(granted), user: user, ch: ch, ownCh: ownCh}
+	uvobj.SetHandle(&q.handleBase, &q.once, handle, user)
 	*uvobj.CQOf(&q.cqBase) = drv
 	for i := range q.arm {
 		q.arm[i] = armCmd{
@@ -185,7 +196,14 @@ func (q *CQ) Len() int {
 	return q.cqe
 }
 
-// Handle is the kernel handle, for packages that create queue pairs.
+// Handle is the kernel handle, or ErrClosed after Close. It waits for a
+// Close in progress. The number names this CQ only while it is open: once
+// a Close destroyed it, the kernel gives it to the next object the
+// context creates, so a handle read before a Close and used after it
+// names another CQ, or nothing. qp.Create does not use it so: it holds
+// the CQ open from its look at the handle to the kernel's answer, and a
+// Close meanwhile waits for it (and then fails, EBUSY: the QP uses the
+// CQ).
 func (q *CQ) Handle() (uint32, error) {
 	if q.bad() {
 		return 0, errNilCQ
@@ -272,9 +290,12 @@ func max1(n int) int {
 	return n
 }
 
-// cqBase is embedded under a name of this package's: no field of CQ is
-// exported.
-type cqBase = uvobj.CQBase
+// cqBase and handleBase are embedded under names of this package's: no
+// field of CQ is exported.
+type (
+	cqBase     = uvobj.CQBase
+	handleBase = uvobj.HandleBase
+)
 
 // driver is the provider's CQ, set once at creation.
 func (q *CQ) driver() provider.CQ { return *uvobj.CQOf(&q.cqBase) }

@@ -144,7 +144,10 @@ type QP struct {
 }
 
 // Create makes a QP in pd. Its capabilities are checked against the
-// device's limits first.
+// device's limits first. The PD, CQs and SRQ are held open across the
+// kernel command: a Close of one of them meanwhile waits for Create (and
+// then fails, EBUSY, while the QP uses it); after one, Create returns an
+// error that wraps ErrClosed and names it.
 func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if pd == nil {
 		return nil, errors.New("qp: create: nil PD")
@@ -153,18 +156,16 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		return nil, errors.New("qp: create: SendCQ and RecvCQ are required")
 	}
 	// The PD and CQs first: a zero or closed one has no device limits
-	// to check the capabilities against.
-	ph, err := pd.Handle()
-	if err != nil {
+	// to check the capabilities against. Their handles are read again,
+	// held open, for the command (holdParts).
+	if _, err := pd.Handle(); err != nil {
 		return nil, fmt.Errorf("qp: create: PD: %w", err)
 	}
 	ctx := pd.Context()
-	sh, err := cfg.SendCQ.Handle()
-	if err != nil {
+	if _, err := cfg.SendCQ.Handle(); err != nil {
 		return nil, fmt.Errorf("qp: create: send CQ: %w", err)
 	}
-	rh, err := cfg.RecvCQ.Handle()
-	if err != nil {
+	if _, err := cfg.RecvCQ.Handle(); err != nil {
 		return nil, fmt.Errorf("qp: create: receive CQ: %w", err)
 	}
 	// The kernel looks the CQ handles up in the PD's context: one of
@@ -187,9 +188,8 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	if err := checkCaps(ctx.Attr(), cfg); err != nil {
 		return nil, err
 	}
-	var srqh uint32
 	if cfg.SRQ != nil {
-		if srqh, err = cfg.SRQ.Handle(); err != nil {
+		if _, err := cfg.SRQ.Handle(); err != nil {
 			return nil, fmt.Errorf("qp: create: SRQ: %w", err)
 		}
 		if cfg.SRQ.pd.Context() != ctx {
@@ -207,10 +207,16 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 	in, out := drv.Udata()
 	f := parts.File
 	user := parts.Objects.NewUserHandle(nil)
-	handle, qpn, rcap, err := uvobj.CreateQP(f, &uvobj.QPCreate{PD: ph, SendCQ: sh, RecvCQ: rh, SRQ: srqh, HasSRQ: cfg.SRQ != nil,
+	h, err := holdParts(pd, &cfg)
+	if err != nil {
+		parts.Objects.ReleaseUserHandle(user)
+		return nil, err
+	}
+	handle, qpn, rcap, err := uvobj.CreateQP(f, &uvobj.QPCreate{PD: h.pd, SendCQ: h.send, RecvCQ: h.recv, SRQ: h.srq, HasSRQ: cfg.SRQ != nil,
 		User: user, Type: uint8(cfg.Type), SignalAll: cfg.SignalAll, In: in, Out: out,
 		Cap: ioctl.QPCap{Send_wr: cfg.MaxSendWR, Recv_wr: cfg.MaxRecvWR, Send_sge: cfg.MaxSendSGE,
 			Recv_sge: cfg.MaxRecvSGE, Inline_data: cfg.MaxInline}})
+	h.release()
 	if err != nil {
 		parts.Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create %v QP on %s: %w", cfg.Type, ctx.Name(), err)
@@ -231,6 +237,81 @@ func Create(pd *uverbs.PD, cfg Config) (*QP, error) {
 		return nil, err
 	}
 	return q, nil
+}
+
+// held is what holdParts holds open: the handles CREATE_QP names.
+type held struct {
+	pd, send, recv, srq uint32
+	cfg                 *Config
+	pdo                 *uverbs.PD
+}
+
+// holdParts holds the QP's PD, CQs and SRQ open (a Close of one waits
+// until release) and reads their handles, or returns ErrClosed naming the
+// first one found closed, holding nothing. A handle read without the hold
+// may be destroyed by a Close before CREATE_QP, and the kernel gives a
+// destroyed handle to the context's next object: the QP would be made on
+// a CQ (or PD, or SRQ) created meanwhile, or the command fail with the
+// kernel's error instead of ErrClosed. Once the QP exists the kernel
+// refuses to destroy what it uses (EBUSY). The order is fixed: PD, the
+// CQs by their place in the context (one hold when SendCQ is RecvCQ),
+// SRQ; nothing holds one of these and waits for another otherwise.
+func holdParts(pd *uverbs.PD, cfg *Config) (h held, err error) {
+	h.cfg, h.pdo = cfg, pd
+	var ok bool
+	if h.pd, ok = uvobj.HoldHandle(pd); !ok {
+		return held{}, fmt.Errorf("qp: create: PD: %w", ErrClosed)
+	}
+	// Each CQ is held once: a second shared hold of one lock waits
+	// behind a Close that waits for the first.
+	first, firstH, second, secondH := cfg.SendCQ, &h.send, cfg.RecvCQ, &h.recv
+	if uvobj.HandleOrder(second) < uvobj.HandleOrder(first) {
+		first, firstH, second, secondH = second, secondH, first, firstH
+	}
+	if *firstH, ok = uvobj.HoldHandle(first); !ok {
+		uvobj.ReleaseHandle(pd)
+		return held{}, fmt.Errorf("qp: create: %s: %w", cqRole(cfg, first), ErrClosed)
+	}
+	if second == first {
+		*secondH = *firstH
+	} else if *secondH, ok = uvobj.HoldHandle(second); !ok {
+		uvobj.ReleaseHandle(first)
+		uvobj.ReleaseHandle(pd)
+		return held{}, fmt.Errorf("qp: create: %s: %w", cqRole(cfg, second), ErrClosed)
+	}
+	if s := cfg.SRQ; s != nil {
+		if !s.once.Hold() {
+			h.releaseCQs()
+			uvobj.ReleaseHandle(pd)
+			return held{}, fmt.Errorf("qp: create: SRQ: %w", ErrClosed)
+		}
+		h.srq = s.handle
+	}
+	return h, nil
+}
+
+// cqRole names c's role in cfg, for errors.
+func cqRole(cfg *Config, c *cq.CQ) string {
+	if c == cfg.SendCQ {
+		return "send CQ"
+	}
+	return "receive CQ"
+}
+
+func (h *held) releaseCQs() {
+	uvobj.ReleaseHandle(h.cfg.SendCQ)
+	if h.cfg.RecvCQ != h.cfg.SendCQ {
+		uvobj.ReleaseHandle(h.cfg.RecvCQ)
+	}
+}
+
+// release ends holdParts' holds.
+func (h *held) release() {
+	if h.cfg.SRQ != nil {
+		h.cfg.SRQ.once.Release()
+	}
+	h.releaseCQs()
+	uvobj.ReleaseHandle(h.pdo)
 }
 
 func checkCaps(a uverbs.DeviceAttr, cfg Config) error {
@@ -291,7 +372,8 @@ func (q *QP) State() State { return State(q.orZero().state.Load()) }
 
 // PostSend posts a batch of send work requests with one doorbell. The whole
 // batch is posted or none of it: ErrQueueFull when it does not fit, an error
-// naming the request when one is invalid. The QP must be in RTS.
+// naming the request when one is invalid (one wrapping ErrClosed for a UD
+// request through a closed address handle). The QP must be in RTS.
 func (q *QP) PostSend(wrs []SendWR) error {
 	if q.bad() {
 		return errNilQP

@@ -48,9 +48,9 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 		return nil, errors.New("qp: create SRQ: nil PD")
 	}
 	// The PD first: a zero or closed one has no device limits to check
-	// the configuration against.
-	ph, err := pd.Handle()
-	if err != nil {
+	// the configuration against. Its handle is read again, held open,
+	// for the command.
+	if _, err := pd.Handle(); err != nil {
 		return nil, fmt.Errorf("qp: create SRQ: PD: %w", err)
 	}
 	if cfg.MaxSGE == 0 {
@@ -76,6 +76,14 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 		return nil, fmt.Errorf("qp: create SRQ: %w", err)
 	}
 	in, out := drv.Udata()
+	// The PD is held open from its handle's read to the kernel's answer:
+	// a Close of it meanwhile would free the handle for the next PD the
+	// context makes, and the SRQ would be made in that one (as in
+	// Create).
+	ph, ok := uvobj.HoldHandle(pd)
+	if !ok {
+		return nil, fmt.Errorf("qp: create SRQ: PD: %w", ErrClosed)
+	}
 	user := parts.Objects.NewUserHandle(nil)
 	req := ioctl.CreateSRQ{User_handle: user, Pd_handle: ph, Max_wr: cfg.MaxWR, Max_sge: cfg.MaxSGE, Srq_limit: cfg.Limit}
 	var resp ioctl.CreateSRQResp
@@ -83,6 +91,7 @@ func CreateSRQ(pd *uverbs.PD, cfg SRQConfig) (*SRQ, error) {
 		Command: ioctl.IB_USER_VERBS_CMD_CREATE_SRQ, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateSRQ,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateSRQResp, DriverIn: in, DriverOut: out,
 	}, "CREATE_SRQ")
+	uvobj.ReleaseHandle(pd)
 	if err != nil {
 		parts.Objects.ReleaseUserHandle(user)
 		return nil, fmt.Errorf("qp: create SRQ of %d on %s: %w", cfg.MaxWR, ctx.Name(), err)
@@ -128,7 +137,13 @@ func (s *SRQ) String() string {
 	return fmt.Sprintf("SRQ %d on %s", s.num, s.ctx.Name())
 }
 
-// Handle is the kernel handle, for QP creation.
+// Handle is the kernel handle, or ErrClosed after Close. The number names
+// this SRQ only while it is open: once a Close destroyed it, the kernel
+// gives it to the next object the context creates, so a handle read
+// before a Close and used after it names another SRQ, or nothing. Create
+// does not use it so: it holds the SRQ open from its look at the handle
+// to the kernel's answer, and a Close meanwhile waits for it (and then
+// fails, EBUSY: the QP uses the SRQ).
 func (s *SRQ) Handle() (uint32, error) {
 	if s.bad() {
 		return 0, errNilSRQ

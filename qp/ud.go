@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+
+	"github.com/goverbs/goverbs/uverbs/provider"
 )
 
 // GRHSize is the room a UD receive buffer must leave in front of the
@@ -48,7 +50,8 @@ func (q *QP) ToRTS(o UDOptions) error {
 func (q *QP) MaxUDPayload() int { return int(q.orZero().udMTU.Load()) }
 
 // checkUD refuses UD sends larger than the path MTU, which the device would
-// otherwise drop or fail late.
+// otherwise drop or fail late, and sends without an address handle or
+// through a closed one (ErrClosed).
 func (q *QP) checkUD(wrs []SendWR) error {
 	mtu := uint64(q.udMTU.Load())
 	for i := range wrs {
@@ -61,6 +64,12 @@ func (q *QP) checkUD(wrs []SendWR) error {
 		}
 		if wrs[i].AH == nil {
 			return fmt.Errorf("qp: UD send work request %d (id %d): no address handle", i, wrs[i].ID)
+		}
+		// One atomic load: the device would read a closed AH's number
+		// late and fail the send (rxe: the QP to ERR), or send it to the
+		// AH the kernel gave the number since.
+		if c, ok := wrs[i].AH.(provider.ClosableAH); ok && c.AHClosed() {
+			return fmt.Errorf("qp: UD send work request %d (id %d): address handle closed: %w", i, wrs[i].ID, ErrClosed)
 		}
 	}
 	return nil

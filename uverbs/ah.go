@@ -8,6 +8,7 @@ import (
 
 	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
+	"github.com/goverbs/goverbs/uverbs/provider"
 	"github.com/goverbs/goverbs/wr"
 )
 
@@ -39,8 +40,7 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		return nil, errNilPD
 	}
 	c := pd.ctx
-	ph, err := pd.Handle()
-	if err != nil {
+	if _, err := pd.Handle(); err != nil {
 		return nil, fmt.Errorf("uverbs: create AH: PD: %w", err)
 	}
 	if a.Port == 0 {
@@ -71,7 +71,13 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		return nil, fmt.Errorf("uverbs: create AH: %w", err)
 	}
 	in, out := drv.Udata()
-	req := ioctl.CreateAH{Pd_handle: ph, Attr: ioctl.AHAttr{
+	// The PD is held open from here to the kernel's answer: a Close of
+	// it meanwhile would free its handle for the next PD the context
+	// makes, and the AH would be made in that one.
+	if !pd.once.Hold() {
+		return nil, fmt.Errorf("uverbs: create AH: PD: %w", ErrClosed)
+	}
+	req := ioctl.CreateAH{Pd_handle: pd.handle, Attr: ioctl.AHAttr{
 		Grh: ioctl.GlobalRoute{Flow_label: a.FlowLabel, Sgid_index: a.SGIDIndex, Hop_limit: a.HopLimit,
 			Traffic_class: a.TrafficClass},
 		Dlid: a.DLID, Sl: a.SL, Is_global: 1, Port_num: a.Port,
@@ -82,6 +88,7 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		Command: ioctl.IB_USER_VERBS_CMD_CREATE_AH, In: unsafe.Pointer(&req), InLen: ioctl.SizeofCreateAH,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofCreateAHResp, DriverIn: in, DriverOut: out,
 	}, "CREATE_AH")
+	pd.once.Release()
 	if err != nil {
 		return nil, fmt.Errorf("uverbs: %s: create AH to %v: %w", c.info.Name, a.DGID, err)
 	}
@@ -118,11 +125,26 @@ func (ah *AH) IsClosed() bool {
 
 func (ah *AH) destroy() error { return uvobj.DestroyAH(ah.pd.ctx.file, ah.handle) }
 
-// Close destroys the address handle. Idempotent.
+// Close destroys the address handle. Idempotent. A UD send through it
+// afterwards is refused with ErrClosed before anything is posted (when
+// the provider's AH records its Close, provider.ClosableAH: rxe's does).
+// Close it only once the sends through it completed: the device reads
+// the AH when it sends, after PostSend returned (rxe in a kernel work
+// item), and a send whose AH is gone fails there (rxe moves the QP to
+// ERR). No check at post time can cover a Close after it, so none covers
+// a Close that races a post either.
 func (ah *AH) Close() error {
 	if ah.bad() {
 		return errNilAH
 	}
 	return ah.once.Close(&ah.pd.ctx.tab, ah, 0, ah.destroy,
-		func(err error) error { return fmt.Errorf("uverbs: destroy AH: %w", err) }, nil)
+		func(err error) error { return fmt.Errorf("uverbs: destroy AH: %w", err) }, ah.markClosed)
+}
+
+// markClosed marks the provider's AH closed, for the UD send check.
+func (ah *AH) markClosed() error {
+	if c, ok := ah.drv.(provider.ClosableAH); ok {
+		c.MarkAHClosed()
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/goverbs/goverbs/internal/sentinel"
+	"github.com/goverbs/goverbs/internal/uvobj"
 	"github.com/goverbs/goverbs/ioctl"
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +30,9 @@ type CompChannel struct {
 	ctx  *Context
 	file *os.File
 	fd   int
+	// fileBase is where cq names the descriptor in CQ_CREATE, held open
+	// (uvobj.WithFile).
+	fileBase
 
 	mu      sync.Mutex
 	waiters map[uint64]chan struct{}
@@ -134,6 +138,7 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 		return nil, fmt.Errorf("uverbs: %s: completion channel: %w", c.info.Name, err)
 	}
 	ch := &CompChannel{ctx: c, file: f, fd: fd, waiters: map[uint64]chan struct{}{}, done: make(chan struct{}), next: r}
+	uvobj.SetFile(&ch.fileBase, f)
 	if err := c.tab.Track(ch); err != nil {
 		f.Close()
 		return nil, err
@@ -150,8 +155,12 @@ func pollable(fd int, name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// Fd returns the channel's descriptor, for the CQ_CREATE command: -1 (no
-// channel) for a nil or zero CompChannel, and once it is closed.
+// Fd returns the channel's descriptor: -1 (no channel) for a nil or zero
+// CompChannel, and once it is closed. The number names the channel only
+// while it is open: a Close meanwhile frees it for the next file the
+// process opens (Linux gives the lowest free number), so a number read
+// before a Close and used after it names another file. cq.CreateWith
+// does not use it so: it holds the descriptor open across CQ_CREATE.
 func (ch *CompChannel) Fd() int {
 	if ch.bad() {
 		return -1
@@ -163,6 +172,10 @@ func (ch *CompChannel) Fd() int {
 	}
 	return ch.fd
 }
+
+// fileBase is embedded under a name of this package's: nothing of it
+// shows on CompChannel.
+type fileBase = uvobj.FileBase
 
 // Context returns the device context.
 func (ch *CompChannel) Context() *Context {

@@ -14,7 +14,14 @@ type PD struct {
 	ctx    *Context
 	handle uint32
 	once   uvobj.Once
+	// handleBase is where qp and mr hold the PD open across a create
+	// that names its handle (uvobj.HoldHandle).
+	handleBase
 }
+
+// handleBase is embedded under a name of this package's: nothing of it
+// shows on PD.
+type handleBase = uvobj.HandleBase
 
 // AllocPD allocates a protection domain.
 func (c *Context) AllocPD() (*PD, error) {
@@ -35,6 +42,7 @@ func (c *Context) AllocPD() (*PD, error) {
 		return nil, fmt.Errorf("uverbs: %s: alloc PD: %w", c.info.Name, err)
 	}
 	pd := &PD{ctx: c, handle: resp.Handle}
+	uvobj.SetHandle(&pd.handleBase, &pd.once, pd.handle, 0)
 	if err := c.tab.Track(pd); err != nil {
 		pd.destroy()
 		return nil, err
@@ -51,7 +59,13 @@ func (pd *PD) Context() *Context {
 }
 
 // Handle returns the kernel handle, or an error after Close (or for a nil
-// or zero PD, which has none).
+// or zero PD, which has none). The number names this PD only while it is
+// open: once a Close destroyed it, the kernel gives it to the next object
+// the context creates, so a handle read before a Close and used after it
+// names another PD, or nothing. goverbs' own creates (qp.Create,
+// qp.CreateSRQ, CreateAH) do not use it so: they hold the PD open from
+// their look at the handle to the kernel's answer, and a Close meanwhile
+// waits for them.
 func (pd *PD) Handle() (uint32, error) {
 	if pd.bad() {
 		return 0, errNilPD

@@ -11,7 +11,8 @@ import (
 
 // WaitBlocked waits until the goroutine running frame (a function as the
 // goroutine dump names it, "cq.(*CQ).Notify(") blocks on a mutex, a lock
-// the test holds (a Close held in progress), and returns (nil, false); or
+// the test holds (a Close held in progress: a sync.Mutex, or the
+// sync.RWMutex of a uvobj.Once, shared or not), and returns (nil, false); or
 // until the operation returns on done first: (its error, true). After 20 s
 // of neither (scaled by hang.Scale: a hang bound, not a speed bound) it
 // fails the test.
@@ -28,7 +29,7 @@ func WaitBlocked(t testing.TB, frame string, done <-chan error) (error, bool) {
 		}
 		n := runtime.Stack(buf, true)
 		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-			if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, frame) {
+			if blockedOnMutex(g) && strings.Contains(g, frame) {
 				return nil, false
 			}
 		}
@@ -36,4 +37,15 @@ func WaitBlocked(t testing.TB, frame string, done <-chan error) (error, bool) {
 	}
 	t.Fatalf("%s neither returned nor blocked in %v (%s)", frame, idle, hang.How())
 	return nil, false
+}
+
+// blockedOnMutex reports whether the goroutine g of a dump waits for a
+// sync.Mutex or sync.RWMutex.
+func blockedOnMutex(g string) bool {
+	for _, w := range []string{"[sync.Mutex.Lock", "[sync.RWMutex.Lock", "[sync.RWMutex.RLock"} {
+		if strings.Contains(g, w) {
+			return true
+		}
+	}
+	return false
 }

@@ -8,6 +8,7 @@ package uvobj
 import (
 	"errors"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -146,11 +147,32 @@ func (t *Table) ReleaseUserHandle(h uint64) { t.handles.Delete(h) }
 func (t *Table) ObjectOf(h uint64) (any, bool) { return t.handles.Load(h) }
 
 // Once is the close-once state of a kernel object: Close destroys it at
-// most once, and IsClosed reads without the lock.
+// most once, and IsClosed reads without the lock. Close takes its lock
+// exclusively (Lock); a create that names the object's handle in its
+// command holds it shared (Hold) until the kernel made the new object.
 type Once struct {
-	mu     sync.Mutex
+	mu     sync.RWMutex
 	closed atomic.Bool
 }
+
+// Hold takes o's lock shared and reports whether the object is open; if
+// it is not, it holds nothing. While held, a Close waits: the object's
+// handle cannot be destroyed, and so cannot be given by the kernel (which
+// hands out the lowest free id) to a new object of the context, between
+// the holder's look at it and its command. Release ends the hold. Holds
+// of several objects are taken in one fixed order (a QP's PD, its CQs by
+// HandleOrder, its SRQ), never with the object's Lock held.
+func (o *Once) Hold() bool {
+	o.mu.RLock()
+	if o.closed.Load() {
+		o.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+// Release ends a Hold that succeeded.
+func (o *Once) Release() { o.mu.RUnlock() }
 
 // IsClosed reports whether Close succeeded.
 func (o *Once) IsClosed() bool { return o.closed.Load() }
@@ -160,7 +182,7 @@ func (o *Once) IsClosed() bool { return o.closed.Load() }
 func (o *Once) MarkClosed() { o.closed.Store(true) }
 
 // Lock and Unlock hold off Close (an object's own operations that must not
-// run while it is destroyed take them).
+// run while it is destroyed take them). Lock also waits for the Holds.
 func (o *Once) Lock()   { o.mu.Lock() }
 func (o *Once) Unlock() { o.mu.Unlock() }
 
@@ -221,3 +243,72 @@ type CQHolder interface{ uvobjCQ() *provider.CQ }
 // CQOf returns the provider CQ slot of a CQ, for cq to fill at creation
 // and qp to read.
 func CQOf(h CQHolder) *provider.CQ { return h.uvobjCQ() }
+
+// HandleBase, embedded in uverbs.PD and cq.CQ (under a name of the
+// embedding package's), holds what qp, mr and uverbs' own creates need of
+// an object whose handle they name: its Once and handle, for HoldHandle,
+// and its place in the lock order. Like Base it has no exported method.
+type HandleBase struct {
+	once   *Once
+	handle uint32
+	order  uint64
+}
+
+func (b *HandleBase) uvobjHandle() *HandleBase { return b }
+
+// HandleHolder is a *uverbs.PD or a *cq.CQ.
+type HandleHolder interface{ uvobjHandle() *HandleBase }
+
+// SetHandle fills h's HandleBase at its creation, before anyone else sees
+// it: o is its Once, handle its kernel handle, order a number no other
+// object of the same kind in the context has (a CQ's user handle), the
+// order in which HoldHandle takes two of them.
+func SetHandle(h HandleHolder, o *Once, handle uint32, order uint64) {
+	*h.uvobjHandle() = HandleBase{once: o, handle: handle, order: order}
+}
+
+// HoldHandle holds h open (Once.Hold) and returns its handle, or false,
+// holding nothing, if h is closed (or was never created). ReleaseHandle
+// ends the hold once the command that names the handle returned.
+func HoldHandle(h HandleHolder) (uint32, bool) {
+	b := h.uvobjHandle()
+	if b.once == nil || !b.once.Hold() {
+		return 0, false
+	}
+	return b.handle, true
+}
+
+// ReleaseHandle ends a HoldHandle that succeeded.
+func ReleaseHandle(h HandleHolder) { h.uvobjHandle().once.Release() }
+
+// HandleOrder is h's place in the lock order (SetHandle).
+func HandleOrder(h HandleHolder) uint64 { return h.uvobjHandle().order }
+
+// FileBase, embedded in uverbs.CompChannel, holds its descriptor's file,
+// for cq to name the descriptor in CQ_CREATE (WithFile).
+type FileBase struct{ f *os.File }
+
+func (b *FileBase) uvobjFile() **os.File { return &b.f }
+
+// FileHolder is a *uverbs.CompChannel.
+type FileHolder interface{ uvobjFile() **os.File }
+
+// SetFile sets h's file at its creation.
+func SetFile(h FileHolder, f *os.File) { *h.uvobjFile() = f }
+
+// WithFile runs fn with h's descriptor, which stays open while fn runs: a
+// Close of the file meanwhile closes the number only once fn returned
+// (os.File's reference count), so the number cannot name another file
+// (one opened since, which Linux gives the lowest free number) during fn.
+// It returns os.ErrClosed, not running fn, if the file is closed.
+func WithFile(h FileHolder, fn func(fd int)) error {
+	f := *h.uvobjFile()
+	if f == nil {
+		return os.ErrClosed
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/goverbs/goverbs/ioctl"
 )
@@ -183,6 +184,29 @@ type QPDestroyer interface {
 // the QP was destroyed (no completion of it can come then).
 type CQCleaner interface {
 	Clean(qpn uint32, srq SRQ)
+}
+
+// AHState is the closed state of an address handle, for a provider's AH
+// to embed (rxe.AH does): uverbs.AH.Close marks it once the kernel
+// destroyed the AH, and a UD send checks it (one atomic load, in
+// qp.PostSend and QueueSend) and refuses a closed AH before anything is
+// posted. The device reads the AH only when it sends, after the post: rxe
+// fails a send whose AH is gone with a local QP operation error and moves
+// the QP to ERR, and one whose ah_num the kernel gave to a new AH of the
+// same PD goes to that AH's address.
+type AHState struct{ closed atomic.Bool }
+
+// AHClosed reports whether the address handle was destroyed.
+func (s *AHState) AHClosed() bool { return s.closed.Load() }
+
+// MarkAHClosed records that the address handle was destroyed.
+func (s *AHState) MarkAHClosed() { s.closed.Store(true) }
+
+// ClosableAH is a provider AH that embeds AHState.
+type ClosableAH interface {
+	AH
+	AHClosed() bool
+	MarkAHClosed()
 }
 
 var (

@@ -492,6 +492,9 @@ func syscallErrno(r uintptr) unix.Errno {
 // hands out a number that UD send WQEs carry.
 type AH struct {
 	resp ioctl.RxeCreateAHResp
+	// AHState is marked by uverbs.AH.Close; a UD send through a closed
+	// AH is refused before it is posted (provider.ClosableAH).
+	provider.AHState
 }
 
 // Udata implements provider.AH.
