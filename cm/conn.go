@@ -81,6 +81,10 @@ func (id *ID) CreateQP(pd *uverbs.PD, cfg qp.Config) (*qp.QP, error) {
 	id.mu.Unlock()
 	// Groups joined before the QP existed take it now.
 	if err := id.attachJoined(); err != nil {
+		if errors.Is(err, ErrClosed) {
+			// A Close since took the QP and destroyed it.
+			return nil, fmt.Errorf("cm: create QP: %w", err)
+		}
 		return q, fmt.Errorf("cm: create QP: %w", err)
 	}
 	return q, nil
@@ -97,7 +101,7 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 	}
 	c := ioctl.UcmInitQPAttr{Id: id.handle, State: uint32(state)}
 	r := new(ioctl.QPAttr)
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_INIT_QP_ATTR, unsafe.Pointer(&c), ioctl.SizeofUcmInitQPAttr,
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_INIT_QP_ATTR, unsafe.Pointer(&c), ioctl.SizeofUcmInitQPAttr,
 		int(unsafe.Offsetof(c.Response)), unsafe.Pointer(r), ioctl.SizeofQPAttr, "INIT_QP_ATTR"); err != nil {
 		return qp.Attr{}, 0, fmt.Errorf("cm: QP attributes for %v: %w", state, err)
 	}
@@ -267,7 +271,7 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 		return Event{}, fmt.Errorf("cm: connect: %w", err)
 	}
 	c := ioctl.UcmConnect{Param: cp, Id: id.handle}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_CONNECT, unsafe.Pointer(&c), ioctl.SizeofUcmConnect, 0, nil, 0, "CONNECT"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_CONNECT, unsafe.Pointer(&c), ioctl.SizeofUcmConnect, 0, nil, 0, "CONNECT"); err != nil {
 		return Event{}, fmt.Errorf("cm: connect: %w", err)
 	}
 	ev, err := id.waitFor(ctx, "connect", ConnectResponse, Established)
@@ -286,7 +290,7 @@ func (id *ID) Connect(ctx context.Context, p ConnParam) (Event, error) {
 	}
 	// ACCEPT on the active side sends the RTU.
 	a := ioctl.UcmAccept{Id: id.handle}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_ACCEPT, unsafe.Pointer(&a), ioctl.SizeofUcmAccept, 0, nil, 0, "ACCEPT (RTU)"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_ACCEPT, unsafe.Pointer(&a), ioctl.SizeofUcmAccept, 0, nil, 0, "ACCEPT (RTU)"); err != nil {
 		if q != nil {
 			q.ToError()
 		}
@@ -331,7 +335,7 @@ func (id *ID) Accept(ctx context.Context, p ConnParam) (Event, error) {
 		}
 	}
 	c := ioctl.UcmAccept{Uid: id.uid, Param: cp, Id: id.handle}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_ACCEPT, unsafe.Pointer(&c), ioctl.SizeofUcmAccept, 0, nil, 0, "ACCEPT"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_ACCEPT, unsafe.Pointer(&c), ioctl.SizeofUcmAccept, 0, nil, 0, "ACCEPT"); err != nil {
 		if q != nil {
 			q.ToError()
 		}
@@ -369,7 +373,7 @@ func (id *ID) Reject(data []byte, reason uint8) error {
 	}
 	c := ioctl.UcmReject{Id: id.handle, Reason: reason}
 	c.Data_len = uint8(copy(c.Data[:], data))
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_REJECT, unsafe.Pointer(&c), ioctl.SizeofUcmReject, 0, nil, 0, "REJECT"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_REJECT, unsafe.Pointer(&c), ioctl.SizeofUcmReject, 0, nil, 0, "REJECT"); err != nil {
 		return fmt.Errorf("cm: reject: %w", err)
 	}
 	return nil
@@ -394,26 +398,40 @@ func (id *ID) Disconnect() error {
 		}
 	}
 	c := ioctl.UcmDisconnect{Id: id.handle}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_DISCONNECT, unsafe.Pointer(&c), ioctl.SizeofUcmDisconnect, 0, nil, 0, "DISCONNECT"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_DISCONNECT, unsafe.Pointer(&c), ioctl.SizeofUcmDisconnect, 0, nil, 0, "DISCONNECT"); err != nil {
 		return fmt.Errorf("cm: disconnect: %w", err)
 	}
 	return nil
 }
 
-// WaitDisconnect waits for DISCONNECTED: the peer disconnected (answer
-// with Disconnect, which sends the reply the peer waits for), or the peer
-// answered our Disconnect (or did not, within the CM's timeout).
+// WaitDisconnect waits for the end of the connection: DISCONNECTED (the
+// peer disconnected: answer with Disconnect, which sends the reply the
+// peer waits for; or the peer answered our Disconnect, or did not within
+// the CM's timeout) or TIMEWAIT_EXIT (the connection's last event, when its
+// DISCONNECTED was taken by Wait before) return nil. An event after which
+// no DISCONNECTED comes ends it with an *EventError: DEVICE_REMOVAL
+// (ErrDeviceRemoved: the kernel destroyed its side of the ID), REJECTED,
+// CONNECT_ERROR or UNREACHABLE (the connection failed). So does the ID's
+// Close (ErrClosed), the channel's failure, and the context.
 func (id *ID) WaitDisconnect(ctx context.Context) error {
 	if id.bad() {
 		return errNilID
+	}
+	if ctx == nil {
+		return errors.New("cm: wait for disconnect: nil context")
 	}
 	for {
 		ev, err := id.Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("cm: wait for disconnect: %w", err)
 		}
-		if ev.Type == Disconnected {
+		switch ev.Type {
+		case Disconnected, TimewaitExit:
 			return nil
+		case DeviceRemoval, Rejected, ConnectError, Unreachable:
+			return &EventError{Op: "wait for disconnect", Event: ev}
 		}
+		// Anything else (ESTABLISHED, ADDR_CHANGE, a group's event) is
+		// not the end.
 	}
 }

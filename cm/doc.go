@@ -34,6 +34,9 @@
 // failure is an *EventError naming the step and the event (address
 // error, route error, unreachable, rejected with its reason and private
 // data, disconnected), matched with errors.Is against ErrAddress,
-// ErrRoute, ErrUnreachable, ErrRejected, ErrConnRefused, ErrDisconnected.
-// Every object has an idempotent Close.
+// ErrRoute, ErrUnreachable, ErrRejected, ErrConnRefused, ErrDisconnected,
+// ErrDeviceRemoved (after an ID's DEVICE_REMOVAL no event comes for it:
+// every later wait returns that error at once). A command on an ID racing
+// its Close runs before the destroy or returns ErrClosed. Every object
+// has an idempotent Close.
 package cm

@@ -95,6 +95,11 @@ var (
 	ErrConnRefused  = errors.New("cm: connection refused")
 	ErrDisconnected = errors.New("cm: peer disconnected")
 	ErrConnect      = errors.New("cm: connection error")
+	// ErrDeviceRemoved matches an *EventError of a DEVICE_REMOVAL event,
+	// and the error of a wait on an ID whose DEVICE_REMOVAL was taken
+	// before: the kernel destroyed its side of the ID and reports no more
+	// events for it (Close it).
+	ErrDeviceRemoved = errors.New("cm: device removed")
 )
 
 // Reject reasons of the InfiniBand CM (IBTA 12.6.7.2) worth naming.
@@ -161,6 +166,8 @@ func (e *EventError) Error() string {
 		cause = "connection error"
 	case MulticastError:
 		cause = "multicast error"
+	case DeviceRemoval:
+		cause = "device removed (DEVICE_REMOVAL: the kernel reports nothing more for the ID; close it)"
 	}
 	if ev.Status < 0 {
 		return fmt.Sprintf("cm: %s: %s: %v", e.Op, cause, unix.Errno(-ev.Status))
@@ -191,6 +198,8 @@ func (e *EventError) Is(target error) bool {
 		return target == ErrConnect
 	case MulticastError:
 		return target == ErrMulticast
+	case DeviceRemoval:
+		return target == ErrDeviceRemoved
 	}
 	return false
 }

@@ -65,11 +65,20 @@ type ID struct {
 	handle uint32
 	ps     PortSpace
 
+	// opMu serializes the commands on the ID's handle, on its groups'
+	// handles and the QP's group attachments with Close: a command runs
+	// only if the ID is not closed, and Close's leaves, QP destroy and
+	// DESTROY_ID wait for one in flight. The kernel gives a freed ID or
+	// group number to the next one made (on this channel too), so a
+	// command after DESTROY_ID could act on another ID or group.
+	opMu sync.Mutex
+
 	mu      sync.Mutex
 	queue   []Event
 	notify  chan struct{} // one token when queue grew
 	done    chan struct{} // closed by Close
 	closed  bool
+	removed bool // a DEVICE_REMOVAL came: the kernel reports nothing more
 	ud      bool // a UD ID (UDP, or IB made for qp.UD): SIDR, no connection
 	qp      *qp.QP
 	devAttr uverbs.DeviceAttr
@@ -181,6 +190,9 @@ func (id *ID) push(ev Event) {
 		}
 		return
 	}
+	if ev.Type == DeviceRemoval {
+		id.removed = true
+	}
 	id.queue = append(id.queue, ev)
 	id.mu.Unlock()
 	id.wake()
@@ -194,7 +206,9 @@ func (id *ID) wake() {
 }
 
 // Wait returns the ID's next event. A connect request's Event.ID belongs
-// to the caller from then on.
+// to the caller from then on. After a DEVICE_REMOVAL was returned, the
+// kernel reports nothing more for the ID: Wait then returns an error
+// matching ErrDeviceRemoved at once.
 func (id *ID) Wait(ctx context.Context) (Event, error) {
 	if id.bad() {
 		return Event{}, errNilID
@@ -202,6 +216,16 @@ func (id *ID) Wait(ctx context.Context) (Event, error) {
 	if ctx == nil {
 		return Event{}, errors.New("cm: wait: nil context")
 	}
+	return id.next(ctx, nil)
+}
+
+// errRemoved is the error of a wait after the ID's DEVICE_REMOVAL.
+var errRemoved = fmt.Errorf("%w: the ID's DEVICE_REMOVAL was reported, no event comes after it (close the ID)", ErrDeviceRemoved)
+
+// next is Wait; stop, if not nil, is called with id.mu held when no event
+// is queued, and a non-nil error from it ends the wait (id.wake makes a
+// waiter call it again).
+func (id *ID) next(ctx context.Context, stop func() error) (Event, error) {
 	for {
 		id.mu.Lock()
 		if id.closed {
@@ -215,7 +239,17 @@ func (id *ID) Wait(ctx context.Context) (Event, error) {
 			id.mu.Unlock()
 			return ev, nil
 		}
+		if stop != nil {
+			if err := stop(); err != nil {
+				id.mu.Unlock()
+				return Event{}, err
+			}
+		}
+		removed := id.removed
 		id.mu.Unlock()
+		if removed {
+			return Event{}, errRemoved
+		}
 		id.ch.mu.Lock()
 		rerr := id.ch.readErr
 		id.ch.mu.Unlock()
@@ -262,6 +296,20 @@ func (id *ID) check(op string) error {
 	return nil
 }
 
+// command issues a command on the ID's handle (ch.command's arguments)
+// unless the ID is closed (ErrClosed), serialized with Close (opMu).
+func (id *ID) command(cmd uint32, in unsafe.Pointer, inLen int, respOff int, out unsafe.Pointer, outLen int, op string) error {
+	id.opMu.Lock()
+	defer id.opMu.Unlock()
+	id.mu.Lock()
+	closed := id.closed
+	id.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return id.ch.command(cmd, in, inLen, respOff, out, outLen, op)
+}
+
 // Bind binds the ID to a local address (an unspecified address binds every
 // device; port 0 picks one).
 func (id *ID) Bind(addr netip.AddrPort) error {
@@ -277,7 +325,7 @@ func (id *ID) Bind(addr netip.AddrPort) error {
 		return fmt.Errorf("cm: bind %v: %w", addr, err)
 	}
 	c.Size = n
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_BIND, unsafe.Pointer(&c), ioctl.SizeofUcmBind, 0, nil, 0, "BIND"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_BIND, unsafe.Pointer(&c), ioctl.SizeofUcmBind, 0, nil, 0, "BIND"); err != nil {
 		return fmt.Errorf("cm: bind %v: %w", addr, err)
 	}
 	return nil
@@ -357,7 +405,7 @@ func (id *ID) ResolveAddr(ctx context.Context, src netip.Addr, dst netip.AddrPor
 		// kernel's answer (an address error), not the context, is reported.
 		left := time.Until(dl) - 50*time.Millisecond
 		c.Timeout_ms = uint32(max(min(left, resolveAttempt), time.Millisecond).Milliseconds())
-		if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_RESOLVE_ADDR, unsafe.Pointer(&c), ioctl.SizeofUcmResolveAddr, 0, nil, 0, "RESOLVE_ADDR"); err != nil {
+		if err := id.command(ioctl.RDMA_USER_CM_CMD_RESOLVE_ADDR, unsafe.Pointer(&c), ioctl.SizeofUcmResolveAddr, 0, nil, 0, "RESOLVE_ADDR"); err != nil {
 			return fmt.Errorf("cm: %s: %w", op, err)
 		}
 		ev, err := id.waitFor(ctx, op, AddrResolved)
@@ -390,7 +438,7 @@ func (id *ID) ResolveRoute(ctx context.Context) error {
 		return fmt.Errorf("cm: resolve route: %w", err)
 	}
 	c := ioctl.UcmResolveRoute{Id: id.handle, Ms: timeoutMS(ctx)}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_RESOLVE_ROUTE, unsafe.Pointer(&c), ioctl.SizeofUcmResolveRoute, 0, nil, 0, "RESOLVE_ROUTE"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_RESOLVE_ROUTE, unsafe.Pointer(&c), ioctl.SizeofUcmResolveRoute, 0, nil, 0, "RESOLVE_ROUTE"); err != nil {
 		return fmt.Errorf("cm: resolve route: %w", err)
 	}
 	_, err := id.waitFor(ctx, "resolve route", RouteResolved)
@@ -409,7 +457,7 @@ func (id *ID) Listen(backlog int) error {
 		return fmt.Errorf("cm: listen: backlog %d out of range (1..65536)", backlog)
 	}
 	c := ioctl.UcmListen{Id: id.handle, Backlog: uint32(backlog)}
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_LISTEN, unsafe.Pointer(&c), ioctl.SizeofUcmListen, 0, nil, 0, "LISTEN"); err != nil {
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_LISTEN, unsafe.Pointer(&c), ioctl.SizeofUcmListen, 0, nil, 0, "LISTEN"); err != nil {
 		return fmt.Errorf("cm: listen: %w", err)
 	}
 	return nil
@@ -439,7 +487,7 @@ func (id *ID) Query() (Route, error) {
 	}
 	c := ioctl.UcmQuery{Id: id.handle}
 	r := new(ioctl.UcmQueryRouteResp)
-	if err := id.ch.command(ioctl.RDMA_USER_CM_CMD_QUERY_ROUTE, unsafe.Pointer(&c), ioctl.SizeofUcmQuery,
+	if err := id.command(ioctl.RDMA_USER_CM_CMD_QUERY_ROUTE, unsafe.Pointer(&c), ioctl.SizeofUcmQuery,
 		int(unsafe.Offsetof(c.Response)), unsafe.Pointer(r), ioctl.SizeofUcmQueryRouteResp, "QUERY_ROUTE"); err != nil {
 		return Route{}, fmt.Errorf("cm: query: %w", err)
 	}
@@ -481,8 +529,11 @@ func (id *ID) Device() (string, uint8, error) {
 	return "", 0, fmt.Errorf("cm: device: no uverbs device has node GUID %s", rt.NodeGUID)
 }
 
-// Close destroys the ID's QP (if CreateQP made one) and the kernel ID. A
-// listener's connect requests not yet taken are destroyed too. Idempotent.
+// Close destroys the ID's QP (if CreateQP made one) and the kernel ID,
+// after leaving the groups it joined. A listener's connect requests not
+// yet taken are destroyed too. A command on the ID in flight (a join, a
+// leave, ...) completes before the destroy; one that comes after Close
+// returns an error matching ErrClosed. Idempotent.
 func (id *ID) Close() error {
 	if id.bad() {
 		return errNilID
@@ -493,18 +544,23 @@ func (id *ID) Close() error {
 		return nil
 	}
 	id.closed = true
-	q := id.qp
-	mcs := append([]*Multicast(nil), id.mcs...)
 	pending := id.queue
 	id.queue = nil
 	close(id.done)
 	id.mu.Unlock()
 
+	// From here no command starts; wait for one in flight, then take
+	// the groups and the QP as it left them.
+	id.opMu.Lock()
+	id.mu.Lock()
+	q := id.qp
+	mcs := append([]*Multicast(nil), id.mcs...)
+	id.mu.Unlock()
 	var errs []error
 	// Leave the groups first: the kernel refuses to destroy a QP that is
 	// still attached to a group (EBUSY).
 	for i := len(mcs) - 1; i >= 0; i-- {
-		if err := id.leave(mcs[i]); err != nil {
+		if err := id.leaveLocked(mcs[i]); err != nil {
 			errs = append(errs, fmt.Errorf("cm: close: %w", err))
 		}
 	}
@@ -522,6 +578,7 @@ func (id *ID) Close() error {
 		int(unsafe.Offsetof(c.Response)), unsafe.Pointer(&r), ioctl.SizeofUcmDestroyIDResp, "DESTROY_ID"); err != nil && !errors.Is(err, ErrClosed) {
 		errs = append(errs, fmt.Errorf("cm: close: %w", err))
 	}
+	id.opMu.Unlock()
 	// The kernel dropped the events it had not reported; those it reported
 	// are values here, so there is nothing to acknowledge. After DESTROY_ID
 	// no event of this uid can come, so the ID leaves the table now.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -104,18 +105,25 @@ func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions)
 		return nil, fmt.Errorf("cm: %s: %w", op, err)
 	}
 	m := &Multicast{Addr: addr, SendOnly: o.SendOnly, id: id}
+	// The command and the group's entry on the ID are one step for
+	// Close (opMu): a join either is made and entered before Close takes
+	// the ID's groups (and Close leaves it), or finds the ID closed and
+	// writes nothing.
+	id.opMu.Lock()
 	// Register the group before the command: its events carry its uid.
 	id.ch.mu.Lock()
 	id.mu.Lock()
 	if id.closed {
 		id.mu.Unlock()
 		id.ch.mu.Unlock()
+		id.opMu.Unlock()
 		return nil, fmt.Errorf("cm: %s: %w", op, ErrClosed)
 	}
 	for _, o := range id.mcs {
 		if o.Addr == addr {
 			id.mu.Unlock()
 			id.ch.mu.Unlock()
+			id.opMu.Unlock()
 			return nil, fmt.Errorf("cm: %s: the ID is a member already", op)
 		}
 	}
@@ -131,21 +139,16 @@ func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions)
 		id.ch.mu.Lock()
 		delete(id.ch.mcs, m.uid)
 		id.ch.mu.Unlock()
+		id.opMu.Unlock()
 		return nil, fmt.Errorf("cm: %s: %w", op, err)
 	}
 	id.mu.Lock()
 	m.handle = r.Id
-	closed := id.closed
-	if !closed {
-		id.mcs = append(id.mcs, m)
-	}
+	id.mcs = append(id.mcs, m)
 	id.mu.Unlock()
-	if closed {
-		// Close ran between the command and now and did not see it.
-		m.id.leaveCommand(m)
-		return nil, fmt.Errorf("cm: %s: %w", op, ErrClosed)
-	}
-	ev, err := id.waitMatch(ctx, func(ev Event) bool { return ev.Multicast == m })
+	id.opMu.Unlock()
+
+	ev, err := id.waitMatch(ctx, m)
 	if err == nil && ev.Type == MulticastError {
 		err = &EventError{Op: op, Event: ev}
 	}
@@ -153,25 +156,52 @@ func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions)
 		err = id.attach(m)
 	}
 	if err != nil {
-		if lerr := id.leave(m); lerr != nil && id.check(op) == nil {
+		// A closed ID's Close left the group (or leaves it now); one left
+		// by LeaveMulticast is gone already.
+		if lerr := id.leave(m); lerr != nil && !errors.Is(lerr, ErrClosed) {
 			err = errors.Join(err, lerr)
 		}
-		if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("cm: %s: %w", op, err)
+		var ee *EventError
+		if errors.As(err, &ee) || strings.HasPrefix(err.Error(), "cm: "+op) {
+			return nil, err // names the step already
 		}
-		return nil, err
+		return nil, fmt.Errorf("cm: %s: %w", op, err)
 	}
 	return m, nil
 }
 
+// errLeftWhileJoining ends a join whose group LeaveMulticast left while
+// the join waited (the kernel drops the group's events with the leave).
+var errLeftWhileJoining = fmt.Errorf("left (LeaveMulticast) before the join completed: %w", ErrNotJoined)
+
 // attach records the join event's parameters (already in m) and attaches
-// the ID's QP, if any and not send-only.
+// the ID's QP, if any and not send-only; ErrClosed if Close came first.
 func (id *ID) attach(m *Multicast) error {
+	id.opMu.Lock()
+	defer id.opMu.Unlock()
 	id.mu.Lock()
-	m.joined = true
-	q := id.qp
+	closed, left := id.closed, m.left
+	if !closed && !left {
+		m.joined = true
+	}
 	id.mu.Unlock()
-	if q == nil || m.SendOnly {
+	switch {
+	case closed:
+		return ErrClosed
+	case left:
+		return errLeftWhileJoining
+	}
+	return id.attachLocked(m)
+}
+
+// attachLocked attaches the ID's QP to a joined group m, unless there is
+// no QP, m is send-only or attached already. opMu is held.
+func (id *ID) attachLocked(m *Multicast) error {
+	id.mu.Lock()
+	q := id.qp
+	do := q != nil && m.joined && !m.SendOnly && !m.attached && !m.left
+	id.mu.Unlock()
+	if !do {
 		return nil
 	}
 	if err := q.AttachMcast(m.AH.DGID, m.MLID); err != nil {
@@ -195,17 +225,20 @@ func (id *ID) Multicasts() []*Multicast {
 
 // LeaveMulticast leaves the group addr: the QP is detached from it, then
 // the kernel leaves it (LEAVE_MCAST). Events of the group not yet taken
-// with Wait are dropped.
+// with Wait are dropped. A JoinMulticast of the group still waiting for
+// its event returns an error matching ErrNotJoined. Racing Close, it
+// either leaves before the ID is destroyed or returns an error matching
+// ErrClosed (Close left the group).
 func (id *ID) LeaveMulticast(addr netip.Addr) error {
 	if id.bad() {
 		return errNilID
 	}
 	op := fmt.Sprintf("leave multicast %v", addr)
-	if err := id.check(op); err != nil {
-		return err
-	}
 	addr = addr.Unmap()
+	id.opMu.Lock()
+	defer id.opMu.Unlock()
 	id.mu.Lock()
+	closed := id.closed
 	var m *Multicast
 	for _, o := range id.mcs {
 		if o.Addr == addr {
@@ -213,14 +246,33 @@ func (id *ID) LeaveMulticast(addr netip.Addr) error {
 		}
 	}
 	id.mu.Unlock()
+	if closed {
+		return fmt.Errorf("cm: %s: %w", op, ErrClosed)
+	}
 	if m == nil {
 		return fmt.Errorf("cm: %s: %w", op, ErrNotJoined)
 	}
-	return id.leave(m)
+	return id.leaveLocked(m)
 }
 
-// leave detaches the QP and leaves the group, once.
+// leave is leaveLocked for a caller without opMu: ErrClosed if the ID is
+// closed (its Close leaves every group).
 func (id *ID) leave(m *Multicast) error {
+	id.opMu.Lock()
+	defer id.opMu.Unlock()
+	id.mu.Lock()
+	closed := id.closed
+	id.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return id.leaveLocked(m)
+}
+
+// leaveLocked detaches the QP and leaves the group, once; a join waiting
+// for the group's event is woken (it ends with errLeftWhileJoining).
+// opMu is held.
+func (id *ID) leaveLocked(m *Multicast) error {
 	id.mu.Lock()
 	if m.left {
 		id.mu.Unlock()
@@ -235,6 +287,7 @@ func (id *ID) leave(m *Multicast) error {
 	}
 	q, attached := id.qp, m.attached
 	m.attached = false
+	removed := id.removed
 	// Drop the group's events nobody took.
 	kept := id.queue[:0]
 	for _, ev := range id.queue {
@@ -245,20 +298,28 @@ func (id *ID) leave(m *Multicast) error {
 	clear(id.queue[len(kept):])
 	id.queue = kept
 	id.mu.Unlock()
+	id.wake()
 	var errs []error
 	if attached && q != nil {
 		if err := q.DetachMcast(m.AH.DGID, m.MLID); err != nil {
 			errs = append(errs, fmt.Errorf("cm: leave multicast %v: %w", m.Addr, err))
 		}
 	}
-	if err := id.leaveCommand(m); err != nil {
+	if removed {
+		// After DEVICE_REMOVAL the kernel left the group with its cm_id
+		// (LEAVE_MCAST would be ENXIO; DESTROY_ID frees the entry).
+		id.ch.mu.Lock()
+		delete(id.ch.mcs, m.uid)
+		id.ch.mu.Unlock()
+	} else if err := id.leaveCommand(m); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
 // leaveCommand is LEAVE_MCAST; the group's uid leaves the channel's table
-// (after it the kernel reports no event of it).
+// (after it the kernel reports no event of it). opMu is held (the group
+// handle is freed with the ID's).
 func (id *ID) leaveCommand(m *Multicast) error {
 	c := ioctl.UcmDestroyID{Id: m.handle}
 	var r ioctl.UcmDestroyIDResp
@@ -275,26 +336,28 @@ func (id *ID) leaveCommand(m *Multicast) error {
 
 // attachJoined attaches a new QP to the groups joined before it existed.
 func (id *ID) attachJoined() error {
+	id.opMu.Lock()
+	defer id.opMu.Unlock()
 	id.mu.Lock()
-	var todo []*Multicast
-	for _, m := range id.mcs {
-		if m.joined && !m.attached && !m.SendOnly {
-			todo = append(todo, m)
-		}
-	}
+	closed := id.closed
+	todo := append([]*Multicast(nil), id.mcs...)
 	id.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	for _, m := range todo {
-		if err := id.attach(m); err != nil {
+		if err := id.attachLocked(m); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// waitMatch waits for an event match accepts; the events it passes over
-// go back to the front of the queue, in order, for Wait. A DEVICE_REMOVAL
-// ends the wait with an *EventError.
-func (id *ID) waitMatch(ctx context.Context, match func(Event) bool) (ev Event, err error) {
+// waitMatch waits for m's event (MULTICAST_JOIN or MULTICAST_ERROR); the
+// events it passes over go back to the front of the queue, in order, for
+// Wait. A DEVICE_REMOVAL ends the wait with an *EventError, a
+// LeaveMulticast of m with errLeftWhileJoining.
+func (id *ID) waitMatch(ctx context.Context, m *Multicast) (ev Event, err error) {
 	var held []Event
 	defer func() {
 		if len(held) == 0 {
@@ -317,16 +380,22 @@ func (id *ID) waitMatch(ctx context.Context, match func(Event) bool) (ev Event, 
 		}
 		id.wake()
 	}()
+	left := func() error {
+		if m.left {
+			return errLeftWhileJoining
+		}
+		return nil
+	}
 	for {
-		ev, err := id.Wait(ctx)
+		ev, err := id.next(ctx, left)
 		if err != nil {
 			return Event{}, err
 		}
-		if match(ev) {
+		if ev.Multicast == m {
 			return ev, nil
 		}
 		if ev.Type == DeviceRemoval {
-			return ev, &EventError{Op: "join multicast", Event: ev}
+			return ev, &EventError{Op: fmt.Sprintf("join multicast %v", m.Addr), Event: ev}
 		}
 		held = append(held, ev)
 	}
