@@ -490,17 +490,32 @@ func (a *Allocator) shard() uint32 {
 	return a.spread.n.Add(1) & a.shardMask
 }
 
-// take marks a free slot in use. The state is stored before closed is read
-// and Close stores closed before it scans states, so either this sees the
-// close or Close sees the buffer in use.
+// closedSlot is the state Close leaves in every slot: generation maxGen,
+// free. No Alloc hands out generation maxGen (the generation wraps to 0
+// before it), so no Buf's Free matches it and no Handle names it.
+const (
+	maxGen     = 1<<31 - 1
+	closedSlot = maxGen << 1
+)
+
+// take marks a free slot in use: a CAS from the state it had when popped,
+// which only Close changes (to closedSlot) under a slot nobody holds. So
+// each slot's fate is decided once, at one atomic step: taken before
+// Close's mark (Close counts it in use) or after (this fails, Close does
+// not count it).
 func (a *Allocator) take(id uint32, n int) (Buf, error) {
 	ch, sl := a.slot(id)
-	gen := (sl.state.Load()>>1 + 1) & (1<<31 - 1)
-	sl.n.Store(uint32(n))
-	sl.state.Store(gen<<1 | 1)
-	if a.closed.Load() {
-		sl.state.Store(gen << 1)
+	old := sl.state.Load()
+	if old == closedSlot {
 		return Buf{}, errAllocClosed
+	}
+	gen := old>>1 + 1
+	if gen == maxGen {
+		gen = 0
+	}
+	sl.n.Store(uint32(n))
+	if !sl.state.CompareAndSwap(old, gen<<1|1) {
+		return Buf{}, errAllocClosed // Close marked it since the Load
 	}
 	i := id & slotMask
 	return Buf{a: a, p: unsafe.Add(ch.base, uintptr(i)*uintptr(ch.size)), n: uint32(n),
@@ -522,7 +537,13 @@ func (a *Allocator) check(b Buf) (*slot, error) {
 	return sl, nil
 }
 
-func (a *Allocator) badFree(b Buf) error {
+// badFree is the error of a Free whose CAS failed: the allocator's close
+// if Close marked the slot (the buffer still counted in use by its
+// ErrInUse), else a double or stale free.
+func (a *Allocator) badFree(b Buf, sl *slot) error {
+	if sl.state.Load() == closedSlot {
+		return errAllocClosed
+	}
 	return fmt.Errorf("mr: allocator: free of the %s buffer %d at %#x: %w",
 		fmtBytes(int64(b.Cap())), b.id, b.Addr(), ErrDoubleFree)
 }
@@ -539,7 +560,7 @@ func (a *Allocator) Free(b Buf) error {
 		return err
 	}
 	if !sl.state.CompareAndSwap(b.gen<<1|1, b.gen<<1) {
-		return a.badFree(b)
+		return a.badFree(b, sl)
 	}
 	sh := &a.classes[b.class].shards[a.shard()]
 	a.pushChain(sh, b.id, sl)
@@ -837,8 +858,15 @@ func (a *Allocator) statsLocked() AllocatorStats {
 // mapped (so Go code still holding their Bytes cannot fault; the memory is
 // then never unmapped) and returns an error wrapping ErrInUse. Afterwards
 // Alloc and Free return an error wrapping uverbs.ErrClosed and Lookup finds
-// nothing. Close is idempotent and safe against concurrent Allocs (which
-// then fail). Buffers held in Caches count as free.
+// nothing. Buffers held in Caches count as free. Close is idempotent.
+//
+// Against concurrent Allocs and Frees (through the Allocator or a Cache)
+// Close is exact: each buffer's Alloc or Free either happens before Close
+// and is counted by it, or fails with the closed error. So the number in
+// the ErrInUse error is the buffers whose Alloc succeeded and whose Free
+// did not, no buffer is handed out once Close has begun deregistering, and
+// a Free that fails for the close leaves its buffer among those counted
+// (its memory stays mapped).
 func (a *Allocator) Close() error {
 	if a.bad() {
 		return errNilAllocator
@@ -866,11 +894,18 @@ func (a *Allocator) close(discard bool) error {
 		return nil
 	}
 	a.closed.Store(true)
+	// Every slot is marked closed, each in one atomic step: an Alloc's
+	// take and a Free are CASes on the same word, so each lands wholly
+	// before the mark (the buffer is counted by what it left) or fails
+	// after it with the closed error (a Free that fails leaves its buffer
+	// counted in use). When the marking is done no buffer can be handed
+	// out or given back: the count is exact, and every buffer live while
+	// the regions are deregistered below is in it.
 	var inUse, bytes int64
 	for i := range a.nchunks {
 		ch := a.chunks[i].Load()
 		for j := range ch.slots {
-			if ch.slots[j].state.Load()&1 != 0 {
+			if ch.slots[j].state.Swap(closedSlot)&1 != 0 {
 				inUse++
 				bytes += int64(ch.size)
 			}
@@ -1027,7 +1062,7 @@ func (k *Cache) Free(b Buf) error {
 		return err
 	}
 	if !sl.state.CompareAndSwap(b.gen<<1|1, b.gen<<1) {
-		return a.badFree(b)
+		return a.badFree(b, sl)
 	}
 	cc := &k.cls[b.class]
 	if len(cc.ids) == cap(cc.ids) {
