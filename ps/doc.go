@@ -33,6 +33,17 @@
 // not know). Over tcp a connection's requests are served in order by one
 // goroutine.
 //
+// A server bounds its memory, not only per request and per parameter
+// (StoreConfig.MaxBatch, MaxValues) but in all: StoreConfig.MaxBytes
+// (default DefaultMaxBytes, 4 GiB) caps the parameter storage of all its
+// parameters together, whoever defines them and however many rows pushes
+// materialise. A define, or a push that would materialise rows, past it
+// fails with ErrTooLarge naming the limit and changes nothing (a push is
+// refused whole); pulls, and pushes to rows already there, go on. What is
+// counted is the values (twice for Adagrad), a fixed cost a row and a
+// parameter's fixed part (Store.Bytes): an estimate of the heap it takes,
+// not the process's whole footprint.
+//
 // The wire protocol (proto.go) is a compact little-endian encoding that
 // validates every length; the same bytes travel as a bx RPC payload or as
 // one TCP frame. Errors from a server (unknown key, wrong dimension,

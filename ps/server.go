@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -44,6 +45,8 @@ func (cfg *ServerConfig) check() error {
 		return fmt.Errorf("ps: server: Store.MaxBatch %d: want keys per request > 0 (0: the default, 65536)", cfg.Store.MaxBatch)
 	case cfg.Store.MaxValues < 0:
 		return fmt.Errorf("ps: server: Store.MaxValues %d: want values per tensor > 0 (0: the default, 16 Mi)", cfg.Store.MaxValues)
+	case cfg.Store.MaxBytes < 0:
+		return fmt.Errorf("ps: server: Store.MaxBytes %d: want bytes of parameter storage > 0 (0: the default, DefaultMaxBytes)", cfg.Store.MaxBytes)
 	case cfg.Store.NaN > NaNSkip:
 		return fmt.Errorf("ps: server: Store.NaN %d: want NaNReject or NaNSkip", cfg.Store.NaN)
 	case cfg.MaxFrame < 0:
@@ -426,13 +429,11 @@ func (s *Server) serveTCP(c net.Conn) {
 			}
 			in = p
 		} else {
-			if cap(req) < n {
-				req = make([]byte, n)
-			}
-			in = req[:n]
-			if _, err := io.ReadFull(br, in); err != nil {
+			var err error
+			if req, err = readFrame(br, req, n); err != nil {
 				return
 			}
+			in = req
 		}
 		resp = s.Handle(in, append(resp[:0], 0, 0, 0, 0))
 		if peeked {
@@ -449,6 +450,26 @@ func (s *Server) serveTCP(c net.Conn) {
 			resp = nil
 		}
 	}
+}
+
+// readFrame reads n bytes into buf's array, grown as the bytes arrive
+// (doubling from 64 KiB), not before: n is the peer's claim. A buffer of
+// n made on the 4 bytes of a frame's length, on each of any number of
+// connections that then send nothing, was MaxFrame of memory apiece for
+// nothing sent.
+func readFrame(r io.Reader, buf []byte, n int) ([]byte, error) {
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(n-len(buf), max(len(buf), 64<<10)))
+		}
+		m, err := io.ReadFull(r, buf[len(buf):min(n, cap(buf))])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 // ErrNoDevice is returned when no RDMA device has the address asked for.

@@ -4,8 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Kind is a parameter's shape.
@@ -104,7 +107,23 @@ type StoreConfig struct {
 	MaxBatch int // keys per sparse request (default 65536)
 	// MaxValues bounds a dense tensor's size (default 16 Mi values, 64 MiB).
 	MaxValues int
+	// MaxBytes bounds the store's parameter storage in all, whoever
+	// defines or pushes (default DefaultMaxBytes, 4 GiB): a define, or a
+	// push that would materialise rows, past it fails with ErrTooLarge
+	// naming the limit, and changes nothing. Counted (Store.Bytes): 4
+	// bytes a value (twice for Adagrad, its accumulator), rowOverhead a
+	// materialised row, a parameter's fixed part (its lock stripes, a
+	// sparse table's pushed-row bitmap, a dense tensor's chunk locks).
+	MaxBytes int64
 }
+
+// DefaultMaxBytes is StoreConfig.MaxBytes's default.
+const DefaultMaxBytes = 4 << 30
+
+// rowOverhead is what a materialised row costs besides its values, as
+// counted against MaxBytes: its map entry and slice header, and the heap's
+// rounding of a small allocation.
+const rowOverhead = 64
 
 const stripes = 256
 
@@ -118,6 +137,9 @@ const chunk = 4096
 // return one that is goverbs.ErrNil.
 type Store struct {
 	cfg StoreConfig
+	// used is the bytes counted against cfg.MaxBytes: reserved before
+	// a define or a push allocates, so that the sum never passes it.
+	used atomic.Int64
 	// params is read without a lock (an immutable map, replaced whole by
 	// Define under mu): a request's lookup costs no shared write.
 	mu     sync.Mutex
@@ -151,6 +173,9 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.MaxValues <= 0 {
 		cfg.MaxValues = 1 << 24
 	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
 	if cfg.NaN != NaNReject && cfg.NaN != NaNSkip {
 		cfg.NaN = NaNReject // the safe policy: nothing non-finite is applied
 	}
@@ -180,6 +205,11 @@ func (s *Store) Define(spec Spec) error {
 		}
 		return nil
 	}
+	cost := specBytes(spec)
+	if !s.reserve(cost) {
+		return errorf(codeTooLarge, "defining %q needs %s of parameter storage: over the server's limit (Store.MaxBytes) of %s, %s in use (%d parameters)",
+			spec.Name, fmtBytes(cost), fmtBytes(s.cfg.MaxBytes), fmtBytes(s.used.Load()), len(old))
+	}
 	p := &param{spec: spec}
 	if spec.Kind == Sparse {
 		for i := range p.stripes {
@@ -208,6 +238,63 @@ func (s *Store) Define(spec Spec) error {
 	m[spec.Name] = p
 	s.params.Store(&m)
 	return nil
+}
+
+// specBytes is what defining spec costs against MaxBytes: the param
+// with its stripes, the stripes' empty maps, and a sparse table's bitmap
+// or a dense tensor's values and chunk locks.
+func specBytes(spec Spec) int64 {
+	n := int64(unsafe.Sizeof(param{})) + int64(len(spec.Name))
+	if spec.Kind == Sparse {
+		n += stripes * 64 // an empty map
+		if spec.Rows <= maxPushedBits {
+			n += int64(spec.Rows+63) / 64 * 8
+		}
+		return n
+	}
+	n += 4 * int64(spec.Size) * int64(optWidth(spec.Opt))
+	return n + int64((spec.Size+chunk-1)/chunk)*int64(unsafe.Sizeof(sync.Mutex{}))
+}
+
+// optWidth is the values per parameter value: 2 for Adagrad (w and h).
+func optWidth(o Optimizer) int {
+	if o.Kind == Adagrad {
+		return 2
+	}
+	return 1
+}
+
+// reserve counts n more bytes against MaxBytes, if they fit.
+func (s *Store) reserve(n int64) bool {
+	for {
+		u := s.used.Load()
+		if n > s.cfg.MaxBytes-u {
+			return false
+		}
+		if s.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
+// Bytes is the parameter storage counted against StoreConfig.MaxBytes
+// (0 for a nil or zero Store).
+func (s *Store) Bytes() int64 {
+	if s.bad() {
+		return 0
+	}
+	return s.used.Load()
+}
+
+// fmtBytes formats n as "4 GiB", "63.8 MiB", "512 B".
+func fmtBytes(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, u := float64(n), 0
+	for (v >= 1024 || v <= -1024) && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	return strings.TrimSuffix(strconv.FormatFloat(v, 'f', 1, 64), ".0") + " " + units[u]
 }
 
 // Specs lists the defined parameters.
@@ -443,6 +530,16 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applie
 			}
 		}
 	}
+	// The rows this push may materialise are counted against MaxBytes
+	// before any is: the push is applied whole or not at all. What was
+	// reserved for rows another push materialised first (or for a key
+	// repeated in the batch, or skipped) is given back after.
+	rowBytes := int64(4*dim*optWidth(p.spec.Opt) + rowOverhead)
+	cold, err := s.reserveRows(p, n, key, rowBytes)
+	if err != nil {
+		return 0, 0, err
+	}
+	made := 0
 	for i := 0; i < n; i++ {
 		if s.cfg.NaN == NaNSkip && bad(i) {
 			skipped++
@@ -466,6 +563,7 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applie
 				}
 			}
 			st.rows[k] = row
+			made++
 			if p.pushed != nil {
 				p.pushed[k/64].Or(1 << (k % 64))
 			}
@@ -478,7 +576,48 @@ func (s *Store) push(p *param, n int, key func(int) uint64, grad []byte) (applie
 		st.mu.Unlock()
 		applied++
 	}
+	if made < cold {
+		s.used.Add(-int64(cold-made) * rowBytes)
+	}
 	return applied, skipped, nil
+}
+
+// reserveRows counts against MaxBytes the rows of the n keys that may
+// not be materialised yet, and returns how many it counted. Over a
+// table's bitmap that is the keys whose bit is clear (none in steady
+// state: no shared write); a table without one counts all n, and at the
+// limit looks the keys up to count only the absent ones. A bit or a row
+// once there stays, so the count bounds what the push materialises.
+func (s *Store) reserveRows(p *param, n int, key func(int) uint64, rowBytes int64) (int, error) {
+	cold := n
+	if p.pushed != nil {
+		cold = 0
+		for i := 0; i < n; i++ {
+			if p.cold(key(i)) {
+				cold++
+			}
+		}
+	}
+	if cold == 0 || s.reserve(int64(cold)*rowBytes) {
+		return cold, nil
+	}
+	if p.pushed == nil {
+		cold = 0
+		for i := 0; i < n; i++ {
+			k := key(i)
+			st := &p.stripes[stripeOf(k)]
+			st.mu.Lock()
+			if _, ok := st.rows[k]; !ok {
+				cold++
+			}
+			st.mu.Unlock()
+		}
+		if cold == 0 || s.reserve(int64(cold)*rowBytes) {
+			return cold, nil
+		}
+	}
+	return 0, errorf(codeTooLarge, "push to %q would materialise up to %d new rows (%s): over the server's parameter storage limit (Store.MaxBytes) of %s, %s in use; nothing applied",
+		p.spec.Name, cold, fmtBytes(int64(cold)*rowBytes), fmtBytes(s.cfg.MaxBytes), fmtBytes(s.used.Load()))
 }
 
 // apply is the optimizer step on one row (chunk) w, with the gradient
