@@ -188,19 +188,26 @@ func Register(pd *uverbs.PD, buf []byte, access Access) (*MR, error) {
 	if access&(RemoteWrite|RemoteAtomic) != 0 && access&LocalWrite == 0 {
 		return nil, fmt.Errorf("mr: register: access %v: remote write and remote atomic need LocalWrite too", access)
 	}
-	ph, err := pd.Handle()
-	if err != nil {
+	if _, err := pd.Handle(); err != nil {
 		return nil, fmt.Errorf("mr: register: PD: %w", err)
 	}
 	ctx := pd.Context()
+	// The PD is held open from its handle's read to the kernel's answer:
+	// a Close of it meanwhile would free the handle for the next PD the
+	// context makes, and the MR would be registered in that one.
+	ph, ok := uvobj.HoldHandle(pd)
+	if !ok {
+		return nil, fmt.Errorf("mr: register: PD: %w", uverbs.ErrClosed)
+	}
 	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
 	req := ioctl.RegMR{Start: addr, Length: uint64(len(buf)), Hca_va: addr, Pd_handle: ph, Access_flags: uint32(access)}
 	var resp ioctl.RegMRResp
-	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
+	err := uvobj.Of(ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_REG_MR,
 		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofRegMR,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofRegMRResp,
 	}, "REG_MR")
+	uvobj.ReleaseHandle(pd)
 	if err != nil {
 		return nil, fmt.Errorf("mr: register %d bytes at %#x (%v) on %s: %w", len(buf), addr, access, ctx.Name(), err)
 	}

@@ -65,21 +65,26 @@ func AllocMW(pd *uverbs.PD, typ MWType) (*MW, error) {
 	if typ != MWType1 && typ != MWType2 {
 		return nil, fmt.Errorf("mr: alloc MW: unknown window type %d (want MWType1 or MWType2)", uint8(typ))
 	}
-	ph, err := pd.Handle()
-	if err != nil {
+	if _, err := pd.Handle(); err != nil {
 		return nil, fmt.Errorf("mr: alloc MW: PD: %w", err)
 	}
 	ctx := pd.Context()
 	if max := ctx.Attr().MaxMW; max == 0 {
 		return nil, fmt.Errorf("mr: alloc MW on %s: the device supports no memory windows", ctx.Name())
 	}
+	// Held open to the kernel's answer, as in Register.
+	ph, ok := uvobj.HoldHandle(pd)
+	if !ok {
+		return nil, fmt.Errorf("mr: alloc MW: PD: %w", uverbs.ErrClosed)
+	}
 	req := ioctl.AllocMW{Pd_handle: ph, Mw_type: uint8(typ)}
 	var resp ioctl.AllocMWResp
-	err = uvobj.Of(ctx).File.Write(&ioctl.Cmd{
+	err := uvobj.Of(ctx).File.Write(&ioctl.Cmd{
 		Command: ioctl.IB_USER_VERBS_CMD_ALLOC_MW,
 		In:      unsafe.Pointer(&req), InLen: ioctl.SizeofAllocMW,
 		Out: unsafe.Pointer(&resp), OutLen: ioctl.SizeofAllocMWResp,
 	}, "ALLOC_MW")
+	uvobj.ReleaseHandle(pd)
 	if err != nil {
 		return nil, fmt.Errorf("mr: alloc %v MW on %s: %w", typ, ctx.Name(), err)
 	}

@@ -63,9 +63,9 @@ func (pd *PD) Context() *Context {
 // open: once a Close destroyed it, the kernel gives it to the next object
 // the context creates, so a handle read before a Close and used after it
 // names another PD, or nothing. goverbs' own creates (qp.Create,
-// qp.CreateSRQ, CreateAH) do not use it so: they hold the PD open from
-// their look at the handle to the kernel's answer, and a Close meanwhile
-// waits for them.
+// qp.CreateSRQ, CreateAH, mr.Register, mr.AllocMW) do not use it so: they
+// hold the PD open from their look at the handle to the kernel's answer,
+// and a Close meanwhile waits for them.
 func (pd *PD) Handle() (uint32, error) {
 	if pd.bad() {
 		return 0, errNilPD
