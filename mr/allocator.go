@@ -28,13 +28,13 @@ import (
 	"math"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
 
+	"github.com/goverbs/goverbs/internal/units"
 	"github.com/goverbs/goverbs/uverbs"
 )
 
@@ -1124,14 +1124,4 @@ func (k *Cache) Close() error {
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
 // fmtBytes formats n as "1 MiB", "63.8 MiB", "512 B".
-func fmtBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	v, u := float64(n), 0
-	for (v >= 1024 || v <= -1024) && u < len(units)-1 {
-		v /= 1024
-		u++
-	}
-	s := fmt.Sprintf("%.1f", v)
-	s = strings.TrimSuffix(s, ".0")
-	return s + " " + units[u]
-}
+func fmtBytes(n int64) string { return units.Bytes(n) }

@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/goverbs/goverbs/internal/units"
 )
 
 // Kind is a parameter's shape.
@@ -286,16 +286,8 @@ func (s *Store) Bytes() int64 {
 	return s.used.Load()
 }
 
-// fmtBytes formats n as "4 GiB", "63.8 MiB", "512 B".
-func fmtBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	v, u := float64(n), 0
-	for (v >= 1024 || v <= -1024) && u < len(units)-1 {
-		v /= 1024
-		u++
-	}
-	return strings.TrimSuffix(strconv.FormatFloat(v, 'f', 1, 64), ".0") + " " + units[u]
-}
+// fmtBytes formats n as "1 MiB", "63.8 MiB", "512 B".
+func fmtBytes(n int64) string { return units.Bytes(n) }
 
 // Specs lists the defined parameters.
 func (s *Store) Specs() []Spec {
