@@ -47,6 +47,24 @@ func cmResolve(ctx context.Context, ps cm.PortSpace, dst netip.Addr, port uint16
 	return ch, id, nil
 }
 
+// cmResolveSetup is the active side's start in ucmatose and udaddy: the
+// ID resolved (cmResolve) and its verbs resources made (setup on o), the
+// ID closed if that fails. Closing the channel closes the ID.
+func cmResolveSetup[O, N any](ctx context.Context, ps cm.PortSpace, dst netip.Addr, port uint16, src netip.Addr,
+	o *O, setup func(*O, *cm.ID) (N, error)) (*cm.Channel, *cm.ID, N, error) {
+	var n N
+	ch, id, err := cmResolve(ctx, ps, dst, port, src)
+	if err != nil {
+		return nil, nil, n, err
+	}
+	if n, err = setup(o, id); err != nil {
+		id.Close()
+		ch.Close()
+		return nil, nil, n, err
+	}
+	return ch, id, n, nil
+}
+
 // cmListen opens an event channel and listens in port space ps on
 // bind:port (every address if bind is the zero Addr) with backlog.
 // Closing the channel closes the listener.

@@ -18,49 +18,35 @@ import (
 // veth. Both must print the join of ::ffff:GROUP and `data transfers
 // complete`; a goverbs receiver also reports the count, size and sender.
 func TestMckeyInterop(t *testing.T) {
-	rxetest.Pair(t)
-	mckey := lookTool(t, "mckey", "rdmacm-utils")
-	for i, pair := range []struct{ sender, receiver string }{
-		{"goverbs", "mckey"}, {"mckey", "goverbs"}, {"goverbs", "goverbs"},
-	} {
-		t.Run(fmt.Sprintf("%s-sender/%s-receiver", pair.sender, pair.receiver), func(t *testing.T) {
-			group := netip.AddrFrom4([4]byte{239, 1, 8, byte(1 + i)})
-			run := peerStarter(t, mckey, "mckey")
-			start := time.Now()
-			recvRes, recvDone := run(pair.receiver, "-m", group.String(), "-b", "10.99.0.2", "-C", "10", "-S", "100")
-			deadline := time.Now().Add(hang.Scale(30 * time.Second))
-			for !rxetest.IGMPMember(t, "v1", group) {
-				select {
-				case <-recvDone:
-					r := recvRes()
-					t.Fatalf("the receiver exited before it joined: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
-				case <-time.After(10 * time.Millisecond):
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("v1 did not join %v", group)
-				}
+	cmInterop(t, "mckey", "sender", "receiver", func(t *testing.T, i int, sender, receiver string, run peerRun) {
+		group := netip.AddrFrom4([4]byte{239, 1, 8, byte(1 + i)})
+		start := time.Now()
+		recvRes, recvDone := run(receiver, "-m", group.String(), "-b", "10.99.0.2", "-C", "10", "-S", "100")
+		deadline := time.Now().Add(hang.Scale(30 * time.Second))
+		for !rxetest.IGMPMember(t, "v1", group) {
+			select {
+			case <-recvDone:
+				r := recvRes()
+				t.Fatalf("the receiver exited before it joined: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+			case <-time.After(10 * time.Millisecond):
 			}
-			sendRes, _ := run(pair.sender, "-m", group.String(), "-b", "10.99.0.1", "-s", "-C", "10", "-S", "100")
-			rs, rr := sendRes(), recvRes()
-			t.Logf("%.1f s", time.Since(start).Seconds())
-			joined := fmt.Sprintf("mckey: joined dgid: ::ffff:%v mlid 0x0 sl 0", group)
-			for _, x := range []struct {
-				who string
-				r   result
-			}{{pair.sender + " sender", rs}, {pair.receiver + " receiver", rr}} {
-				if x.r.code != 0 || x.r.err != nil || !strings.Contains(x.r.stdout, joined) ||
-					!strings.Contains(x.r.stdout, "data transfers complete") || !strings.Contains(x.r.stdout, "return status 0") {
-					t.Errorf("%s: exit %d (%v)\nstdout:\n%s\nstderr:\n%s", x.who, x.r.code, x.r.err, x.r.stdout, x.r.stderr)
-				}
+			if time.Now().After(deadline) {
+				t.Fatalf("v1 did not join %v", group)
 			}
-			if pair.receiver == "goverbs" && !strings.Contains(rr.stdout, "mckey: received 10 messages of 100 bytes from ::ffff:10.99.0.1") {
-				t.Errorf("goverbs receiver's report:\n%s", rr.stdout)
-			}
-			if rxetest.IGMPMember(t, "v0", group) || rxetest.IGMPMember(t, "v1", group) {
-				t.Errorf("a membership of %v outlived the processes", group)
-			}
-		})
-	}
+		}
+		sendRes, _ := run(sender, "-m", group.String(), "-b", "10.99.0.1", "-s", "-C", "10", "-S", "100")
+		rs, rr := sendRes(), recvRes()
+		t.Logf("%.1f s", time.Since(start).Seconds())
+		joined := fmt.Sprintf("mckey: joined dgid: ::ffff:%v mlid 0x0 sl 0", group)
+		checkCMRun(t, sender+" sender", rs, joined)
+		checkCMRun(t, receiver+" receiver", rr, joined)
+		if receiver == "goverbs" && !strings.Contains(rr.stdout, "mckey: received 10 messages of 100 bytes from ::ffff:10.99.0.1") {
+			t.Errorf("goverbs receiver's report:\n%s", rr.stdout)
+		}
+		if rxetest.IGMPMember(t, "v0", group) || rxetest.IGMPMember(t, "v1", group) {
+			t.Errorf("a membership of %v outlived the processes", group)
+		}
+	})
 }
 
 func TestMckeyUsage(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
@@ -126,6 +127,10 @@ type perfOptions struct {
 	cpuFreqF bool
 	dontXchg bool
 	rdmaCM   bool
+
+	// serverAddr is server resolved, with -R (rdma_cm resolves an
+	// address, not a name).
+	serverAddr netip.Addr
 
 	set map[string]bool // flags given on the command line, by long name
 
@@ -430,6 +435,13 @@ func runPerf(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := o.resolve(); err != nil {
 		return err
+	}
+	if o.rdmaCM && o.server != "" {
+		// As the rdma_cm tools' flags (hostFlag): a bad HOST is a usage
+		// error naming it, before rdma_cm is opened.
+		if o.serverAddr, err = hostFlag("HOST", "server address", o.server); err != nil {
+			return err
+		}
 	}
 	return perfMain(o, stdout, stderr)
 }

@@ -225,13 +225,9 @@ func perfCMResolve(id *cm.ID, dst netip.AddrPort) error {
 
 // perfCMDial is rdma_client_connect for the exchange: it retries while
 // nobody listens yet (as perfDial does for TCP).
-func perfCMDial(ch *cm.Channel, host string, port int) (*ptRDMA, error) {
-	a, err := resolveHost(host)
-	if err != nil {
-		return nil, err
-	}
-	dst := netip.AddrPortFrom(a, uint16(port))
-	var last error
+func perfCMDial(ch *cm.Channel, host netip.Addr, port int) (*ptRDMA, error) {
+	dst := netip.AddrPortFrom(host, uint16(port))
+	var err, last error
 	for i := 0; i < 50; i++ {
 		if i > 0 {
 			time.Sleep(100 * time.Millisecond)
@@ -304,7 +300,7 @@ func (r *perfRun) perfCMExchange(stderr io.Writer) (*ptRDMA, error) {
 	}
 	var l *ptRDMA
 	if r.client {
-		l, err = perfCMDial(r.cmch, o.server, o.port)
+		l, err = perfCMDial(r.cmch, o.serverAddr, o.port)
 	} else {
 		l, err = perfCMListen(r.cmch, o.port)
 	}
@@ -377,11 +373,7 @@ func (r *perfRun) cmCheckDevice(id *cm.ID) error {
 
 func (r *perfRun) cmDialQP(q *perfQP) error {
 	o := r.o
-	a, err := resolveHost(o.server)
-	if err != nil {
-		return err
-	}
-	dst := netip.AddrPortFrom(a, uint16(o.port))
+	dst := netip.AddrPortFrom(o.serverAddr, uint16(o.port))
 	ps := cm.TCP
 	if o.conn == "UD" {
 		ps = cm.UDP

@@ -530,17 +530,24 @@ func (r *perfRun) sendLat() error {
 			}
 		}
 		if scnt < iters {
-			r.tposted[scnt] = r.now()
-			scnt++
-			if err := q.qp.PostSend(q.wrs[:1]); err != nil {
-				return fmt.Errorf("couldn't post send: scnt=%d: %v", scnt, err)
-			}
-			if _, err := r.poll(r.sendCQ); err != nil {
+			if err := r.sendOne(q, scnt); err != nil {
 				return err
 			}
+			scnt++
 		}
 	}
 	return nil
+}
+
+// sendOne is the send of sendLat and oneSidedLat: send i (from 0) of q
+// stamped and posted, and its completion polled.
+func (r *perfRun) sendOne(q *perfQP, i int) error {
+	r.tposted[i] = r.now()
+	if err := q.qp.PostSend(q.wrs[:1]); err != nil {
+		return fmt.Errorf("couldn't post send: scnt=%d: %v", i+1, err)
+	}
+	_, err := r.poll(r.sendCQ)
+	return err
 }
 
 var perfLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
@@ -600,13 +607,8 @@ func (r *perfRun) writeLat(size int) error {
 // and waits for its completion.
 func (r *perfRun) oneSidedLat() error {
 	q := r.qps[0]
-	for scnt := 0; scnt < r.o.iters; {
-		r.tposted[scnt] = r.now()
-		scnt++
-		if err := q.qp.PostSend(q.wrs[:1]); err != nil {
-			return fmt.Errorf("couldn't post send: scnt=%d: %v", scnt, err)
-		}
-		if _, err := r.poll(r.sendCQ); err != nil {
+	for scnt := 0; scnt < r.o.iters; scnt++ {
+		if err := r.sendOne(q, scnt); err != nil {
 			return err
 		}
 	}

@@ -5,12 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"time"
 
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/wr"
@@ -95,22 +93,9 @@ func (o *ppOptions) validate() error {
 
 // pingpong is one side's verbs resources.
 type pingpong struct {
-	o      *ppOptions
-	dev    *ppDevice
-	mem    *mr.Memory
-	mr     *mr.MR
-	cq     *cq.CQ
-	poller *cqPoller
-	qp     *qp.QP
-	buf    []byte
-	flags  qp.SendFlags
-	sge    []qp.SGE
-	sendWR []qp.SendWR
-	recvWR []qp.RecvWR
-	wc     []cq.WC
-	routs  int
-	pend   int
-	mtu    uverbs.MTU
+	ppOneQP
+	o   *ppOptions
+	mtu uverbs.MTU
 }
 
 func runPingpong(args []string, stdout, stderr io.Writer) error {
@@ -131,26 +116,15 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	my, err := pp.dev.localDest(o.ibPort, pp.qp.QPN(), rand.Uint32()&0xffffff)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(info, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
-
-	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
-	if err := exchangeOne(exchange{server: o.server, port: o.port}, info, my, connect); err != nil {
+	if err := pp.exchange(&o.ppCommon, info, ",", pp.connect); err != nil {
 		return err
 	}
 
-	pp.pend = pingpongRecvWRID
-	if o.server != "" {
-		if o.chk {
-			pp.fillCheck()
-		}
-		if err := pp.qp.PostSend(pp.sendWR); err != nil {
-			return fmt.Errorf("couldn't post send: %v", err)
-		}
-		pp.pend |= pingpongSendWRID
+	if o.server != "" && o.chk {
+		pp.fillCheck()
+	}
+	if pp.pend, err = firstSend(pp.qp, pp.sendWR, o.server != ""); err != nil {
+		return err
 	}
 	stopProf, err := startCPUProfile(o.cpuprof)
 	if err != nil {
@@ -162,9 +136,9 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	usec := float64(elapsed.Nanoseconds()) / 1e3
-	bytes := int64(o.size) * int64(o.iters) * 2
 	if o.json {
+		usec := float64(elapsed.Nanoseconds()) / 1e3
+		bytes := int64(o.size) * int64(o.iters) * 2
 		out, _ := json.Marshal(struct {
 			Bytes       int64   `json:"bytes"`
 			Seconds     float64 `json:"seconds"`
@@ -174,8 +148,7 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 		}{bytes, usec / 1e6, float64(bytes) * 8 / usec, o.iters, usec / float64(o.iters)})
 		fmt.Fprintf(stdout, "%s\n", out)
 	} else {
-		fmt.Fprintf(stdout, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, usec/1e6, float64(bytes)*8/usec)
-		fmt.Fprintf(stdout, "%d iters in %.2f seconds = %.2f usec/iter\n", o.iters, usec/1e6, usec/float64(o.iters))
+		printSummary(stdout, o.size, o.iters, elapsed)
 	}
 	if o.linger > 0 {
 		// RC retries of the peer's last send reach a live QP, whose
@@ -200,47 +173,12 @@ func runPingpong(args []string, stdout, stderr io.Writer) error {
 func (pp *pingpong) init(stderr io.Writer) error {
 	o := pp.o
 	var err error
-	if pp.dev, err = openPPDevice("rc-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
+	// The buffer is 0x7b, as rc_pingpong does.
+	if pp.mtu, err = pp.openRC("rc-pingpong", &o.ppCommon, o.rxDepth+1, false, 0x7b, stderr); err != nil {
 		return err
 	}
-	port := pp.dev.port
-	if port.MaxMsgSize != 0 && uint64(o.size) > uint64(port.MaxMsgSize) {
-		return usageError("-s %d: larger than the port's max message size %d", o.size, port.MaxMsgSize)
-	}
-	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+1, false); err != nil {
+	if err := pp.createQP(qp.RC, o.rxDepth); err != nil {
 		return err
-	}
-	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
-	if a := port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
-		fmt.Fprintf(stderr, "goverbs rc-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())
-		pp.mtu = a
-	}
-
-	pd, err := pp.dev.ctx.AllocPD()
-	if err != nil {
-		return fmt.Errorf("couldn't allocate PD: %v", err)
-	}
-	if pp.mem, err = mr.Alloc(o.size); err != nil {
-		return fmt.Errorf("couldn't allocate work buf: %v", err)
-	}
-	pp.buf = pp.mem.Bytes()[:o.size]
-	for i := range pp.buf {
-		pp.buf[i] = 0x7b // as rc_pingpong does
-	}
-	if pp.mr, err = mr.Register(pd, pp.buf, mr.LocalWrite); err != nil {
-		return fmt.Errorf("couldn't register MR: %v", err)
-	}
-	if pp.cq, err = newPingpongCQ(pp.dev.ctx, o.rxDepth+1, o.events); err != nil {
-		return fmt.Errorf("couldn't create CQ: %v", err)
-	}
-	pp.poller = newCQPoller(pp.cq, o.events)
-	if pp.qp, err = qp.Create(pd, qp.Config{Type: qp.RC, SendCQ: pp.cq, RecvCQ: pp.cq,
-		MaxSendWR: 1, MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
-		return fmt.Errorf("couldn't create QP: %v", err)
-	}
-	pp.flags = qp.Signaled
-	if int64(pp.qp.Caps().MaxInline) >= int64(o.size) {
-		pp.flags |= qp.Inline
 	}
 	if err := pp.qp.Init(uint8(o.ibPort), 0); err != nil {
 		return fmt.Errorf("failed to modify QP to INIT: %v", err)
@@ -251,23 +189,9 @@ func (pp *pingpong) init(stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pp.sge = []qp.SGE{sge}
-	pp.sendWR = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: pp.flags, SGEs: pp.sge}}
-	pp.wc = make([]cq.WC, 2) // rc_pingpong polls 2 at a time
-	if pp.recvWR, err = firstRecvs(pp.qp, pp.sge, o.rxDepth); err != nil {
-		return err
-	}
-	pp.routs = o.rxDepth
-	return nil
-}
-
-func (pp *pingpong) close() {
-	if pp.dev != nil {
-		pp.dev.ctx.Close() // destroys QP, CQ, MR and PD, newest first
-	}
-	if pp.mem != nil {
-		pp.mem.Close()
-	}
+	sges := []qp.SGE{sge}
+	send := []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: sendFlags(pp.qp, o.size), SGEs: sges}}
+	return pp.prepare(send, sges, o.rxDepth)
 }
 
 // connect is pp_connect_ctx: INIT -> RTR -> RTS with rc_pingpong's values.
@@ -279,9 +203,7 @@ func (pp *pingpong) connect(myPSN uint32, rem dest) error {
 // busy-polling, or with -e sleeping on CQ events when it is empty. It
 // allocates nothing.
 func (pp *pingpong) loop() error {
-	l := pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
-		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: pp.routs, pend: pp.pend}
-	return l.run()
+	return pp.runLoop(&pp.o.ppCommon, nil)
 }
 
 // pingLoop is the main loop of rc_pingpong and ud_pingpong: poll the CQ,

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"runtime"
@@ -13,12 +14,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/goverbs/goverbs/cq"
+	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 )
 
-// What the ud-pingpong and srq-pingpong commands share with each other (and
-// with rc-pingpong, which keeps its own older copy of the device setup).
+// What the three ping-pongs (rc-pingpong, ud-pingpong, srq-pingpong)
+// share: options, device and resource setup, the TCP exchange, the first
+// receives and sends, and the summary.
 
 // ppDevice is an opened device port and the GID a ping-pong uses.
 type ppDevice struct {
@@ -80,6 +84,26 @@ func openPPDevice(cmd, dev string, ibPort, gidx int, stderr io.Writer) (*ppDevic
 	return d, nil
 }
 
+// checkMsgSize checks -s against the port's max message size (rc and srq;
+// a UD message is checked against the active MTU instead).
+func (d *ppDevice) checkMsgSize(size int) error {
+	if m := d.port.MaxMsgSize; m != 0 && uint64(size) > uint64(m) {
+		return usageError("-s %d: larger than the port's max message size %d", size, m)
+	}
+	return nil
+}
+
+// pathMTU is -m (mtu bytes, validated) capped at the port's active MTU,
+// which cmd says on stderr when it caps.
+func (d *ppDevice) pathMTU(cmd string, mtu, ibPort int, stderr io.Writer) uverbs.MTU {
+	m, _ := uverbs.MTUFromBytes(mtu)
+	if a := d.port.ActiveMTU; a >= uverbs.MTU256 && m > a {
+		fmt.Fprintf(stderr, "goverbs %s: -m %d is above %s port %d's active MTU %d; using %d\n", cmd, mtu, d.name, ibPort, a.Bytes(), a.Bytes())
+		m = a
+	}
+	return m
+}
+
 // checkRxDepth checks -r against the device: rxDepth receive WRs in one
 // queue (the QP's, or the SRQ's with srq) and cqe CQ entries, which the
 // device would refuse with a message that does not name -r.
@@ -115,6 +139,179 @@ func (d *ppDevice) localDest(ibPort int, qpn, psn uint32) (dest, error) {
 	return my, nil
 }
 
+// ppBase is what every ping-pong sets up alike after its checks: the
+// opened device, a PD, the message buffer and its MR, and the CQ with its
+// poller.
+type ppBase struct {
+	dev    *ppDevice
+	pd     *uverbs.PD
+	mem    *mr.Memory
+	buf    []byte
+	mr     *mr.MR
+	cq     *cq.CQ
+	poller *cqPoller
+}
+
+// open opens the device of the options c (openPPDevice).
+func (b *ppBase) open(cmd string, c *ppCommon, stderr io.Writer) error {
+	var err error
+	b.dev, err = openPPDevice(cmd, c.dev, c.ibPort, c.gidx, stderr)
+	return err
+}
+
+// openRC is the set-up of rc-pingpong and srq-pingpong (RC QPs, -m): the
+// device opened, -s checked against the port's max message size, -r
+// against the device (cqe CQ entries, the receive WRs in the QP's queue or
+// with srq the SRQ's), and alloc's resources, the buffer filled with fill.
+// It returns the path MTU.
+func (b *ppBase) openRC(cmd string, c *ppCommon, cqe int, srq bool, fill byte, stderr io.Writer) (uverbs.MTU, error) {
+	if err := b.open(cmd, c, stderr); err != nil {
+		return 0, err
+	}
+	if err := b.dev.checkMsgSize(c.size); err != nil {
+		return 0, err
+	}
+	if err := b.dev.checkRxDepth(c.rxDepth, cqe, srq); err != nil {
+		return 0, err
+	}
+	mtu := b.dev.pathMTU(cmd, c.mtu, c.ibPort, stderr)
+	return mtu, b.alloc(c.size, fill, cqe, c.events)
+}
+
+// alloc is that part of pp_init_ctx: the PD, an n-byte buffer with every
+// byte fill (0x7b in rc_pingpong and ud_pingpong, 0 in srq_pingpong)
+// registered for local write, and a CQ of cqe entries, on a completion
+// channel with events (-e).
+func (b *ppBase) alloc(n int, fill byte, cqe int, events bool) error {
+	var err error
+	if b.pd, err = b.dev.ctx.AllocPD(); err != nil {
+		return fmt.Errorf("couldn't allocate PD: %v", err)
+	}
+	if b.mem, err = mr.Alloc(n); err != nil {
+		return fmt.Errorf("couldn't allocate work buf: %v", err)
+	}
+	b.buf = b.mem.Bytes()[:n]
+	for i := range b.buf {
+		b.buf[i] = fill
+	}
+	if b.mr, err = mr.Register(b.pd, b.buf, mr.LocalWrite); err != nil {
+		return fmt.Errorf("couldn't register MR: %v", err)
+	}
+	if b.cq, err = newPingpongCQ(b.dev.ctx, cqe, events); err != nil {
+		return fmt.Errorf("couldn't create CQ: %v", err)
+	}
+	b.poller = newCQPoller(b.cq, events)
+	return nil
+}
+
+// close closes the device, which destroys what was made on it (AH, QPs,
+// SRQ, CQ, MR and PD, newest first), and frees the buffer.
+func (b *ppBase) close() {
+	if b.dev != nil {
+		b.dev.ctx.Close()
+	}
+	if b.mem != nil {
+		b.mem.Close()
+	}
+}
+
+// sendFlags is the ping-pongs' send flags: signaled, and inline when q
+// can inline size bytes.
+func sendFlags(q *qp.QP, size int) qp.SendFlags {
+	if int64(q.Caps().MaxInline) >= int64(size) {
+		return qp.Signaled | qp.Inline
+	}
+	return qp.Signaled
+}
+
+// firstSend is the client's first send (client: a HOST was given) and
+// the work request IDs outstanding then: the receive, and the send if
+// posted.
+func firstSend(q *qp.QP, wrs []qp.SendWR, client bool) (pend int, err error) {
+	if !client {
+		return pingpongRecvWRID, nil
+	}
+	if err := q.PostSend(wrs); err != nil {
+		return 0, fmt.Errorf("couldn't post send: %v", err)
+	}
+	return pingpongRecvWRID | pingpongSendWRID, nil
+}
+
+// ppOneQP is what rc-pingpong and ud-pingpong have on top of ppBase: the
+// one QP, its work requests, built once, and the state its loop starts
+// from.
+type ppOneQP struct {
+	ppBase
+	qp     *qp.QP
+	sendWR []qp.SendWR
+	recvWR []qp.RecvWR
+	wc     []cq.WC
+	routs  int
+	pend   int
+}
+
+// createQP creates the QP, of type t, on the CQ: one send WR, rxDepth
+// receive WRs, one SGE each.
+func (p *ppOneQP) createQP(t qp.Type, rxDepth int) error {
+	var err error
+	if p.qp, err = qp.Create(p.pd, qp.Config{Type: t, SendCQ: p.cq, RecvCQ: p.cq,
+		MaxSendWR: 1, MaxRecvWR: uint32(rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
+		return fmt.Errorf("couldn't create QP: %v", err)
+	}
+	return nil
+}
+
+// prepare keeps send, the loop's send batch, and posts the first rxDepth
+// receives on recvSGEs.
+func (p *ppOneQP) prepare(send []qp.SendWR, recvSGEs []qp.SGE, rxDepth int) error {
+	p.sendWR = send
+	p.wc = make([]cq.WC, 2) // rc_pingpong and ud_pingpong poll 2 at a time
+	var err error
+	if p.recvWR, err = firstRecvs(p.qp, recvSGEs, rxDepth); err != nil {
+		return err
+	}
+	p.routs = rxDepth
+	return nil
+}
+
+// exchange is the exchange of one address each way: ours (the QP's QPN, a
+// random PSN) printed to w first (gidSep as printDest's), then the peer's,
+// and connect called with our PSN and the peer's address, the server's
+// within the exchange, the client's after printing (as in C).
+func (p *ppOneQP) exchange(c *ppCommon, w io.Writer, gidSep string, connect func(myPSN uint32, rem dest) error) error {
+	my, err := p.dev.localDest(c.ibPort, p.qp.QPN(), rand.Uint32()&0xffffff)
+	if err != nil {
+		return err
+	}
+	printDest(w, "local address: ", gidSep, my)
+	x := exchange{server: c.server, port: c.port}
+	rems, err := x.run([]dest{my}, func(rem []dest) error { return connect(my.PSN, rem[0]) })
+	if err != nil {
+		return err
+	}
+	rem := rems[0]
+	printDest(w, "remote address:", ",", rem)
+	if x.server != "" {
+		return connect(my.PSN, rem)
+	}
+	return nil
+}
+
+// runLoop runs pingLoop from the state prepare and the first send left,
+// with check (nil: none) vetting each receive.
+func (p *ppOneQP) runLoop(c *ppCommon, check func(w *cq.WC) error) error {
+	l := pingLoop{iters: c.iters, rxDepth: c.rxDepth, poller: p.poller, wc: p.wc, qp: p.qp,
+		sendWR: p.sendWR, recvWR: p.recvWR, routs: p.routs, pend: p.pend, check: check}
+	return l.run()
+}
+
+// printDest prints an address line of the rdma-core ping-pongs: what is
+// "local address: " or "remote address:", gidSep the "," before GID (":"
+// in ud_pingpong's local line).
+func printDest(w io.Writer, what, gidSep string, d dest) {
+	fmt.Fprintf(w, "  %s LID 0x%04x, QPN 0x%06x, PSN 0x%06x%s GID %s\n", what, d.LID, d.QPN, d.PSN, gidSep, ntop(d.GID))
+}
+
 // rcConnect is the RTR and RTS part of pp_connect_ctx of rc_pingpong and
 // srq_pingpong, with their values.
 func rcConnect(q *qp.QP, ibPort, sl, sgid int, mtu uverbs.MTU, myPSN uint32, rem dest) error {
@@ -134,6 +331,17 @@ func rcConnect(q *qp.QP, ibPort, sl, sgid int, mtu uverbs.MTU, myPSN uint32, rem
 		qp.MaskState|qp.MaskTimeout|qp.MaskRetryCnt|qp.MaskRNRRetry|qp.MaskSQPSN|qp.MaskMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("failed to modify QP to RTS: %v", err)
 	}
+	return nil
+}
+
+// timeLoopSummary runs loop (timeLoop) and prints the summary of the -s
+// and -n of c.
+func (c *ppCommon) timeLoopSummary(stdout, stderr io.Writer, cmd string, p *cqPoller, loop func() error) error {
+	elapsed, err := timeLoop(stderr, cmd, p, loop)
+	if err != nil {
+		return err
+	}
+	printSummary(stdout, c.size, c.iters, elapsed)
 	return nil
 }
 
@@ -165,22 +373,6 @@ func (x exchange) run(my []dest, connect func(rem []dest) error) ([]dest, error)
 		return x.client(my)
 	}
 	return x.serve(my, connect)
-}
-
-// exchangeOne is the exchange of one address each way (rc, ud): it
-// prints the peer's address to w and connects to it, the server within
-// the exchange, the client after printing (as in C).
-func exchangeOne(x exchange, w io.Writer, my dest, connect func(rem dest) error) error {
-	rems, err := x.run([]dest{my}, func(rem []dest) error { return connect(rem[0]) })
-	if err != nil {
-		return err
-	}
-	rem := rems[0]
-	fmt.Fprintf(w, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.LID, rem.QPN, rem.PSN, ntop(rem.GID))
-	if x.server != "" {
-		return connect(rem)
-	}
-	return nil
 }
 
 func encodeDests(ds []dest) []byte {

@@ -110,15 +110,6 @@ func runRping(args []string, stdout, stderr io.Writer) error {
 	return rpingClient(ctx, &o)
 }
 
-// resolveHost is lookupHost, its error naming s.
-func resolveHost(s string) (netip.Addr, error) {
-	a, err := lookupHost(s)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("invalid hostname or IP address %q: %v", s, err)
-	}
-	return a, nil
-}
-
 // lookupHost parses an address or looks a name up (IPv4 first, as
 // rping's getaddrinfo use mostly does).
 func lookupHost(s string) (netip.Addr, error) {
@@ -324,16 +315,24 @@ func rpingServer(ctx context.Context, o *rpingOpts) error {
 	if _, err := req.ID.Accept(ctx, rpingConnParam()); err != nil {
 		return err
 	}
-	o.logf("ESTABLISHED")
-	c.watch(ctx)
-	err = c.serve(ctx)
-	if errors.Is(err, errRpingDisconnected) {
-		fmt.Fprintln(o.stderr, "server DISCONNECT EVENT...")
-		err = nil
-	}
+	_, err = c.established(ctx, "server", c.serve)
 	// Answer the client's disconnect (or start ours after a failure).
 	req.ID.Disconnect()
 	return err
+}
+
+// established is each side once connected: it starts watching for the
+// peer's disconnect and runs loop (serve or ping), which the peer's
+// disconnect ends without an error, said on stderr as "side DISCONNECT
+// EVENT..." (peerGone).
+func (c *rpingConn) established(ctx context.Context, side string, loop func(context.Context) error) (peerGone bool, err error) {
+	c.o.logf("ESTABLISHED")
+	c.watch(ctx)
+	if err := loop(ctx); !errors.Is(err, errRpingDisconnected) {
+		return false, err
+	}
+	fmt.Fprintln(c.o.stderr, side+" DISCONNECT EVENT...")
+	return true, nil
 }
 
 func (c *rpingConn) serve(ctx context.Context) error {
@@ -396,11 +395,8 @@ func rpingClient(ctx context.Context, o *rpingOpts) error {
 	if _, err := id.Connect(ctx, rpingConnParam()); err != nil {
 		return err
 	}
-	o.logf("ESTABLISHED")
-	c.watch(ctx)
-	err = c.ping(ctx)
-	if errors.Is(err, errRpingDisconnected) {
-		fmt.Fprintln(o.stderr, "client DISCONNECT EVENT...")
+	peerGone, err := c.established(ctx, "client", c.ping)
+	if peerGone {
 		return nil
 	}
 	if derr := id.Disconnect(); derr == nil {

@@ -109,6 +109,39 @@ func peerStarter(t *testing.T, path, sub string) func(who string, args ...string
 	}
 }
 
+// cmInterop is the frame of the interop tests of ucmatose, udaddy and
+// mckey: on the rxe pair, with rdma-core's tool found (rdmacm-utils), f
+// runs in a subtest for each pairing of the tool and goverbs in the roles
+// roleA and roleB (goverbs and the tool, the tool and goverbs, goverbs and
+// itself), named "A-roleA/B-roleB"; i is its index, run starts a side
+// (peerStarter).
+func cmInterop(t *testing.T, tool, roleA, roleB string, f func(t *testing.T, i int, a, b string, run peerRun)) {
+	rxetest.Pair(t)
+	path := lookTool(t, tool, "rdmacm-utils")
+	for i, p := range [][2]string{{"goverbs", tool}, {tool, "goverbs"}, {"goverbs", "goverbs"}} {
+		t.Run(fmt.Sprintf("%s-%s/%s-%s", p[0], roleA, p[1], roleB), func(t *testing.T) {
+			f(t, i, p[0], p[1], peerStarter(t, path, tool))
+		})
+	}
+}
+
+// peerRun starts one side of an interop test as who (see peerStarter).
+type peerRun = func(who string, args ...string) (func() result, chan struct{})
+
+// checkCMRun fails t unless who's run r (of an rdma_cm tool, rdma-core's
+// or goverbs') exited 0 without an error and printed rdma-core's "data
+// transfers complete" and "return status 0", and each of want.
+func checkCMRun(t *testing.T, who string, r result, want ...string) {
+	t.Helper()
+	ok := r.code == 0 && r.err == nil
+	for _, w := range append([]string{"data transfers complete", "return status 0"}, want...) {
+		ok = ok && strings.Contains(r.stdout, w)
+	}
+	if !ok {
+		t.Errorf("%s: exit %d (%v)\nstdout:\n%s\nstderr:\n%s", who, r.code, r.err, r.stdout, r.stderr)
+	}
+}
+
 // startPeer runs one side of an interop test in the background: rdma-core's
 // tool at path (rdmaCore) or `goverbs sub`, with args. wait returns its
 // result once it exits; done is closed then.

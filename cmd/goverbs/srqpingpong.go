@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/wr"
@@ -69,13 +68,8 @@ func (o *srqOptions) validate() error {
 // srqPingpong is one side of srq_pingpong.c: -q RC QPs that all receive
 // from one SRQ into one buffer and share one CQ.
 type srqPingpong struct {
+	ppBase
 	o      *srqOptions
-	dev    *ppDevice
-	mem    *mr.Memory
-	buf    []byte
-	mr     *mr.MR
-	cq     *cq.CQ
-	poller *cqPoller
 	srq    *qp.SRQ
 	qps    []*qp.QP
 	index  map[uint32]int // QPN -> index in qps
@@ -104,7 +98,7 @@ func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
 		if my[i], err = pp.dev.localDest(o.ibPort, q.QPN(), rand.Uint32()&0xffffff); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", my[i].LID, my[i].QPN, my[i].PSN, ntop(my[i].GID))
+		printDest(stdout, "local address: ", ",", my[i])
 	}
 	x := exchange{server: o.server, port: o.port}
 	rem, err := x.run(my, func(rem []dest) error { return pp.connect(my, rem) })
@@ -112,7 +106,7 @@ func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	for i := range pp.qps {
-		fmt.Fprintf(stdout, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem[i].LID, rem[i].QPN, rem[i].PSN, ntop(rem[i].GID))
+		printDest(stdout, "remote address:", ",", rem[i])
 	}
 	if o.server != "" {
 		if err := pp.connect(my, rem); err != nil {
@@ -120,58 +114,22 @@ func runSRQPingpong(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	for i, q := range pp.qps {
-		pp.pend[i] = pingpongRecvWRID
-		if o.server != "" {
-			if err := q.PostSend(pp.sendWR[i]); err != nil {
-				return fmt.Errorf("couldn't post send: %v", err)
-			}
-			pp.pend[i] |= pingpongSendWRID
+		if pp.pend[i], err = firstSend(q, pp.sendWR[i], o.server != ""); err != nil {
+			return err
 		}
 	}
-	elapsed, err := timeLoop(stderr, "srq-pingpong", pp.poller, pp.loop)
-	if err != nil {
-		return err
-	}
-	printSummary(stdout, o.size, o.iters, elapsed)
-	return nil
+	return o.timeLoopSummary(stdout, stderr, "srq-pingpong", pp.poller, pp.loop)
 }
 
 // init is srq_pingpong's pp_init_ctx and first receives.
 func (pp *srqPingpong) init(stderr io.Writer) error {
 	o := pp.o
 	var err error
-	if pp.dev, err = openPPDevice("srq-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
+	// srq_pingpong zeroes its buffer.
+	if pp.mtu, err = pp.openRC("srq-pingpong", &o.ppCommon, o.rxDepth+o.numQP, true, 0, stderr); err != nil {
 		return err
 	}
-	ctx := pp.dev.ctx
-	if pp.dev.port.MaxMsgSize != 0 && uint64(o.size) > uint64(pp.dev.port.MaxMsgSize) {
-		return usageError("-s %d: larger than the port's max message size %d", o.size, pp.dev.port.MaxMsgSize)
-	}
-	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+o.numQP, true); err != nil {
-		return err
-	}
-	pp.mtu, _ = uverbs.MTUFromBytes(o.mtu)
-	if a := pp.dev.port.ActiveMTU; a >= uverbs.MTU256 && pp.mtu > a {
-		fmt.Fprintf(stderr, "goverbs srq-pingpong: -m %d is above %s port %d's active MTU %d; using %d\n", o.mtu, pp.dev.name, o.ibPort, a.Bytes(), a.Bytes())
-		pp.mtu = a
-	}
-	pd, err := ctx.AllocPD()
-	if err != nil {
-		return fmt.Errorf("couldn't allocate PD: %v", err)
-	}
-	if pp.mem, err = mr.Alloc(o.size); err != nil {
-		return fmt.Errorf("couldn't allocate work buf: %v", err)
-	}
-	pp.buf = pp.mem.Bytes()[:o.size]
-	clear(pp.buf) // srq_pingpong zeroes its buffer
-	if pp.mr, err = mr.Register(pd, pp.buf, mr.LocalWrite); err != nil {
-		return fmt.Errorf("couldn't register MR: %v", err)
-	}
-	if pp.cq, err = newPingpongCQ(ctx, o.rxDepth+o.numQP, o.events); err != nil {
-		return fmt.Errorf("couldn't create CQ: %v", err)
-	}
-	pp.poller = newCQPoller(pp.cq, o.events)
-	if pp.srq, err = qp.CreateSRQ(pd, qp.SRQConfig{MaxWR: uint32(o.rxDepth), MaxSGE: 1}); err != nil {
+	if pp.srq, err = qp.CreateSRQ(pp.pd, qp.SRQConfig{MaxWR: uint32(o.rxDepth), MaxSGE: 1}); err != nil {
 		return fmt.Errorf("couldn't create SRQ: %v", err)
 	}
 	sge, err := pp.mr.SGE(0, o.size)
@@ -182,14 +140,12 @@ func (pp *srqPingpong) init(stderr io.Writer) error {
 	flags := qp.Signaled
 	pp.index = make(map[uint32]int, o.numQP)
 	for i := 0; i < o.numQP; i++ {
-		q, err := qp.Create(pd, qp.Config{Type: qp.RC, SendCQ: pp.cq, RecvCQ: pp.cq, SRQ: pp.srq, MaxSendWR: 1, MaxSendSGE: 1})
+		q, err := qp.Create(pp.pd, qp.Config{Type: qp.RC, SendCQ: pp.cq, RecvCQ: pp.cq, SRQ: pp.srq, MaxSendWR: 1, MaxSendSGE: 1})
 		if err != nil {
 			return fmt.Errorf("couldn't create QP[%d]: %v", i, err)
 		}
 		// As in C, one QP's inline capacity decides for all.
-		if int64(q.Caps().MaxInline) >= int64(o.size) {
-			flags |= qp.Inline
-		}
+		flags |= sendFlags(q, o.size)
 		pp.qps = append(pp.qps, q)
 		pp.index[q.QPN()] = i
 	}
@@ -209,15 +165,6 @@ func (pp *srqPingpong) init(stderr io.Writer) error {
 	}
 	pp.routs = o.rxDepth
 	return nil
-}
-
-func (pp *srqPingpong) close() {
-	if pp.dev != nil {
-		pp.dev.ctx.Close() // destroys QPs, SRQ, CQ, MR and PD, newest first
-	}
-	if pp.mem != nil {
-		pp.mem.Close()
-	}
 }
 
 // connect is srq_pingpong's pp_connect_ctx: QP i to the peer's address i.

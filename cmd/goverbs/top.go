@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"net/http"
 	"net/url"
@@ -184,14 +185,21 @@ func checkTopMetricsURL(s string) error {
 	return nil
 }
 
-// byKey indexes s by key (the previous sample, to subtract from the
-// current one).
-func byKey[K comparable, V any](s []V, key func(V) K) map[K]V {
-	m := make(map[K]V, len(s))
-	for _, v := range s {
-		m[key(v)] = v
+// withPrev yields each item of cur with the item of prev that has the
+// same key (the zero V if none): the previous sample's, to subtract from
+// the current one.
+func withPrev[K comparable, V any](cur, prev []V, key func(V) K) iter.Seq2[V, V] {
+	return func(yield func(V, V) bool) {
+		old := make(map[K]V, len(prev))
+		for _, v := range prev {
+			old[key(v)] = v
+		}
+		for _, v := range cur {
+			if !yield(v, old[key(v)]) {
+				return
+			}
+		}
 	}
-	return m
 }
 
 // latencyUS is the mean (from totalNS over n) and the p50 and p99 (from
@@ -372,7 +380,6 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		name    string
 	}
 	cmdKey := func(c probe.Command) ck { return ck{c.PID, c.FD, c.Name} }
-	old := byKey(prev.snap.Commands, cmdKey)
 	comms := map[int]string{}
 	comm := func(pid int) string {
 		if _, ok := comms[pid]; !ok {
@@ -381,8 +388,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		}
 		return comms[pid]
 	}
-	for _, c := range cur.snap.Commands {
-		o := old[cmdKey(c)]
+	for c, o := range withPrev(cur.snap.Commands, prev.snap.Commands, cmdKey) {
 		n := c.Count - o.Count
 		if n == 0 {
 			continue
@@ -404,9 +410,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		dev string
 	}
 	evKey := func(e probe.CQEvents) ek { return ek{e.PID, e.Device} }
-	oldE := byKey(prev.snap.CQEvents, evKey)
-	for _, e := range cur.snap.CQEvents {
-		o := oldE[evKey(e)]
+	for e, o := range withPrev(cur.snap.CQEvents, prev.snap.CQEvents, evKey) {
 		n, un := e.Count-o.Count, e.Unmatched-o.Unmatched
 		if n == 0 && un == 0 {
 			continue
@@ -431,9 +435,7 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		qpn uint32
 	}
 	qpKey := func(q probe.QP) qk { return qk{q.Device, q.QPN} }
-	oldQ := byKey(prev.snap.QPs, qpKey)
-	for _, q := range cur.snap.QPs {
-		o := oldQ[qpKey(q)]
+	for q, o := range withPrev(cur.snap.QPs, prev.snap.QPs, qpKey) {
 		dq := probe.QP{Device: q.Device, QPN: q.QPN,
 			SentPkts: q.SentPkts - o.SentPkts, RecvPkts: q.RecvPkts - o.RecvPkts,
 			Retransmits: q.Retransmits - o.Retransmits, Timeouts: q.Timeouts - o.Timeouts,

@@ -186,16 +186,11 @@ func ucmatoseServer(ctx context.Context, o *ucmatoseOpts) error {
 
 func ucmatoseClient(ctx context.Context, o *ucmatoseOpts) error {
 	fmt.Fprintln(o.stdout, "cmatose: connecting")
-	ch, id, err := cmResolve(ctx, cm.TCP, o.serverAddr, uint16(o.port), o.bindAddr)
+	ch, id, n, err := cmResolveSetup(ctx, cm.TCP, o.serverAddr, uint16(o.port), o.bindAddr, o, toseSetup)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	n, err := toseSetup(o, id)
-	if err != nil {
-		id.Close()
-		return err
-	}
 	defer n.close()
 	if _, err := id.Connect(ctx, cm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 5}); err != nil {
 		return fmt.Errorf("failure connecting: %w", err)

@@ -383,3 +383,22 @@ func TestSRQExchangeFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintDest: the three ping-pongs' address lines, as rdma-core's
+// print them (ud_pingpong's local line has ": GID"), which the interop
+// tests read in the guest; printDest makes all of them.
+func TestPrintDest(t *testing.T) {
+	d := dest{LID: 0x12, QPN: 0x345, PSN: 0xabcdef}
+	copy(d.GID[:], net.ParseIP("10.99.0.1").To16())
+	for _, tc := range []struct{ what, sep, want string }{
+		{"local address: ", ",", "  local address:  LID 0x0012, QPN 0x000345, PSN 0xabcdef, GID ::ffff:10.99.0.1\n"},
+		{"local address: ", ":", "  local address:  LID 0x0012, QPN 0x000345, PSN 0xabcdef: GID ::ffff:10.99.0.1\n"},
+		{"remote address:", ",", "  remote address: LID 0x0012, QPN 0x000345, PSN 0xabcdef, GID ::ffff:10.99.0.1\n"},
+	} {
+		var b strings.Builder
+		printDest(&b, tc.what, tc.sep, d)
+		if b.String() != tc.want {
+			t.Errorf("printDest(%q, %q) = %q, want %q", tc.what, tc.sep, b.String(), tc.want)
+		}
+	}
+}

@@ -120,16 +120,11 @@ func (n *udNode) poll(ctx context.Context) error {
 
 func udaddyClient(ctx context.Context, o *udaddyOpts) error {
 	fmt.Fprintln(o.stdout, "udaddy: connecting")
-	ch, id, err := cmResolve(ctx, cm.UDP, o.serverAddr, udaddyPort, o.bindAddr)
+	ch, id, n, err := cmResolveSetup(ctx, cm.UDP, o.serverAddr, udaddyPort, o.bindAddr, o, udSetup)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	n, err := udSetup(o, id)
-	if err != nil {
-		id.Close()
-		return err
-	}
 	defer n.close()
 	ev, err := id.Connect(ctx, cm.ConnParam{})
 	if err != nil {

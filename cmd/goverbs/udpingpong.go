@@ -5,11 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 
 	"github.com/goverbs/goverbs/cq"
-	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
 	"github.com/goverbs/goverbs/uverbs"
 )
@@ -49,24 +47,14 @@ func udFlags(stderr io.Writer) (*flag.FlagSet, *udOptions) {
 	return fs, o
 }
 
-// udPingpong is one side of ud_pingpong.c.
+// udPingpong is one side of ud_pingpong.c. Its buffer has the GRH (40
+// bytes) in front of the payload: receives land there, sends go from
+// buf[40:].
 type udPingpong struct {
-	o      *udOptions
-	dev    *ppDevice
-	pd     *uverbs.PD
-	mem    *mr.Memory
-	buf    []byte // GRH (40 bytes) and payload: receives land here, sends go from buf[40:]
-	mr     *mr.MR
-	cq     *cq.CQ
-	poller *cqPoller
-	qp     *qp.QP
-	ah     *uverbs.AH
-	sendWR []qp.SendWR
-	recvWR []qp.RecvWR
-	wc     []cq.WC
-	routs  int
-	pend   int
-	rem    dest
+	ppOneQP
+	o   *udOptions
+	ah  *uverbs.AH
+	rem dest
 }
 
 func runUDPingpong(args []string, stdout, stderr io.Writer) error {
@@ -80,29 +68,16 @@ func runUDPingpong(args []string, stdout, stderr io.Writer) error {
 	if err := pp.init(stderr); err != nil {
 		return err
 	}
-	my, err := pp.dev.localDest(o.ibPort, pp.qp.QPN(), rand.Uint32()&0xffffff)
-	if err != nil {
+	// ud_pingpong.c prints ": GID" in the local line (and ", GID" in the
+	// remote line).
+	if err := pp.exchange(&o.ppCommon, stdout, ":", pp.connect); err != nil {
 		return err
 	}
-	// ud_pingpong.c prints ": GID" here (and ", GID" in the remote line).
-	fmt.Fprintf(stdout, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x: GID %s\n", my.LID, my.QPN, my.PSN, ntop(my.GID))
-	connect := func(rem dest) error { return pp.connect(my.PSN, rem) }
-	if err := exchangeOne(exchange{server: o.server, port: o.port}, stdout, my, connect); err != nil {
+	var err error
+	if pp.pend, err = firstSend(pp.qp, pp.sendWR, o.server != ""); err != nil {
 		return err
 	}
-	pp.pend = pingpongRecvWRID
-	if o.server != "" {
-		if err := pp.qp.PostSend(pp.sendWR); err != nil {
-			return fmt.Errorf("couldn't post send: %v", err)
-		}
-		pp.pend |= pingpongSendWRID
-	}
-	elapsed, err := timeLoop(stderr, "ud-pingpong", pp.poller, pp.loop)
-	if err != nil {
-		return err
-	}
-	printSummary(stdout, o.size, o.iters, elapsed)
-	return nil
+	return o.timeLoopSummary(stdout, stderr, "ud-pingpong", pp.poller, pp.loop)
 }
 
 // init is ud_pingpong's pp_init_ctx and first receives: the size is checked
@@ -110,8 +85,7 @@ func runUDPingpong(args []string, stdout, stderr io.Writer) error {
 // has 40 bytes for the GRH in front, the QP is in INIT with the QKey.
 func (pp *udPingpong) init(stderr io.Writer) error {
 	o := pp.o
-	var err error
-	if pp.dev, err = openPPDevice("ud-pingpong", o.dev, o.ibPort, o.gidx, stderr); err != nil {
+	if err := pp.open("ud-pingpong", &o.ppCommon, stderr); err != nil {
 		return err
 	}
 	if mtu := pp.dev.port.ActiveMTU.Bytes(); o.size > mtu {
@@ -121,32 +95,12 @@ func (pp *udPingpong) init(stderr io.Writer) error {
 	if err := pp.dev.checkRxDepth(o.rxDepth, o.rxDepth+1, false); err != nil {
 		return err
 	}
-	ctx := pp.dev.ctx
-	if pp.pd, err = ctx.AllocPD(); err != nil {
-		return fmt.Errorf("couldn't allocate PD: %v", err)
-	}
 	n := qp.GRHSize + o.size
-	if pp.mem, err = mr.Alloc(n); err != nil {
-		return fmt.Errorf("couldn't allocate work buf: %v", err)
+	if err := pp.alloc(n, 0x7b, o.rxDepth+1, o.events); err != nil { // 0x7b as ud_pingpong does
+		return err
 	}
-	pp.buf = pp.mem.Bytes()[:n]
-	for i := range pp.buf {
-		pp.buf[i] = 0x7b // as ud_pingpong does
-	}
-	if pp.mr, err = mr.Register(pp.pd, pp.buf, mr.LocalWrite); err != nil {
-		return fmt.Errorf("couldn't register MR: %v", err)
-	}
-	if pp.cq, err = newPingpongCQ(ctx, o.rxDepth+1, o.events); err != nil {
-		return fmt.Errorf("couldn't create CQ: %v", err)
-	}
-	pp.poller = newCQPoller(pp.cq, o.events)
-	if pp.qp, err = qp.Create(pp.pd, qp.Config{Type: qp.UD, SendCQ: pp.cq, RecvCQ: pp.cq,
-		MaxSendWR: 1, MaxRecvWR: uint32(o.rxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
-		return fmt.Errorf("couldn't create QP: %v", err)
-	}
-	flags := qp.Signaled
-	if int64(pp.qp.Caps().MaxInline) >= int64(o.size) {
-		flags |= qp.Inline
+	if err := pp.createQP(qp.UD, o.rxDepth); err != nil {
+		return err
 	}
 	if err := pp.qp.Modify(&qp.Attr{State: qp.Init, Port: uint8(o.ibPort), QKey: udQKey},
 		qp.MaskState|qp.MaskPKeyIndex|qp.MaskPort|qp.MaskQKey); err != nil {
@@ -162,22 +116,8 @@ func (pp *udPingpong) init(stderr io.Writer) error {
 		return err
 	}
 	// The AH and remote QPN are filled in by connect.
-	pp.sendWR = []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: flags, SGEs: []qp.SGE{sendSGE}, RemoteQKey: udQKey}}
-	pp.wc = make([]cq.WC, 2) // ud_pingpong polls 2 at a time
-	if pp.recvWR, err = firstRecvs(pp.qp, []qp.SGE{recvSGE}, o.rxDepth); err != nil {
-		return err
-	}
-	pp.routs = o.rxDepth
-	return nil
-}
-
-func (pp *udPingpong) close() {
-	if pp.dev != nil {
-		pp.dev.ctx.Close() // destroys AH, QP, CQ, MR and PD, newest first
-	}
-	if pp.mem != nil {
-		pp.mem.Close()
-	}
+	send := []qp.SendWR{{ID: pingpongSendWRID, Opcode: qp.OpSend, Flags: sendFlags(pp.qp, o.size), SGEs: []qp.SGE{sendSGE}, RemoteQKey: udQKey}}
+	return pp.prepare(send, []qp.SGE{recvSGE}, o.rxDepth)
 }
 
 // connect is ud_pingpong's pp_connect_ctx: RTR, RTS with our PSN, and an
@@ -212,10 +152,7 @@ func (pp *udPingpong) connect(myPSN uint32, rem dest) error {
 // GID as the source.
 func (pp *udPingpong) loop() error {
 	want := uint32(qp.GRHSize + pp.o.size)
-	l := pingLoop{iters: pp.o.iters, rxDepth: pp.o.rxDepth, poller: pp.poller, wc: pp.wc, qp: pp.qp,
-		sendWR: pp.sendWR, recvWR: pp.recvWR, routs: pp.routs, pend: pp.pend,
-		check: func(w *cq.WC) error { return pp.checkRecv(w, want) }}
-	return l.run()
+	return pp.runLoop(&pp.o.ppCommon, func(w *cq.WC) error { return pp.checkRecv(w, want) })
 }
 
 func (pp *udPingpong) checkRecv(w *cq.WC, want uint32) error {

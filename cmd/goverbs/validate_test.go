@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/clitest"
 )
 
 // These tests need no RDMA device: each command line is refused by the
@@ -28,33 +27,8 @@ import (
 // as a failure.
 func quickRun(t *testing.T, bound time.Duration, args ...string) (int, string) {
 	t.Helper()
-	bound = hang.Scale(bound)
-	type res struct {
-		code   int
-		stderr string
-		panic  any
-	}
-	done := make(chan res, 1)
-	go func() {
-		var out, errb bytes.Buffer
-		defer func() {
-			if p := recover(); p != nil {
-				done <- res{code: -1, stderr: errb.String(), panic: p}
-			}
-		}()
-		code := run(args, &out, &errb)
-		done <- res{code: code, stderr: errb.String()}
-	}()
-	select {
-	case r := <-done:
-		if r.panic != nil {
-			t.Errorf("goverbs %q panicked: %v", args, r.panic)
-		}
-		return r.code, r.stderr
-	case <-time.After(bound):
-		t.Errorf("goverbs %q: still running after %v (the bad value was accepted)", args, bound)
-		return -1, ""
-	}
+	code, _, stderr := clitest.Run(t, bound, "goverbs", args, run)
+	return code, stderr
 }
 
 // freePort is a TCP port nothing listens on (just now).
@@ -94,6 +68,10 @@ func TestRejectedFlags(t *testing.T) {
 		{[]string{"perf", "send_lat", "-p", p, "-I", "-1"}, "-I -1"},
 		{[]string{"perf", "send_lat", "-p", p, "-m", "0"}, "-m 0"},
 		{[]string{"perf", "send_lat", "-p", p, "-d", ""}, `-d ""`},
+		// perf -R: a bad HOST was refused after opening rdma_cm, with
+		// the value alone, not the argument it came from.
+		{[]string{"perf", "send_lat", "-R", "-p", p, "bad!host"}, `HOST "bad!host": invalid server address`},
+		{[]string{"perf", "write_bw", "-R", "-p", p, "-d", "rxe0", "bad!host"}, `HOST "bad!host": invalid server address`},
 		// rc/srq-pingpong -m 0: passed as "no -m" and reached RTR as MTU 0.
 		{[]string{"rc-pingpong", "-p", p, "-m", "0", "127.0.0.1"}, "-m 0"},
 		{[]string{"srq-pingpong", "-p", p, "--mtu=0", "127.0.0.1"}, "-m 0"},

@@ -10,7 +10,7 @@ import (
 
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/internal/cli"
-	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/internal/clitest"
 	"github.com/goverbs/goverbs/qp"
 )
 
@@ -113,27 +113,14 @@ func TestChaosFlagsRejected(t *testing.T) {
 
 // chaosQuickRun is runChaosLoad(args) that must return within the hang
 // bound (30 s, scaled by hang.Scale); it returns the exit status and
-// message cli.Exit makes of its error, and its stdout.
-func chaosQuickRun(t *testing.T, args []string) (int, string, string) {
+// message cli.Exit makes of its error, and its stdout. A panic is
+// reported as a failure.
+func chaosQuickRun(t *testing.T, args []string) (code int, msg, stdout string) {
 	t.Helper()
-	type res struct {
-		code        int
-		msg, stdout string
-	}
-	done := make(chan res, 1)
-	go func() {
-		var out, errb, msg strings.Builder
-		code := cli.Exit("chaosload", runChaosLoad(args, &out, &errb), &msg)
-		done <- res{code, msg.String(), out.String()}
-	}()
-	bound := hang.Scale(30 * time.Second)
-	select {
-	case r := <-done:
-		return r.code, r.msg, r.stdout
-	case <-time.After(bound):
-		t.Errorf("chaosload %q: still running after %v (the bad value was accepted)", args, bound)
-		return -1, "", ""
-	}
+	code, stdout, msg = clitest.Run(t, 30*time.Second, "chaosload", args, func(args []string, stdout, msg io.Writer) int {
+		return cli.Exit("chaosload", runChaosLoad(args, stdout, io.Discard), msg)
+	})
+	return code, msg, stdout
 }
 
 // TestChaosFlagsValid: the command lines scripts/chaos, scripts/ps-cluster
