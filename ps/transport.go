@@ -322,11 +322,13 @@ func (t *tcpClient) call(ctx context.Context, i int, k *call) error {
 			return fail(err)
 		}
 	} else {
-		if cap(tc.rbuf) < m {
-			tc.rbuf = make([]byte, m)
-		}
-		r = tc.rbuf[:m]
-		if _, err := io.ReadFull(tc.br, r); err != nil {
+		// Grown as the bytes arrive (readFrame), not to m at once: m
+		// is the server's claim (up to 256 MiB), and a peer that
+		// claimed that much and sent little made each call allocate
+		// all of it.
+		r, err = readFrame(tc.br, tc.rbuf, m)
+		tc.rbuf = r
+		if err != nil {
 			return fail(err)
 		}
 	}
