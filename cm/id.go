@@ -206,9 +206,11 @@ func (id *ID) wake() {
 }
 
 // Wait returns the ID's next event. A connect request's Event.ID belongs
-// to the caller from then on. After a DEVICE_REMOVAL was returned, the
-// kernel reports nothing more for the ID: Wait then returns an error
-// matching ErrDeviceRemoved at once.
+// to the caller from then on. Events that a step's wait (ResolveAddr,
+// ResolveRoute, GetRequest, Connect, Accept, JoinMulticast) passed over,
+// not being its own, stay queued for Wait, in the order they came. After
+// a DEVICE_REMOVAL was returned, the kernel reports nothing more for the
+// ID: Wait then returns an error matching ErrDeviceRemoved at once.
 func (id *ID) Wait(ctx context.Context) (Event, error) {
 	if id.bad() {
 		return Event{}, errNilID
@@ -266,9 +268,15 @@ func (id *ID) next(ctx context.Context, stop func() error) (Event, error) {
 	}
 }
 
-// waitFor waits for want; an event in fail (or any other error event) ends
-// the step with an *EventError.
+// waitFor waits for want; an error event (ADDR_ERROR, ROUTE_ERROR,
+// CONNECT_ERROR, UNREACHABLE, REJECTED, DISCONNECTED, DEVICE_REMOVAL)
+// ends the step with an *EventError. The events it passes over (a group's
+// MULTICAST_ERROR after its join, ADDR_CHANGE, TIMEWAIT_EXIT) go back to
+// the front of the queue, in order, for Wait: they were dropped, and Wait
+// never saw them.
 func (id *ID) waitFor(ctx context.Context, op string, want ...EventType) (Event, error) {
+	var held []Event
+	defer func() { id.requeue(held) }()
 	for {
 		ev, err := id.Wait(ctx)
 		if err != nil {
@@ -283,8 +291,32 @@ func (id *ID) waitFor(ctx context.Context, op string, want ...EventType) (Event,
 		case AddrError, RouteError, ConnectError, Unreachable, Rejected, Disconnected, DeviceRemoval:
 			return ev, &EventError{Op: op, Event: ev}
 		}
-		// Anything else (TIMEWAIT_EXIT, ADDR_CHANGE) is not this step's.
+		held = append(held, ev) // not this step's
 	}
+}
+
+// requeue puts the events a step passed over (held, in the order they
+// came) back at the front of the queue, ahead of any that came since; on
+// a closed ID it closes the IDs of connect requests among them (Close
+// took only what was queued), as push does.
+func (id *ID) requeue(held []Event) {
+	if len(held) == 0 {
+		return
+	}
+	id.mu.Lock()
+	closed := id.closed
+	if !closed {
+		id.queue = append(held, id.queue...)
+	}
+	id.mu.Unlock()
+	if closed {
+		for _, ev := range held {
+			if ev.ID != nil {
+				ev.ID.Close()
+			}
+		}
+	}
+	id.wake()
 }
 
 func (id *ID) check(op string) error {

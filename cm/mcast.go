@@ -72,6 +72,10 @@ func (m *Multicast) String() string {
 // attached to the group (ATTACH_MCAST), as librdmacm does; a QP created
 // later is attached by CreateQP. The group is left by LeaveMulticast or by
 // Close. A MULTICAST_ERROR event is an *EventError matching ErrMulticast.
+// One that comes after the join (the group is no longer accessible; as
+// librdmacm, nothing is marked) is returned by Wait, with Event.Multicast
+// the group, which stays joined until LeaveMulticast: leave it (the
+// kernel keeps it until then), and join again if desired.
 func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions) (*Multicast, error) {
 	if id.bad() {
 		return nil, errNilID
@@ -359,27 +363,7 @@ func (id *ID) attachJoined() error {
 // LeaveMulticast of m with errLeftWhileJoining.
 func (id *ID) waitMatch(ctx context.Context, m *Multicast) (ev Event, err error) {
 	var held []Event
-	defer func() {
-		if len(held) == 0 {
-			return
-		}
-		id.mu.Lock()
-		closed := id.closed
-		if !closed {
-			id.queue = append(held, id.queue...)
-		}
-		id.mu.Unlock()
-		if closed {
-			// Close took only what was queued: the IDs of connect
-			// requests held here are ours to close (as push does).
-			for _, ev := range held {
-				if ev.ID != nil {
-					ev.ID.Close()
-				}
-			}
-		}
-		id.wake()
-	}()
+	defer func() { id.requeue(held) }()
 	left := func() error {
 		if m.left {
 			return errLeftWhileJoining

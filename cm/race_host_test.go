@@ -383,3 +383,80 @@ func TestJoinDeviceRemoval(t *testing.T) {
 		}
 	}
 }
+
+// TestStepKeepsOtherEvents: the events a step's wait passes over stay
+// queued for Wait, in order. A group's MULTICAST_ERROR after its join
+// (the group is no longer accessible: librdmacm hands it to the
+// application, which leaves and joins again) and an ADDR_CHANGE that came
+// while ResolveRoute (or any other step) waited were dropped: Wait never
+// saw them and waited for its context. The group stays joined until
+// LeaveMulticast, which still leaves it in the kernel.
+func TestStepKeepsOtherEvents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(10*time.Second))
+	defer cancel()
+	k := newFakeKernel(t, true)
+	id := k.newID(UDP, true, 7)
+	group := netip.MustParseAddr("239.1.9.7")
+	m, err := id.JoinMulticast(ctx, group, JoinOptions{})
+	if err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	etimedout := int32(-110)
+	k.ch.dispatch(&ioctl.UcmEventResp{Uid: m.uid, Event: uint32(MulticastError), Status: uint32(etimedout)})
+	feed(id, AddrChange, 0)
+	feed(id, RouteResolved, 0)
+	if err := id.ResolveRoute(ctx); err != nil {
+		t.Fatalf("resolve route: %v", err)
+	}
+	for _, want := range []EventType{MulticastError, AddrChange} {
+		ev, err := id.Wait(ctx)
+		if err != nil || ev.Type != want {
+			t.Fatalf("Wait after the step: %v, %v; want %v", ev, err, want)
+		}
+		if want == MulticastError && ev.Multicast != m {
+			t.Errorf("MULTICAST_ERROR for %v, want %v", ev.Multicast, m)
+		}
+	}
+	if ms := id.Multicasts(); len(ms) != 1 || ms[0] != m {
+		t.Errorf("after the group's MULTICAST_ERROR the ID has %v, want %v until it is left", ms, m)
+	}
+	if err := id.LeaveMulticast(group); err != nil {
+		t.Errorf("leave after MULTICAST_ERROR: %v", err)
+	}
+	if err := id.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	leaves := 0
+	for _, c := range k.stop() {
+		if c.cmd == ioctl.RDMA_USER_CM_CMD_LEAVE_MCAST {
+			leaves++
+		}
+	}
+	if leaves != 1 {
+		t.Errorf("%d LEAVE_MCAST written, want 1", leaves)
+	}
+}
+
+// TestStepRequeuesInOrder: events passed over by a step go back ahead of
+// those that came after them, in the order they came; a listener's
+// GetRequest passes over an ADDR_CHANGE and Wait returns it after.
+func TestStepRequeuesInOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(10*time.Second))
+	defer cancel()
+	id, _ := pipeID(t, TCP, false)
+	feed(id, AddrChange, 0)
+	feed(id, TimewaitExit, 0)
+	feed(id, ConnectRequest, 0)
+	feed(id, Established, 0)
+	ev, err := id.GetRequest(ctx)
+	if err != nil || ev.Type != ConnectRequest || ev.ID == nil {
+		t.Fatalf("GetRequest: %v, %v", ev, err)
+	}
+	ev.ID.Close()
+	for _, want := range []EventType{AddrChange, TimewaitExit, Established} {
+		ev, err := id.Wait(ctx)
+		if err != nil || ev.Type != want {
+			t.Fatalf("Wait after GetRequest: %v, %v; want %v", ev, err, want)
+		}
+	}
+}
