@@ -40,7 +40,10 @@
 // # Errors
 //
 // Snapshot after Close returns ErrClosed (this package's own value, not
-// uverbs'). Attach's error joins every probe's reason. A nil Probes, or a
+// uverbs'). Attach refuses, before loading anything and naming the value,
+// a pid in Options.PIDs outside 1..2^22, more than 1024 distinct pids and
+// a name in Options.Skip that Names does not list. Attach's error joins
+// every probe's reason. A nil Probes, or a
 // zero one no Attach made, holds nothing: its Close and Snapshot return an
 // error that is goverbs.ErrNil, its Status is empty.
 //

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -174,6 +175,9 @@ func Names() []string {
 // maxPID is Linux's PID_MAX_LIMIT: no process id is above it.
 const maxPID = 1 << 22
 
+// maxPIDs is how many processes Options.PIDs may name (gv_pids' size).
+const maxPIDs = 1024
+
 // ErrNoBPF is returned by Attach when no probe at all could be attached.
 var ErrNoBPF = errors.New("probe: no probe could be attached")
 
@@ -182,12 +186,26 @@ var ErrNoBPF = errors.New("probe: no probe could be attached")
 // reported in Status with the reason and the others still attach; Attach
 // fails only when nothing attached at all (then the error joins the
 // reasons). A pid in Options.PIDs outside 1..2^22 (Linux's
-// PID_MAX_LIMIT) is refused.
+// PID_MAX_LIMIT), more than 1024 distinct pids, and a name in
+// Options.Skip that Names does not list are refused before anything is
+// loaded.
 func Attach(opts Options) (*Probes, error) {
+	pids := map[int]bool{}
 	for _, pid := range opts.PIDs {
 		if pid < 1 || pid > maxPID {
 			// As a uint32 key it would filter out every process.
 			return nil, fmt.Errorf("probe: Options.PIDs: pid %d outside 1..%d", pid, maxPID)
+		}
+		pids[pid] = true
+	}
+	if len(pids) > maxPIDs {
+		// gv_pids holds maxPIDs: the next Put would fail with E2BIG.
+		return nil, fmt.Errorf("probe: Options.PIDs: %d distinct pids, at most %d", len(pids), maxPIDs)
+	}
+	for _, name := range opts.Skip {
+		if !slices.ContainsFunc(probeDefs, func(d probeDef) bool { return d.name == name }) {
+			// A misspelt name would leave its probe attached.
+			return nil, fmt.Errorf("probe: Options.Skip: no probe %q (probes: %s)", name, strings.Join(Names(), ", "))
 		}
 	}
 	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
@@ -538,15 +556,7 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 	for _, r := range rs {
 		s.EventsRaised[r.dev] += r.n
 	}
-	slices.SortFunc(s.Commands, func(a, b Command) int {
-		if a.PID != b.PID {
-			return a.PID - b.PID
-		}
-		if a.FD != b.FD {
-			return a.FD - b.FD
-		}
-		return int(int64(a.Object)<<32|int64(a.Method)<<16|int64(a.Cmd&0xffff)) - int(int64(b.Object)<<32|int64(b.Method)<<16|int64(b.Cmd&0xffff))
-	})
+	slices.SortFunc(s.Commands, compareCommands)
 	slices.SortFunc(s.CQEvents, func(a, b CQEvents) int {
 		if a.PID != b.PID {
 			return a.PID - b.PID
@@ -563,6 +573,23 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 		return int(a.QPN) - int(b.QPN)
 	})
 	return s, nil
+}
+
+// compareCommands orders a Snapshot's Commands by process, fd, device,
+// kind and command: every field of the gv_cmds key, so that no two
+// entries compare equal and the order is the same in every Snapshot
+// (with fentry every fd is -1, and a write and an ioctl, or a command
+// and its extended form, may share the other numbers).
+func compareCommands(a, b Command) int {
+	return cmp.Or(
+		cmp.Compare(a.PID, b.PID),
+		cmp.Compare(a.FD, b.FD),
+		strings.Compare(a.Device, b.Device),
+		strings.Compare(a.Kind, b.Kind),
+		cmp.Compare(a.Object, b.Object),
+		cmp.Compare(a.Method, b.Method),
+		cmp.Compare(a.Cmd, b.Cmd),
+	)
 }
 
 // readAll decodes every entry of the map name (keys and values of the

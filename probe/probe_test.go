@@ -657,3 +657,99 @@ func TestAttachBadPIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachBadOptions: a probe name Names does not list in Options.Skip
+// (a misspelling left the probe attached) and more pids than the filter
+// map holds (the 1025th Put failed with E2BIG, the limit unnamed) are
+// refused with an error naming them, before anything is loaded; no root
+// or device needed.
+func TestAttachBadOptions(t *testing.T) {
+	many := make([]int, maxPIDs+1)
+	for i := range many {
+		many[i] = i + 1
+	}
+	dup := make([]int, 2*maxPIDs) // duplicates count once
+	for i := range dup {
+		dup[i] = i%maxPIDs + 1
+	}
+	for _, c := range []struct {
+		name string
+		opts Options
+		want string // in the error; "" when Attach may succeed
+	}{
+		{"misspelt skip", Options{Skip: []string{"rxe-rnr", "rxe-rnrr"}}, `Options.Skip: no probe "rxe-rnrr"`},
+		{"empty skip", Options{Skip: []string{""}}, `Options.Skip: no probe ""`},
+		{"too many pids", Options{PIDs: many}, fmt.Sprintf("%d distinct pids, at most %d", maxPIDs+1, maxPIDs)},
+		{"duplicate pids", Options{PIDs: dup}, ""},
+	} {
+		p, err := Attach(c.opts)
+		if err == nil {
+			p.Close()
+		}
+		switch {
+		case c.want == "" && err != nil && strings.Contains(err.Error(), "Options."):
+			t.Errorf("%s: refused: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: Attach: %v; want an error with %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestCommandOrder: Snapshot's Commands are in one order whatever order
+// the map gave them: commands of one process that differ only in device
+// (with fentry every fd is -1), in kind (write GET_CONTEXT and ioctl
+// DEVICE/INVOKE_WRITE are both 0/0/0) or in the extended flag compared
+// equal, so that rows swapped between two Snapshots.
+func TestCommandOrder(t *testing.T) {
+	want := []Command{
+		{PID: 7, FD: -1, Device: "rxe0", Kind: "ioctl"},
+		{PID: 7, FD: -1, Device: "rxe0", Kind: "write"},
+		{PID: 7, FD: -1, Device: "rxe0", Kind: "write", Cmd: 0x12},
+		{PID: 7, FD: -1, Device: "rxe0", Kind: "write", Cmd: 0x80000012},
+		{PID: 7, FD: -1, Device: "rxe1", Kind: "ioctl"},
+		{PID: 7, FD: -1, Device: "rxe1", Kind: "ioctl", Object: 3, Method: 1},
+		{PID: 8, FD: 3, Device: "rxe0", Kind: "write", Cmd: postSendCmd},
+	}
+	for i := range want {
+		for j := range want {
+			if got := compareCommands(want[i], want[j]); (got < 0) != (i < j) || (got == 0) != (i == j) {
+				t.Errorf("compare(%+v, %+v) = %d", want[i], want[j], got)
+			}
+		}
+	}
+	for seed := range 20 {
+		got := slices.Clone(want)
+		for i := range got { // a fixed shuffle per seed
+			j := (i*7 + seed*13) % len(got)
+			got[i], got[j] = got[j], got[i]
+		}
+		slices.SortFunc(got, compareCommands)
+		if !slices.EqualFunc(got, want, func(a, b Command) bool {
+			return a.Device == b.Device && a.Kind == b.Kind && a.Cmd == b.Cmd && a.PID == b.PID && a.Object == b.Object
+		}) {
+			t.Fatalf("seed %d: sorted %+v", seed, got)
+		}
+	}
+}
+
+// TestHWCountersBadInput: a device name with a path in it read another
+// directory's files as counters (../../../tmp/x/ports/1/hw_counters);
+// it, an empty name and a port below 1 give nil.
+func TestHWCountersBadInput(t *testing.T) {
+	dir := t.TempDir()
+	hw := filepath.Join(dir, "ports", "1", "hw_counters")
+	if err := os.MkdirAll(hw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hw, "sent_pkts"), []byte("5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dev  string
+		port int
+	}{{"../../.." + dir, 1}, {"", 1}, {"..", 1}, {".", 1}, {"rxe0", 0}, {"rxe0", -1}} {
+		if m := HWCounters(c.dev, c.port); m != nil {
+			t.Errorf("HWCounters(%q, %d) = %v, want nil", c.dev, c.port, m)
+		}
+	}
+}

@@ -89,7 +89,7 @@ const (
 func mapSpecs() map[string]*ebpf.MapSpec {
 	return map[string]*ebpf.MapSpec{
 		mapConfig:   {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
-		mapPids:     {Name: mapPids, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: 1024},
+		mapPids:     {Name: mapPids, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: maxPIDs},
 		mapFDs:      {Name: mapFDs, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxEntries},
 		mapPending:  {Name: mapPending, Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 1024},
 		mapStart:    {Name: mapStart, Type: ebpf.Hash, KeySize: 8, ValueSize: startSize, MaxEntries: maxEntries},

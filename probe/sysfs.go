@@ -83,8 +83,13 @@ func scanUverbsFDs() map[[8]byte]uint32 {
 // HWCounters reads rxe's (or any driver's) per-port counters from
 // /sys/class/infiniband/DEV/ports/PORT/hw_counters: sent_pkts, rcvd_pkts,
 // completer_retry_err (retransmission restarts), rcvd_rnr_err,
-// rcvd_seq_err, ... It returns nil when the device has none.
+// rcvd_seq_err, ... It returns nil when the device has none, and for a
+// dev that is not a plain device name (empty, ".", "..", or with a "/":
+// it would name another directory) or a port below 1.
 func HWCounters(dev string, port int) map[string]uint64 {
+	if dev == "" || dev == "." || dev == ".." || strings.ContainsAny(dev, "/\x00") || port < 1 {
+		return nil
+	}
 	dir := filepath.Join("/sys/class/infiniband", dev, "ports", strconv.Itoa(port), "hw_counters")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
