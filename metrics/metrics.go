@@ -54,15 +54,18 @@
 // unless bx.Endpoint.SetStreamClass says otherwise); op is a ps operation
 // (pull, push, pull-dense, push-dense, define, stats, malformed). Series of
 // several sources with the same labels (two endpoints on one device in one
-// process) are summed. Histogram buckets are bx's log2 buckets, 1.024 µs to
-// 34.4 s.
+// process) are summed; Collector.Remove leaves a removed source's counters
+// in the sums it shared, so that no counter goes down. Histogram buckets
+// are bx's log2 buckets, 1.024 µs to 34.4 s.
 package metrics
 
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -85,10 +88,17 @@ type PSClientSource interface{ Metrics() ps.ClientMetrics }
 // sources, as NewCollector's is; a nil one collects nothing and its Add
 // methods return an error that is goverbs.ErrNil.
 type Collector struct {
-	mu   sync.Mutex
-	bx   []BXSource
-	srvs []PSServerSource
-	clis []PSClientSource
+	// scrape is held shared by Collect and exclusively by Remove, so
+	// that a source's last reading (retired) and its live ones are never
+	// in one scrape.
+	scrape sync.RWMutex
+	mu     sync.Mutex
+	bx     []BXSource
+	srvs   []PSServerSource
+	clis   []PSClientSource
+	// retired holds the counters and histograms of removed sources, per
+	// series, while a source left still has that series (see Remove).
+	retired map[accKey]*accVal
 }
 
 // NewCollector returns a Collector without sources.
@@ -106,7 +116,7 @@ func isNil(v any) bool {
 	return false
 }
 
-// AddBX adds a bx endpoint.
+// AddBX adds a bx endpoint. A source added already (==) is refused.
 func (c *Collector) AddBX(s BXSource) error {
 	if c == nil {
 		return errNilCollector
@@ -116,11 +126,15 @@ func (c *Collector) AddBX(s BXSource) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if slices.ContainsFunc(c.bx, sameAs(s)) {
+		return fmt.Errorf("metrics: Collector.AddBX: the same %T is there already (its series would count twice)", s)
+	}
 	c.bx = append(c.bx, s)
 	return nil
 }
 
-// AddPSServer adds a parameter server.
+// AddPSServer adds a parameter server. A source added already (==) is
+// refused.
 func (c *Collector) AddPSServer(s PSServerSource) error {
 	if c == nil {
 		return errNilCollector
@@ -130,11 +144,15 @@ func (c *Collector) AddPSServer(s PSServerSource) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if slices.ContainsFunc(c.srvs, sameAs(s)) {
+		return fmt.Errorf("metrics: Collector.AddPSServer: the same %T is there already (its series would count twice)", s)
+	}
 	c.srvs = append(c.srvs, s)
 	return nil
 }
 
-// AddPSClient adds a parameter-server client.
+// AddPSClient adds a parameter-server client. A source added already
+// (==) is refused.
 func (c *Collector) AddPSClient(s PSClientSource) error {
 	if c == nil {
 		return errNilCollector
@@ -144,12 +162,19 @@ func (c *Collector) AddPSClient(s PSClientSource) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if slices.ContainsFunc(c.clis, sameAs(s)) {
+		return fmt.Errorf("metrics: Collector.AddPSClient: the same %T is there already (its series would count twice)", s)
+	}
 	c.clis = append(c.clis, s)
 	return nil
 }
 
 // Remove removes a source added before (any kind); it reports whether it
-// was there. Sources are found with ==, so one whose value is not
+// was there. Its series go, except that its counters and histograms, as
+// Remove read them last, stay added to the series it shared with sources
+// still there (two endpoints on one device): a counter that went down
+// would read as a reset to Prometheus, which would count the other
+// sources' totals again. Sources are found with ==, so one whose value is not
 // comparable (a func adapter, a struct holding a slice or map) can be
 // added and collected but never removed: Remove reports false for it.
 // Add a pointer to such a value to be able to remove it.
@@ -157,13 +182,56 @@ func (c *Collector) Remove(s any) bool {
 	if c == nil || isNil(s) || !reflect.ValueOf(s).Comparable() {
 		return false // == would panic on an uncomparable s
 	}
+	c.scrape.Lock() // no Collect in progress has read s
+	defer c.scrape.Unlock()
+	c.mu.Lock()
+	var inBX, inSrv, inCli bool
+	c.bx = removeEq(c.bx, s, &inBX)
+	c.srvs = removeEq(c.srvs, s, &inSrv)
+	c.clis = removeEq(c.clis, s, &inCli)
+	c.mu.Unlock()
+	if !inBX && !inSrv && !inCli {
+		return false
+	}
+	// Its last reading, as what it was added as, outside c.mu (a source
+	// may be slow).
+	a := newAcc()
+	if inBX {
+		a.bx(s.(BXSource).Snapshot())
+	}
+	if inSrv {
+		a.psServer(s.(PSServerSource).Metrics())
+	}
+	if inCli {
+		a.psClient(s.(PSClientSource).Metrics())
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	found := false
-	c.bx = removeEq(c.bx, s, &found)
-	c.srvs = removeEq(c.srvs, s, &found)
-	c.clis = removeEq(c.clis, s, &found)
-	return found
+	for _, k := range a.order {
+		if !k.m.hist && k.m.typ != counter {
+			continue // a gauge is what is there now
+		}
+		if c.retired == nil {
+			c.retired = map[accKey]*accVal{}
+		}
+		v, r := a.vals[k], c.retired[k]
+		if r == nil {
+			c.retired[k] = v
+			continue
+		}
+		r.v += v.v
+		r.h.Add(v.h)
+	}
+	return true
+}
+
+// sameAs returns whether a source is s: == when s is comparable (a
+// source that is not cannot be told from another, see Remove).
+func sameAs[T any](s T) func(T) bool {
+	if !reflect.ValueOf(s).Comparable() {
+		return func(T) bool { return false }
+	}
+	return func(x T) bool { return any(x) == any(s) }
 }
 
 // removeEq removes s from l. s is comparable (reflect.Value.Comparable),
@@ -273,6 +341,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c == nil || ch == nil {
 		return
 	}
+	c.scrape.RLock()
+	defer c.scrape.RUnlock()
 	c.mu.Lock()
 	bxs := append([]BXSource(nil), c.bx...)
 	srvs := append([]PSServerSource(nil), c.srvs...)
@@ -283,24 +353,43 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		a.bx(s.Snapshot())
 	}
 	for _, s := range srvs {
-		m := s.Metrics()
-		for _, o := range m.Ops {
-			l := []string{m.Transport, o.Op}
-			a.add(srvReqs, float64(o.Requests), l...)
-			a.add(srvErrs, float64(o.Errors), l...)
-			a.addHist(srvLat, o.Latency, l...)
-		}
+		a.psServer(s.Metrics())
 	}
 	for _, s := range clis {
-		m := s.Metrics()
-		for _, o := range m.Ops {
-			l := []string{m.Transport, o.Op}
-			a.add(cliCalls, float64(o.Requests), l...)
-			a.add(cliErrs, float64(o.Errors), l...)
-			a.addHist(cliLat, o.Latency, l...)
-		}
+		a.psClient(s.Metrics())
 	}
+	c.mu.Lock()
+	for k, r := range c.retired {
+		v := a.vals[k]
+		if v == nil {
+			// No source left has the series: it goes, and a source
+			// that has it later starts it anew.
+			delete(c.retired, k)
+			continue
+		}
+		v.v += r.v
+		v.h.Add(r.h)
+	}
+	c.mu.Unlock()
 	a.emit(ch)
+}
+
+func (a *acc) psServer(m ps.ServerMetrics) {
+	for _, o := range m.Ops {
+		l := []string{m.Transport, o.Op}
+		a.add(srvReqs, float64(o.Requests), l...)
+		a.add(srvErrs, float64(o.Errors), l...)
+		a.addHist(srvLat, o.Latency, l...)
+	}
+}
+
+func (a *acc) psClient(m ps.ClientMetrics) {
+	for _, o := range m.Ops {
+		l := []string{m.Transport, o.Op}
+		a.add(cliCalls, float64(o.Requests), l...)
+		a.add(cliErrs, float64(o.Errors), l...)
+		a.addHist(cliLat, o.Latency, l...)
+	}
 }
 
 func (a *acc) bx(s bx.Snapshot) {
@@ -375,7 +464,16 @@ type accVal struct {
 
 func newAcc() *acc { return &acc{vals: map[accKey]*accVal{}} }
 
+// get returns the series of m with the label values labels, made valid
+// UTF-8 (an invalid byte is "?", as bx makes stream classes): a value that
+// is not would make the series an invalid metric, left out of the scrape.
 func (a *acc) get(m *metric, labels []string) *accVal {
+	labels = slices.Clone(labels)
+	for i, l := range labels {
+		if !utf8.ValidString(l) {
+			labels[i] = strings.ToValidUTF8(l, "?")
+		}
+	}
 	k := accKey{m, strings.Join(labels, "\xff")}
 	v := a.vals[k]
 	if v == nil {
@@ -410,6 +508,10 @@ func (a *acc) emit(ch chan<- prometheus.Metric) {
 // constHistogram converts a bx histogram (per-bucket counts, the last one
 // unbounded) into a Prometheus one (cumulative counts per finite upper
 // bound, in seconds; +Inf is the count).
+//
+// The count is at least the buckets' sum, so that +Inf is never below a
+// finite bucket (bx.Histogram's Count is their sum; a source of its own
+// may not keep it so).
 func constHistogram(d *prometheus.Desc, h bx.Histogram, labels []string) (prometheus.Metric, error) {
 	b := make(map[float64]uint64, bx.HistogramBuckets-1)
 	var cum uint64
@@ -417,5 +519,5 @@ func constHistogram(d *prometheus.Desc, h bx.Histogram, labels []string) (promet
 		cum += h.Buckets[i]
 		b[bx.HistogramBound(i).Seconds()] = cum
 	}
-	return prometheus.NewConstHistogram(d, h.Count, h.Sum.Seconds(), b, labels...)
+	return prometheus.NewConstHistogram(d, max(h.Count, cum+h.Buckets[bx.HistogramBuckets-1]), h.Sum.Seconds(), b, labels...)
 }

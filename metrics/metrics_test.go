@@ -8,12 +8,15 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/goverbs/goverbs/bx"
 	"github.com/goverbs/goverbs/flow"
@@ -195,8 +198,9 @@ func TestCollector(t *testing.T) {
 }
 
 // TestCollectorSums: series of two sources with the same labels are summed;
-// different devices and peers stay apart. Removing a source removes its
-// series.
+// different devices and peers stay apart. Removing a source removes the
+// series only it had; its counters stay in the sums it shared (see
+// TestRemoveKeepsCounters).
 func TestCollectorSums(t *testing.T) {
 	c := NewCollector()
 	a, b, o := &fakeBX{snapshot("rxe0", 1, 10)}, &fakeBX{snapshot("rxe0", 2, 20)}, &fakeBX{snapshot("rxe1", 1, 5)}
@@ -223,8 +227,15 @@ func TestCollectorSums(t *testing.T) {
 	if !c.Remove(b) || c.Remove(b) {
 		t.Fatal("Remove: want true, then false")
 	}
-	if got := gather(t, reg); got[`goverbs_bx_messages_sent_total{device="rxe0"}`] != 10 {
-		t.Errorf("after Remove: sent %v, want 10", got[`goverbs_bx_messages_sent_total{device="rxe0"}`])
+	got = gather(t, reg)
+	for k, v := range map[string]float64{
+		`goverbs_bx_messages_sent_total{device="rxe0"}`:                              30, // a's 10 and b's last 20
+		`goverbs_bx_peers{device="rxe0"}`:                                            1,  // a gauge: a's peer
+		`goverbs_bx_peer_credit_stalls_total{device="rxe0",peer="0000000000000002"}`: 0,  // b's peer only: gone
+	} {
+		if got[k] != v {
+			t.Errorf("after Remove: %s = %v, want %v", k, got[k], v)
+		}
 	}
 }
 
@@ -418,7 +429,270 @@ func TestRemoveUncomparable(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	must(t, reg.Register(c))
-	if got := gather(t, reg)[`goverbs_bx_messages_sent_total{device="rxe0"}`]; got != 30 {
-		t.Errorf("sent %v, want 30 (the three uncomparable sources)", got)
+	if got := gather(t, reg)[`goverbs_bx_messages_sent_total{device="rxe0"}`]; got != 40 {
+		t.Errorf("sent %v, want 40 (the three uncomparable sources, and the pointer's counters before Remove)", got)
 	}
+}
+
+// countingBX is a bx source whose sent counter can be moved under a
+// lock (a scrape may read it while the test moves it).
+type countingBX struct {
+	mu   sync.Mutex
+	dev  string
+	peer uint64
+	sent uint64
+}
+
+func (c *countingBX) Snapshot() bx.Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return snapshot(c.dev, c.peer, c.sent)
+}
+
+func (c *countingBX) add(n uint64) {
+	c.mu.Lock()
+	c.sent += n
+	c.mu.Unlock()
+}
+
+// TestRemoveKeepsCounters: removing one of two sources summed into a
+// series used to take its count out of the sum, and a counter that goes
+// down is a reset to Prometheus, whose increase() then counted the other
+// source's whole total again (10+20, then 10: +10 where nothing
+// happened). The removed source's last counts stay in the sums it
+// shared; a series no source has any more goes, and starts anew with the
+// next source that has it.
+func TestRemoveKeepsCounters(t *testing.T) {
+	c := NewCollector()
+	a, b := &countingBX{dev: "rxe0", peer: 1, sent: 10}, &countingBX{dev: "rxe0", peer: 2, sent: 20}
+	must(t, c.AddBX(a))
+	must(t, c.AddBX(b))
+	reg := prometheus.NewPedanticRegistry()
+	must(t, reg.Register(c))
+	const sent = `goverbs_bx_messages_sent_total{device="rxe0"}`
+	const lat = `goverbs_bx_rpc_latency_seconds_count{device="rxe0",stream_class="pull"}`
+	check := func(when string, wantSent, wantLat float64) {
+		t.Helper()
+		got := gather(t, reg)
+		if got[sent] != wantSent || got[lat] != wantLat {
+			t.Errorf("%s: sent %v, rpc count %v; want %v, %v", when, got[sent], got[lat], wantSent, wantLat)
+		}
+	}
+	check("both", 30, 8)
+	b.add(5) // after the last scrape, before Remove: counted
+	if !c.Remove(b) {
+		t.Fatal("Remove(b): false")
+	}
+	check("b removed", 35, 8)
+	a.add(1)
+	check("a moved on", 36, 8)
+	if !c.Remove(a) {
+		t.Fatal("Remove(a): false")
+	}
+	if got := gather(t, reg); got[sent] != 0 || len(got) != 0 {
+		t.Errorf("no source left: %d series, sent %v", len(got), got[sent])
+	}
+	n := &countingBX{dev: "rxe0", peer: 3, sent: 3}
+	must(t, c.AddBX(n))
+	check("a new source", 3, 4)
+}
+
+// TestRemoveRacesCollect: scrapes while sources are removed never see a
+// summed counter go down.
+func TestRemoveRacesCollect(t *testing.T) {
+	for range 20 {
+		c := NewCollector()
+		keep := &countingBX{dev: "rxe0", peer: 1, sent: 1}
+		must(t, c.AddBX(keep))
+		var srcs []*countingBX
+		for i := range 20 {
+			s := &countingBX{dev: "rxe0", peer: uint64(i + 2), sent: 100}
+			srcs = append(srcs, s)
+			must(t, c.AddBX(s))
+		}
+		reg := prometheus.NewRegistry()
+		must(t, reg.Register(c))
+		done := make(chan struct{})
+		errc := make(chan error, 1)
+		go func() {
+			defer close(errc)
+			last := 0.0
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				fams, err := reg.Gather()
+				if err != nil {
+					errc <- err
+					return
+				}
+				for _, f := range fams {
+					if f.GetName() != "goverbs_bx_messages_sent_total" {
+						continue
+					}
+					v := f.Metric[0].Counter.GetValue()
+					if v < last {
+						errc <- fmt.Errorf("sent went from %v down to %v", last, v)
+						return
+					}
+					last = v
+				}
+			}
+		}()
+		for _, s := range srcs {
+			c.Remove(s)
+			time.Sleep(50 * time.Microsecond)
+		}
+		close(done)
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if got := gather(t, reg)[`goverbs_bx_messages_sent_total{device="rxe0"}`]; got != 2001 {
+			t.Fatalf("sent %v at the end, want 2001", got)
+		}
+	}
+}
+
+// TestAddTwice: a source added twice counted twice in every sum; the
+// second Add is refused, with any kind of source.
+func TestAddTwice(t *testing.T) {
+	c := NewCollector()
+	a := &fakeBX{snapshot("rxe0", 1, 10)}
+	must(t, c.AddBX(a))
+	if err := c.AddBX(a); err == nil || !strings.Contains(err.Error(), "there already") {
+		t.Errorf("AddBX twice: %v", err)
+	}
+	srv := &fakeServer{ps.ServerMetrics{Transport: "tcp", Ops: []ps.OpMetrics{{Op: "pull", Requests: 3}}}}
+	must(t, c.AddPSServer(srv))
+	if err := c.AddPSServer(srv); err == nil {
+		t.Error("AddPSServer twice: no error")
+	}
+	cli := &fakeClient{ps.ClientMetrics{Transport: "tcp", Ops: []ps.OpMetrics{{Op: "pull", Requests: 4}}}}
+	must(t, c.AddPSClient(cli))
+	if err := c.AddPSClient(cli); err == nil {
+		t.Error("AddPSClient twice: no error")
+	}
+	// One value added twice is not one source added twice when it is
+	// not comparable: it is kept (it cannot be told apart, see Remove).
+	f := bxFunc(func() bx.Snapshot { return snapshot("rxe1", 1, 1) })
+	must(t, c.AddBX(f))
+	must(t, c.AddBX(f))
+	reg := prometheus.NewRegistry()
+	must(t, reg.Register(c))
+	got := gather(t, reg)
+	for k, v := range map[string]float64{
+		`goverbs_bx_messages_sent_total{device="rxe0"}`:               10,
+		`goverbs_ps_server_requests_total{op="pull",transport="tcp"}`: 3,
+		`goverbs_ps_client_calls_total{op="pull",transport="tcp"}`:    4,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// TestInvalidUTF8Labels: a source's label value that is not valid UTF-8
+// (a device, peer address, stream class or pool of a source of one's
+// own) made its series an invalid metric: Gather failed and the HTTP
+// handler left the series out without a word. It is served with "?" for
+// the bad bytes.
+func TestInvalidUTF8Labels(t *testing.T) {
+	s := snapshot("rxe\xff0", 1, 10)
+	s.Peers[0].Addr = "10.0.0.1:\xc3"
+	s.Classes[0].Class = "pu\xffll"
+	c := NewCollector()
+	must(t, c.AddBX(&fakeBX{s}))
+	reg := prometheus.NewPedanticRegistry()
+	must(t, reg.Register(c))
+	got := gather(t, reg)
+	for k, v := range map[string]float64{
+		`goverbs_bx_messages_sent_total{device="rxe?0"}`:                                               10,
+		`goverbs_bx_peer_info{addr="10.0.0.1:?",device="rxe?0",peer="0000000000000001",role="dialer"}`: 1,
+		`goverbs_bx_rpc_latency_seconds_count{device="rxe?0",stream_class="pu?ll"}`:                    4,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// TestHistogramCount: a source's histogram whose Count is below its
+// buckets' sum gave a +Inf bucket below the finite ones (a histogram
+// Prometheus cannot read: negative rates between buckets).
+func TestHistogramCount(t *testing.T) {
+	s := snapshot("rxe0", 1, 10)
+	s.Classes[0].Latency.Count = 1 // the buckets hold 4
+	c := NewCollector()
+	must(t, c.AddBX(&fakeBX{s}))
+	reg := prometheus.NewRegistry()
+	must(t, reg.Register(c))
+	got := gather(t, reg)
+	const b = `goverbs_bx_rpc_latency_seconds_bucket{device="rxe0",stream_class="pull",le="34.359738368"}`
+	const n = `goverbs_bx_rpc_latency_seconds_count{device="rxe0",stream_class="pull"}`
+	if got[n] != 4 || got[b] != 3 {
+		t.Errorf("count %v, last finite bucket %v; want 4, 3", got[n], got[b])
+	}
+}
+
+// TestScrapedLabels: Scraped's labels are its own copy (a map the caller
+// changed afterwards, or concurrently, changed or raced the series, and
+// bypassed the name check), a value that is not UTF-8 or a name the
+// histograms use (le) is refused, and a series that has one of the
+// labels already keeps its own as exported_NAME: two labels of one name
+// failed the Gather, or, when not adjacent, made a text exposition with a
+// duplicate label that a Prometheus server refuses whole.
+func TestScrapedLabels(t *testing.T) {
+	child := NewCollector()
+	must(t, child.AddBX(&fakeBX{snapshot("rxe0", 1, 42)}))
+	url, _ := serveTest(t, child)
+	labels := map[string]string{"process": "worker1", "device": "parent"}
+	g, err := Scraped(url, labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels["process"] = "changed"
+	labels["bad-name"] = "x"
+	got := gather(t, prometheus.Gatherers{g})
+	for k, v := range map[string]float64{
+		`goverbs_bx_messages_sent_total{device="parent",exported_device="rxe0",process="worker1"}`:                           42,
+		`goverbs_bx_rpc_latency_seconds_count{device="parent",exported_device="rxe0",process="worker1",stream_class="pull"}`: 4,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	for k := range got {
+		if strings.Contains(k, "changed") || strings.Contains(k, "bad-name") {
+			t.Errorf("a label changed after Scraped: %s", k)
+		}
+	}
+	// The text a parent serves parses, labels unique.
+	reg := prometheus.NewRegistry()
+	purl, _ := serveGatherer(t, prometheus.Gatherers{reg, g})
+	body := get(t, purl)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := parser.TextToMetricFamilies(strings.NewReader(body)); err != nil {
+		t.Errorf("the parent's exposition does not parse: %v", err)
+	}
+	for _, l := range []map[string]string{{"process": "bad\xff"}, {"le": "1"}, {"quantile": "1"}} {
+		if _, err := Scraped(url, l); err == nil {
+			t.Errorf("Scraped with %q: no error", l)
+		}
+	}
+}
+
+func serveGatherer(t *testing.T, g prometheus.Gatherer) (url string, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err = ServeListener(ln, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return "http://" + ln.Addr().String() + "/metrics", stop
 }

@@ -7,9 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -99,17 +101,27 @@ func ServeListener(ln net.Listener, g prometheus.Gatherer) (stop func(), err err
 // in the text format and adds labels to every series, e.g.
 // {"process": "worker1"}, so that a parent can serve its children's
 // metrics on one endpoint (prometheus.Gatherers). Other families (go_,
-// process_) are left out: the parent has its own.
+// process_) are left out: the parent has its own. A series that has one
+// of the labels already (a child that serves its own children's) keeps
+// its value as exported_NAME, as a Prometheus server does with a
+// target's labels. Scraped copies labels; it refuses a name that is not
+// a valid label name, starts with "__" or is "le" or "quantile" (the
+// histogram's and summary's own), and a value that is not valid UTF-8.
 func Scraped(url string, labels map[string]string) (prometheus.Gatherer, error) {
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
 		return nil, fmt.Errorf("metrics: Scraped: %q is not an http(s) URL", url)
 	}
-	for k := range labels {
-		if !model.LegacyValidation.IsValidLabelName(k) || strings.HasPrefix(k, "__") {
+	own := make(map[string]string, len(labels))
+	for k, v := range labels {
+		if !model.LegacyValidation.IsValidLabelName(k) || strings.HasPrefix(k, "__") || k == "le" || k == "quantile" {
 			return nil, fmt.Errorf("metrics: Scraped: invalid label name %q", k)
 		}
+		if !utf8.ValidString(v) {
+			return nil, fmt.Errorf("metrics: Scraped: label %s: value %q is not valid UTF-8", k, v)
+		}
+		own[k] = v
 	}
-	return scraped{url: url, labels: labels}, nil
+	return scraped{url: url, labels: own}, nil
 }
 
 type scraped struct {
@@ -144,11 +156,33 @@ func (s scraped) Gather() ([]*dto.MetricFamily, error) {
 			continue
 		}
 		for _, m := range f.Metric {
-			for k, v := range s.labels {
-				m.Label = append(m.Label, &dto.LabelPair{Name: &k, Value: &v})
-			}
+			s.relabel(m)
 		}
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+// relabel adds s.labels to m, renaming a label of m's that has one of
+// their names to exported_NAME (exported_exported_NAME if that is taken
+// too, ...): two labels of one name make the text format unparsable. The
+// labels end sorted by name.
+func (s scraped) relabel(m *dto.Metric) {
+	taken := func(name string) bool {
+		_, ours := s.labels[name]
+		return ours || slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == name })
+	}
+	for _, l := range m.Label {
+		if _, ok := s.labels[l.GetName()]; ok {
+			n := "exported_" + l.GetName()
+			for taken(n) {
+				n = "exported_" + n
+			}
+			l.Name = &n
+		}
+	}
+	for k, v := range s.labels {
+		m.Label = append(m.Label, &dto.LabelPair{Name: &k, Value: &v})
+	}
+	slices.SortFunc(m.Label, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
 }
