@@ -208,11 +208,10 @@ func (q *CQ) Handle() (uint32, error) {
 	if q.bad() {
 		return 0, errNilCQ
 	}
-	q.once.Lock()
-	defer q.once.Unlock()
-	if q.once.IsClosed() {
+	if !q.once.Hold() {
 		return 0, ErrClosed
 	}
+	defer q.once.Release()
 	return q.handle, nil
 }
 

@@ -31,15 +31,16 @@ func (q *CQ) Notify(solicitedOnly bool) error {
 	if q.ch == nil {
 		return ErrNoChannel
 	}
-	// Under Close's lock, checked again: a CQ closed since the check
-	// above has a destroyed handle, which the kernel may have given to a
-	// new object of this context already (arming that instead), and a
-	// provider's Arm would touch an unmapped ring.
-	q.once.Lock()
-	defer q.once.Unlock()
-	if q.once.IsClosed() {
+	// Held open (a Close waits), checked again: a CQ closed since the
+	// check above has a destroyed handle, which the kernel may have given
+	// to a new object of this context already (arming that instead), and
+	// a provider's Arm would touch an unmapped ring. The hold is shared:
+	// Notifys, and a qp.Create that names the CQ, do not wait for each
+	// other.
+	if !q.once.Hold() {
 		return ErrClosed
 	}
+	defer q.once.Release()
 	if a, ok := q.driver().(provider.CQArmer); ok {
 		if err := a.Arm(solicitedOnly); err != nil {
 			return err
