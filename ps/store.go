@@ -114,6 +114,10 @@ type StoreConfig struct {
 	// bytes a value (twice for Adagrad, its accumulator), rowOverhead a
 	// materialised row, a parameter's fixed part (its lock stripes, a
 	// sparse table's pushed-row bitmap, a dense tensor's chunk locks).
+	// A table of more than 2^27 rows has no bitmap: a push to it counts
+	// room for all its keys while it runs (two atomic operations on a
+	// shared counter a push), so near the limit concurrent pushes, or a
+	// define, may be refused while less than MaxBytes is in use.
 	MaxBytes int64
 }
 
