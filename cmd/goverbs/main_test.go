@@ -190,6 +190,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"ps", "bench", "--transport", "tcp", "--servers", "0"}, "--servers 0"},
 		{[]string{"ps", "bench", "--transport", "tcp", "--servers", "1000"}, "--servers 1000"},
 		{[]string{"ps", "serve", "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-batch", "-1"}, "--max-batch -1"},
+		{[]string{"ps", "serve", "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-bytes", "0"}, "--max-bytes 0"},
+		{[]string{"ps", "serve", "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-bytes", "4G"}, "flag -max-bytes"},
 		{[]string{"ps", "worker", "--transport", "tcp", "--addrs", "127.0.0.1:1", "--workers", "0"}, "--workers 0"},
 		{[]string{"ps", "worker", "--transport", "tcp", "--addrs", "127.0.0.1:1", "--duration", "-1s"}, "--duration -1s"},
 		{[]string{"ps", "worker", "--transport", "tcp"}, "--addrs is required"},

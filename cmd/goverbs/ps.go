@@ -146,7 +146,7 @@ func tagLines(tag, title string, text []byte) []byte {
 const psUsage = `Usage: goverbs ps COMMAND [flags]
 
   serve   --transport rdma|tcp --listen IP:PORT [--device DEV] [--nan reject|skip] [--max-batch N]
-          [--metrics ADDR] [--spin D] [--shared-targets] [--eager-size N] [--split-size N]
+          [--max-bytes N] [--metrics ADDR] [--spin D] [--shared-targets] [--eager-size N] [--split-size N]
           serve one parameter shard; prints {"addr": ...} when ready, serves until SIGTERM
           (serve, bench, worker: SIGUSR1 writes bx's flow-control state and every goroutine's
           stack to stderr, for diagnosing a stall; the process goes on)
@@ -176,6 +176,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "", "RDMA device (default: the one whose GID is the listen IP)")
 	nan := fs.String("nan", "reject", "NaN/Inf gradients: reject the push, or skip the rows")
 	maxBatch := fs.Int("max-batch", 65536, "largest number of keys in one request")
+	maxBytes := fs.Int64("max-bytes", ps.DefaultMaxBytes, "bytes of parameter storage the shard holds at most, all parameters together (ps StoreConfig.MaxBytes)")
 	spin := fs.Duration("spin", 0, "rdma: bx Config.Spin, how long the progress goroutine polls an idle CQ before sleeping (0: bx's default, 250us; negative: event-driven)")
 	sharedTargets := fs.Bool("shared-targets", false, "rdma: bx Config.SharedTargets: one rkey for all rendezvous targets instead of a memory window per transfer (faster; only among trusted peers)")
 	var eager, split int
@@ -189,6 +190,9 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 	}
 	if *maxBatch < 1 {
 		return usageError("--max-batch %d: want keys per request > 0", *maxBatch)
+	}
+	if *maxBytes < 1 {
+		return usageError("--max-bytes %d: want bytes of parameter storage > 0", *maxBytes)
 	}
 	if err := checkEagerSize(eager); err != nil {
 		return err
@@ -204,7 +208,7 @@ func psServe(args []string, stdout, stderr io.Writer) error {
 		return usageError("%v", err)
 	}
 	s, err := ps.NewServer(ps.ServerConfig{Transport: *transport, Listen: *listen, Device: *device, Token: psToken(),
-		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: eager, SplitSize: split}})
+		Store: ps.StoreConfig{NaN: pol, MaxBatch: *maxBatch, MaxBytes: *maxBytes}, BX: bx.Config{Spin: *spin, SharedTargets: *sharedTargets, EagerSize: eager, SplitSize: split}})
 	if err != nil {
 		return err
 	}

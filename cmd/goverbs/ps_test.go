@@ -1,17 +1,23 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/goverbs/goverbs/internal/hang"
 	"github.com/goverbs/goverbs/internal/hist"
 	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/ps"
 )
 
 // TestPSBench runs the bench end to end (servers and workers as child
@@ -353,5 +359,42 @@ func TestPSBenchPollers(t *testing.T) {
 	// The server and the worker register; nothing else of the bench does.
 	if n != 2 {
 		t.Errorf("%d processes registered as pollers during ps bench --servers 1, want 2 (the server and the worker)", n)
+	}
+}
+
+// TestPSServeMaxBytes: `ps serve --max-bytes` bounds the shard's parameter
+// storage (ps StoreConfig.MaxBytes): a define over it is refused with
+// ErrTooLarge naming the limit, one under it works. Over tcp, on the host.
+func TestPSServeMaxBytes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(time.Minute)) // a hang bound
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-bytes", "65536")
+	cmd.Env = append(os.Environ(), goverbsEnv...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
+	var hello struct{ Addr string }
+	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &hello) != nil {
+		t.Fatalf("hello %q %v (%s)", line, err, stderr.String())
+	}
+	c, err := ps.Dial(ps.ClientConfig{Transport: "tcp", Servers: []string{hello.Addr}, Token: psToken()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	big := ps.Spec{Name: "big", Kind: ps.Dense, Size: 1 << 15, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}} // 128 KiB of values
+	if err := c.Define(ctx, big); !errors.Is(err, ps.ErrTooLarge) || !strings.Contains(err.Error(), "64 KiB") {
+		t.Errorf("define of 128 KiB under --max-bytes 65536: %v, want ErrTooLarge naming 64 KiB", err)
+	}
+	small := ps.Spec{Name: "small", Kind: ps.Dense, Size: 1 << 10, Opt: ps.Optimizer{Kind: ps.SGD, LR: 0.1}}
+	if err := c.Define(ctx, small); err != nil {
+		t.Errorf("define of 4 KiB under --max-bytes 65536: %v", err)
 	}
 }
