@@ -174,7 +174,10 @@ func (c *Collector) AddPSClient(s PSClientSource) error {
 // Remove read them last, stay added to the series it shared with sources
 // still there (two endpoints on one device): a counter that went down
 // would read as a reset to Prometheus, which would count the other
-// sources' totals again. Sources are found with ==, so one whose value is not
+// sources' totals again. So a source removed and added again counts
+// what it had counted at its removal twice in those shared series (its
+// own counters start where they were): add a new source instead. Sources
+// are found with ==, so one whose value is not
 // comparable (a func adapter, a struct holding a slice or map) can be
 // added and collected but never removed: Remove reports false for it.
 // Add a pointer to such a value to be able to remove it.

@@ -300,7 +300,8 @@ func SetFile(h FileHolder, f *os.File) { *h.uvobjFile() = f }
 // Close of the file meanwhile closes the number only once fn returned
 // (os.File's reference count), so the number cannot name another file
 // (one opened since, which Linux gives the lowest free number) during fn.
-// It returns os.ErrClosed, not running fn, if the file is closed.
+// It returns an error, not running fn, if the file is closed (os.ErrClosed
+// if it never had one; the poller's own error if it was closed).
 func WithFile(h FileHolder, fn func(fd int)) error {
 	f := *h.uvobjFile()
 	if f == nil {
