@@ -132,11 +132,12 @@ func (k *fakeKernel) newID(ps PortSpace, ud bool, handle uint32) *ID {
 // left in the channel's or the ID's tables.
 func TestJoinRacesClose(t *testing.T) {
 	const rounds, joiners = 2000, 4
-	// A hang bound: a round takes microseconds.
-	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(10*time.Second))
-	defer cancel()
 	bad := 0
 	for round := range rounds {
+		// A hang bound, a round's own: a round takes microseconds on the
+		// host and a few ms under -race in the TCG guest, where 2000
+		// rounds took 10-14 s and one bound for them all ran out.
+		ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(10*time.Second))
 		k := newFakeKernel(t, true)
 		id := k.newID(UDP, true, 7)
 		start := make(chan struct{})
@@ -158,6 +159,7 @@ func TestJoinRacesClose(t *testing.T) {
 		})
 		close(start)
 		wg.Wait()
+		cancel()
 		cmds := k.stop()
 		fail := func(format string, a ...any) {
 			bad++
