@@ -331,6 +331,12 @@ func (id *ID) check(op string) error {
 // command issues a command on the ID's handle (ch.command's arguments)
 // unless the ID is closed (ErrClosed), serialized with Close (opMu).
 func (id *ID) command(cmd uint32, in unsafe.Pointer, inLen int, respOff int, out unsafe.Pointer, outLen int, op string) error {
+	return id.whileOpen(func() error { return id.ch.command(cmd, in, inLen, respOff, out, outLen, op) })
+}
+
+// whileOpen runs fn under opMu, so that Close waits for it, or returns
+// ErrClosed without running it if the ID is closed.
+func (id *ID) whileOpen(fn func() error) error {
 	id.opMu.Lock()
 	defer id.opMu.Unlock()
 	id.mu.Lock()
@@ -339,7 +345,7 @@ func (id *ID) command(cmd uint32, in unsafe.Pointer, inLen int, respOff int, out
 	if closed {
 		return ErrClosed
 	}
-	return id.ch.command(cmd, in, inLen, respOff, out, outLen, op)
+	return fn()
 }
 
 // Bind binds the ID to a local address (an unspecified address binds every

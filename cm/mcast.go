@@ -262,15 +262,7 @@ func (id *ID) LeaveMulticast(addr netip.Addr) error {
 // leave is leaveLocked for a caller without opMu: ErrClosed if the ID is
 // closed (its Close leaves every group).
 func (id *ID) leave(m *Multicast) error {
-	id.opMu.Lock()
-	defer id.opMu.Unlock()
-	id.mu.Lock()
-	closed := id.closed
-	id.mu.Unlock()
-	if closed {
-		return ErrClosed
-	}
-	return id.leaveLocked(m)
+	return id.whileOpen(func() error { return id.leaveLocked(m) })
 }
 
 // leaveLocked detaches the QP and leaves the group, once; a join waiting
