@@ -10,9 +10,7 @@ import (
 	"github.com/goverbs/goverbs/cq"
 	"github.com/goverbs/goverbs/internal/rxetest"
 	"github.com/goverbs/goverbs/qp"
-	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/provider"
-	"github.com/goverbs/goverbs/uverbs/rxe"
 )
 
 // hookLog records the provider hooks the core calls, in order.
@@ -35,33 +33,10 @@ func (l *hookLog) take() []string {
 	return c
 }
 
-// hookedProvider is rxe with the hooks a hardware provider implements
-// (provider.QPModifier, QPDestroyer, CQCleaner), recording their calls:
-// the real device underneath, only the hooks observed.
-type hookedProvider struct {
-	rxe.Provider
-	log *hookLog
-}
-
-func (p hookedProvider) NewContext() provider.Context {
-	return hookedContext{p.Provider.NewContext(), p.log}
-}
-
-type hookedContext struct {
-	provider.Context
-	log *hookLog
-}
-
-func (c hookedContext) NewQP(req provider.QPRequest) (provider.QP, error) {
-	q, err := c.Context.NewQP(req)
-	return &hookedQP{QP: q, log: c.log}, err
-}
-
-func (c hookedContext) NewCQ(cqe int) (provider.CQ, error) {
-	q, err := c.Context.NewCQ(cqe)
-	return &hookedCQ{CQ: q, log: c.log}, err
-}
-
+// hookedQP and hookedCQ are rxe's QP and CQ with the hooks a hardware
+// provider implements (provider.QPModifier, QPDestroyer, CQCleaner),
+// recording their calls: the real device underneath, only the hooks
+// observed.
 type hookedQP struct {
 	provider.QP
 	log *hookLog
@@ -99,16 +74,9 @@ func (c *hookedCQ) Clean(qpn uint32, srq provider.SRQ) {
 func TestProviderHooks(t *testing.T) {
 	na, _ := rxetest.Pair(t)
 	log := &hookLog{}
-	uverbs.RegisterProvider("rxe", hookedProvider{log: log})
-	t.Cleanup(func() { provider.Register(rxe.Provider{}) })
-	if !slices.Contains(provider.Names(), "rxe") {
-		t.Fatalf("registered providers %v lack rxe", provider.Names())
-	}
-	ctx, err := uverbs.Open(na)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctx.Close()
+	ctx, h := rxetest.OpenHooked(t, na)
+	h.WrapQP = func(q provider.QP) provider.QP { return &hookedQP{QP: q, log: log} }
+	h.WrapCQ = func(c provider.CQ) provider.CQ { return &hookedCQ{CQ: c, log: log} }
 	pd, err := ctx.AllocPD()
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,15 @@ import (
 // and before the kernel command. A hook that closes one of them (and makes
 // another that takes its handle or descriptor) checks that the create
 // does not name a destroyed object.
+//
+// WrapQP and WrapCQ, set before the objects are made, wrap every QP and
+// CQ the provider makes (a test observing the hooks a hardware provider
+// implements, provider.QPModifier, CQCleaner, ...).
 type Hooks struct {
 	cq, qp, srq, ah atomic.Pointer[func()]
+
+	WrapQP func(provider.QP) provider.QP
+	WrapCQ func(provider.CQ) provider.CQ
 }
 
 // BeforeNewCQ, BeforeNewQP, BeforeNewSRQ and BeforeNewAH set the function
@@ -49,12 +56,20 @@ type hookedContext struct {
 
 func (c hookedContext) NewCQ(cqe int) (provider.CQ, error) {
 	run(&c.h.cq)
-	return c.Context.NewCQ(cqe)
+	q, err := c.Context.NewCQ(cqe)
+	if err == nil && c.h.WrapCQ != nil {
+		q = c.h.WrapCQ(q)
+	}
+	return q, err
 }
 
 func (c hookedContext) NewQP(req provider.QPRequest) (provider.QP, error) {
 	run(&c.h.qp)
-	return c.Context.NewQP(req)
+	q, err := c.Context.NewQP(req)
+	if err == nil && c.h.WrapQP != nil {
+		q = c.h.WrapQP(q)
+	}
+	return q, err
 }
 
 func (c hookedContext) NewSRQ(maxWR, maxSGE uint32) (provider.SRQ, error) {
