@@ -298,6 +298,28 @@ type testServe struct {
 	srvDev string
 }
 
+// startServe starts `goverbs ps serve` with args, its stderr to w, reads
+// its hello line into hello, and interrupts and waits for it at the
+// test's end.
+func startServe(t *testing.T, ctx context.Context, w io.Writer, hello any, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, goverbsBin, append([]string{"ps", "serve"}, args...)...)
+	cmd.Env = append(os.Environ(), goverbsEnv...)
+	cmd.Stderr = w
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, hello) != nil {
+		t.Fatalf("hello %q %v", line, err)
+	}
+	return cmd
+}
+
 // startPSServe starts the server on the second device of the rxe pair
 // (extra flags in args, its stderr to w), reads its hello and dials it
 // from the first. The test's end closes the client, interrupts the server
@@ -310,20 +332,7 @@ func startPSServe(t *testing.T, ctx context.Context, w io.Writer, args ...string
 		t.Fatalf("active devices %v %v", devs, err)
 	}
 	sv := &testServe{srvDev: srvDev}
-	sv.cmd = exec.CommandContext(ctx, goverbsBin, append([]string{"ps", "serve", "--transport", "rdma", "--listen", devs[1].IP.String() + ":0", "--device", srvDev}, args...)...)
-	sv.cmd.Env = append(os.Environ(), goverbsEnv...)
-	sv.cmd.Stderr = w
-	out, err := sv.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sv.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sv.cmd.Process.Signal(os.Interrupt); sv.cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &sv.hello) != nil {
-		t.Fatalf("hello %q %v", line, err)
-	}
+	sv.cmd = startServe(t, ctx, w, &sv.hello, append([]string{"--transport", "rdma", "--listen", devs[1].IP.String() + ":0", "--device", srvDev}, args...)...)
 	if sv.c, err = ps.Dial(ps.ClientConfig{Transport: "rdma", Servers: []string{sv.hello.Addr}, Device: cliDev, Token: psToken()}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -368,22 +366,8 @@ func TestPSBenchPollers(t *testing.T) {
 func TestPSServeMaxBytes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(time.Minute)) // a hang bound
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goverbsBin, "ps", "serve", "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-bytes", "65536")
-	cmd.Env = append(os.Environ(), goverbsEnv...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
 	var hello struct{ Addr string }
-	if line, err := bufio.NewReader(out).ReadBytes('\n'); err != nil || json.Unmarshal(line, &hello) != nil {
-		t.Fatalf("hello %q %v (%s)", line, err, stderr.String())
-	}
+	startServe(t, ctx, os.Stderr, &hello, "--transport", "tcp", "--listen", "127.0.0.1:0", "--max-bytes", "65536")
 	c, err := ps.Dial(ps.ClientConfig{Transport: "tcp", Servers: []string{hello.Addr}, Token: psToken()})
 	if err != nil {
 		t.Fatal(err)
