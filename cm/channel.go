@@ -131,7 +131,14 @@ func (ch *Channel) command(cmd uint32, in unsafe.Pointer, inLen int, respOff int
 		}
 	})
 	if err != nil {
-		if errors.Is(err, os.ErrClosed) {
+		// A descriptor being closed fails with the poller's "use of
+		// closed file", which is not os.ErrClosed; Close marks the
+		// channel closed before it closes the descriptor, so the mark
+		// tells. (No caller holds ch.mu here.)
+		ch.mu.Lock()
+		closed := ch.closed
+		ch.mu.Unlock()
+		if closed || errors.Is(err, os.ErrClosed) {
 			return ErrClosed
 		}
 		return fmt.Errorf("cm: %s: %w", op, err)
