@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"unsafe"
 
 	"github.com/goverbs/goverbs/ioctl"
@@ -165,8 +164,7 @@ func (id *ID) JoinMulticast(ctx context.Context, addr netip.Addr, o JoinOptions)
 		if lerr := id.leave(m); lerr != nil && !errors.Is(lerr, ErrClosed) {
 			err = errors.Join(err, lerr)
 		}
-		var ee *EventError
-		if errors.As(err, &ee) || strings.HasPrefix(err.Error(), "cm: "+op) {
+		if ee := (*EventError)(nil); errors.As(err, &ee) {
 			return nil, err // names the step already
 		}
 		return nil, fmt.Errorf("cm: %s: %w", op, err)
@@ -181,21 +179,16 @@ var errLeftWhileJoining = fmt.Errorf("left (LeaveMulticast) before the join comp
 // attach records the join event's parameters (already in m) and attaches
 // the ID's QP, if any and not send-only; ErrClosed if Close came first.
 func (id *ID) attach(m *Multicast) error {
-	id.opMu.Lock()
-	defer id.opMu.Unlock()
-	id.mu.Lock()
-	closed, left := id.closed, m.left
-	if !closed && !left {
-		m.joined = true
-	}
-	id.mu.Unlock()
-	switch {
-	case closed:
-		return ErrClosed
-	case left:
-		return errLeftWhileJoining
-	}
-	return id.attachLocked(m)
+	return id.whileOpen(func() error {
+		id.mu.Lock()
+		left := m.left
+		m.joined = !left
+		id.mu.Unlock()
+		if left {
+			return errLeftWhileJoining
+		}
+		return id.attachLocked(m)
+	})
 }
 
 // attachLocked attaches the ID's QP to a joined group m, unless there is
@@ -209,7 +202,7 @@ func (id *ID) attachLocked(m *Multicast) error {
 		return nil
 	}
 	if err := q.AttachMcast(m.AH.DGID, m.MLID); err != nil {
-		return fmt.Errorf("cm: join multicast %v: %w", m.Addr, err)
+		return fmt.Errorf("attach the QP: %w", err)
 	}
 	id.mu.Lock()
 	m.attached = true
@@ -332,21 +325,14 @@ func (id *ID) leaveCommand(m *Multicast) error {
 
 // attachJoined attaches a new QP to the groups joined before it existed.
 func (id *ID) attachJoined() error {
-	id.opMu.Lock()
-	defer id.opMu.Unlock()
-	id.mu.Lock()
-	closed := id.closed
-	todo := append([]*Multicast(nil), id.mcs...)
-	id.mu.Unlock()
-	if closed {
-		return ErrClosed
-	}
-	for _, m := range todo {
-		if err := id.attachLocked(m); err != nil {
-			return err
+	return id.whileOpen(func() error {
+		for _, m := range id.Multicasts() {
+			if err := id.attachLocked(m); err != nil {
+				return fmt.Errorf("group %v: %w", m.Addr, err)
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // waitMatch waits for m's event (MULTICAST_JOIN or MULTICAST_ERROR); the
