@@ -471,9 +471,12 @@ func newAcc() *acc { return &acc{vals: map[accKey]*accVal{}} }
 // UTF-8 (an invalid byte is "?", as bx makes stream classes): a value that
 // is not would make the series an invalid metric, left out of the scrape.
 func (a *acc) get(m *metric, labels []string) *accVal {
-	labels = slices.Clone(labels)
+	cloned := false
 	for i, l := range labels {
 		if !utf8.ValidString(l) {
+			if !cloned { // the caller's slice is not written
+				labels, cloned = slices.Clone(labels), true
+			}
 			labels[i] = strings.ToValidUTF8(l, "?")
 		}
 	}
