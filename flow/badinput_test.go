@@ -174,3 +174,18 @@ func TestWindowHugeCounts(t *testing.T) {
 		t.Errorf("root outstanding %d messages, %d bytes, want 1, 1", m, b)
 	}
 }
+
+// TestDedupNilAndZero: a nil Dedup and a zero one agree with each other
+// and with Accept: every sequence is Ahead, none is delivered.
+func TestDedupNilAndZero(t *testing.T) {
+	for name, d := range map[string]*Dedup{"nil": nil, "zero": new(Dedup)} {
+		for _, seq := range []uint64{0, 1, math.MaxUint64} {
+			if v := d.Offer(seq); v != Ahead {
+				t.Errorf("%s Dedup: Offer(%d) = %v, want %v", name, seq, v, Ahead)
+			}
+			if d.Accept(seq) {
+				t.Errorf("%s Dedup: Accept(%d) = true, want false", name, seq)
+			}
+		}
+	}
+}

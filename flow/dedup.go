@@ -75,10 +75,11 @@ func (d *Dedup) Accept(seq uint64) bool {
 	return d.Offer(seq) == Deliver
 }
 
-// Offer classifies seq and records it if it is delivered.
+// Offer classifies seq and records it if it is delivered. A nil Dedup, like
+// a zero one, calls every sequence Ahead and delivers none.
 func (d *Dedup) Offer(seq uint64) Verdict {
 	if d == nil {
-		return 0
+		return Ahead
 	}
 	if seq < d.next {
 		d.dups++
