@@ -3,6 +3,8 @@ package flow
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,5 +265,75 @@ func TestWindowWaitingPerLeaf(t *testing.T) {
 	<-e2
 	if w := b.Stats().Waiting; w != 0 {
 		t.Fatalf("waiting after cancel: %d", w)
+	}
+}
+
+// TestAcquiredCountsGiveBack: a waiter granted while its context is being
+// cancelled gives what it was granted back, and the Acquired counters
+// (and Window's Oversize) give it back too: they count what an Acquire
+// returned with, as for a waiter cancelled before its grant.
+func TestAcquiredCountsGiveBack(t *testing.T) {
+	t.Run("Credits", func(t *testing.T) {
+		c := NewCredits(CreditsConfig{Initial: 1})
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Acquire(ctx, 1) }()
+		waitStalls(t, func() uint64 { return c.Stats().Stalls }, 1)
+		c.mu.Lock()
+		cancel()
+		waitLockedOut(t, "(*Credits).acquire")
+		if err := c.grant(3, 0); err != nil { // grants the waiter, cancelled already
+			t.Fatal(err)
+		}
+		c.mu.Unlock()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want context.Canceled", err)
+		}
+		if _, _, consumed := c.State(); consumed != 0 || c.Stats().Acquired != 0 {
+			t.Errorf("after the cancelled waiter: consumed %d, stats %+v; want 0 acquired", consumed, c.Stats())
+		}
+	})
+	t.Run("Window", func(t *testing.T) {
+		root := NewWindow(Limits{Msgs: 1, Bytes: 10})
+		q := root.NewChild(Limits{})
+		if !q.TryAcquire(1) {
+			t.Fatal("first TryAcquire failed")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := acquireAsync(t, ctx, q, 20) // oversize at the root
+		root.t.mu.Lock()
+		cancel()
+		waitLockedOut(t, "(*Window).acquire")
+		q.put(1, 1) // Release's body: the waiter is granted, cancelled already
+		root.t.dispatch()
+		root.t.mu.Unlock()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire = %v, want context.Canceled", err)
+		}
+		for _, w := range []*Window{root, q} {
+			m, b := w.Outstanding()
+			if st := w.Stats(); m != 0 || b != 0 || st.Acquired != 1 || st.Oversize != 0 {
+				t.Errorf("after the cancelled waiter: %d/%d outstanding, stats %+v; want 0/0, 1 acquired (the TryAcquire), 0 oversize", m, b, st)
+			}
+		}
+	})
+}
+
+// waitLockedOut waits until a goroutine in fn is blocked on a mutex (the
+// one the test holds).
+func waitLockedOut(t *testing.T, fn string) {
+	t.Helper()
+	ctx, _ := hang.For(t, "", 5*time.Second)
+	buf := make([]byte, 1<<20)
+	for {
+		for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, fn) && strings.Contains(g, "Mutex).Lock") {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no goroutine in %s blocked on the lock: %v", fn, hang.Err(ctx))
+		}
+		time.Sleep(100 * time.Microsecond)
 	}
 }

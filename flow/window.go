@@ -255,7 +255,15 @@ func (w *Window) acquire(ctx context.Context, m, b int64, isN bool) error {
 	w.st.Cancelled++
 	switch {
 	case wt.granted:
-		w.put(m, b) // granted as we were cancelled: give it back
+		// Granted as we were cancelled: give it back, and take back what
+		// take counted.
+		w.put(m, b)
+		for _, x := range w.path {
+			x.st.Acquired -= uint64(m)
+			if x.lim.Bytes > 0 && b > x.lim.Bytes {
+				x.st.Oversize--
+			}
+		}
 		t.dispatch()
 	case wt.err == nil:
 		t.q.remove(wt)
