@@ -17,7 +17,8 @@ import (
 // Fine is a log-bucket latency histogram: values below 128 ns exact, above
 // with 64 buckets per power of two (under 1.6% error); the mean is exact.
 // It is plain data, JSON-encoded as it is (ps bench's worker processes
-// send theirs to the bench), and not safe for concurrent use.
+// send theirs to the bench), and not safe for concurrent use. The zero
+// value (or one decoded without "c") is empty and ready.
 type Fine struct {
 	C   map[int]int64 `json:"c"` // count per bucket (FineBucket)
 	Sum float64       `json:"sum"`
@@ -43,12 +44,16 @@ func FineBucketHigh(b int) float64 {
 	}
 	e := b/64 - 1
 	m := b - e*64
-	return float64((uint64(m) + 1) << e)
+	return math.Ldexp(float64(m+1), e) // not (m+1)<<e: 2^64 for ns >= 2^63 wraps to 0
 }
 
-// Add counts one duration (a negative one as 0).
+// Add counts one duration (a negative one as 0, in the mean too).
 func (h *Fine) Add(d time.Duration) {
-	h.C[FineBucket(uint64(max(d, 0)))]++
+	d = max(d, 0)
+	if h.C == nil {
+		h.C = map[int]int64{}
+	}
+	h.C[FineBucket(uint64(d))]++
 	h.N++
 	h.Sum += float64(d)
 }
@@ -57,6 +62,9 @@ func (h *Fine) Add(d time.Duration) {
 func (h *Fine) Merge(o *Fine) {
 	if o == nil {
 		return
+	}
+	if h.C == nil && len(o.C) > 0 {
+		h.C = map[int]int64{}
 	}
 	for b, c := range o.C {
 		h.C[b] += c
@@ -127,14 +135,14 @@ func Log2Quantile(h []uint64, q float64) float64 {
 			continue
 		}
 		if acc+float64(v) >= want {
-			lo := float64(uint64(1) << i)
+			lo := math.Ldexp(1, i) // not 1<<i: from bucket 63 on it wraps to 0
 			if i == 0 {
 				lo = 0
 			}
-			hi := float64(uint64(1) << (i + 1))
+			hi := math.Ldexp(1, i+1)
 			return lo + (hi-lo)*(want-acc)/float64(v)
 		}
 		acc += float64(v)
 	}
-	return float64(uint64(1) << len(h))
+	return math.Ldexp(1, len(h))
 }

@@ -48,3 +48,59 @@ func TestLog2Quantile(t *testing.T) {
 		t.Errorf("empty p50 %v", q)
 	}
 }
+
+// TestFineNegativeAndZero: a negative duration counts as 0 in the mean as
+// in the buckets, and a zero Fine (one decoded without "c") takes Add and
+// Merge instead of panicking on its nil map.
+func TestFineNegativeAndZero(t *testing.T) {
+	h := NewFine()
+	h.Add(-10 * time.Microsecond)
+	h.Add(10)
+	if m, q := h.Mean(), h.Quantile(0); m != 5 || q != 1 {
+		t.Errorf("after Add(-10µs), Add(10ns): mean %v, min bucket %v; want 5, 1 (the negative one as 0)", m, q)
+	}
+	var z Fine
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("zero Fine: Add panicked: %v", r)
+			}
+		}()
+		z.Add(100)
+	}()
+	var m Fine
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("zero Fine: Merge panicked: %v", r)
+			}
+		}()
+		m.Merge(h)
+	}()
+	if z.N != 1 || z.Quantile(1) != 101 || m.N != 2 || m.Quantile(1) != 11 {
+		t.Errorf("zero Fines after Add(100), Merge: %+v, %+v", z, m)
+	}
+}
+
+// TestLog2QuantileTopBuckets: the bounds of buckets 63 and up ([2^63,
+// 2^64) ns and beyond) do not wrap to 0.
+func TestLog2QuantileTopBuckets(t *testing.T) {
+	h := make([]uint64, 64)
+	h[63] = 10
+	if q := Log2Quantile(h, 0.5); q < 0x1p63 || q >= 0x1p64 {
+		t.Errorf("p50 of bucket 63: %v, want in [2^63, 2^64)", q)
+	}
+	if q := Log2Quantile(h, 2); q < 0x1p63 {
+		t.Errorf("quantile past the top: %v, want at least 2^63", q)
+	}
+}
+
+// TestFineBucketHighTop: the upper bound of the buckets of 2^63 ns and
+// more is 2^64, not a shift wrapped to 0.
+func TestFineBucketHighTop(t *testing.T) {
+	for _, ns := range []uint64{1 << 63, 1<<64 - 1} {
+		if hi := FineBucketHigh(FineBucket(ns)); hi < float64(ns) {
+			t.Errorf("%d ns: bucket %d up to %v", ns, FineBucket(ns), hi)
+		}
+	}
+}
