@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -109,9 +110,15 @@ func spin(n int) uint64 {
 	return x
 }
 
-// Scale returns d stretched by Factor.
+// Scale returns d stretched by Factor; a product past the largest
+// Duration is the largest Duration (a bound of forever, not a negative
+// one that has already passed).
 func Scale(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * Factor())
+	s := float64(d) * Factor()
+	if s >= math.MaxInt64 { // float64(MaxInt64) is 2^63: converting it overflows
+		return math.MaxInt64
+	}
+	return time.Duration(s)
 }
 
 // Error is the cause of a Watch context that ended for want of progress.
@@ -148,7 +155,8 @@ type Watchdog struct {
 
 // Watch returns a context derived from parent that ends, with an *Error
 // as its cause (context.Cause), once the work has made no progress for
-// Scale(idle). Stop releases it.
+// Scale(idle) (at once for an idle period of zero or less). Stop releases
+// it.
 func Watch(parent context.Context, what string, idle time.Duration) (context.Context, *Watchdog) {
 	ctx, cancel := context.WithCancelCause(parent)
 	w := &Watchdog{what: what, idle: Scale(idle), start: time.Now(), cancel: cancel, done: make(chan struct{})}
@@ -170,7 +178,7 @@ func For(t testing.TB, what string, idle time.Duration) (context.Context, *Watch
 }
 
 func (w *Watchdog) run(ctx context.Context) {
-	tick := time.NewTicker(min(w.idle/8, time.Second))
+	tick := time.NewTicker(max(min(w.idle/8, time.Second), 1)) // NewTicker panics at <= 0
 	defer tick.Stop()
 	for {
 		select {

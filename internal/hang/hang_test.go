@@ -3,6 +3,7 @@ package hang
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +112,35 @@ func TestSlowdownOverride(t *testing.T) {
 	t.Setenv("GOVERBS_TEST_SLOWDOWN", "2.5")
 	if f, how := measure(); f != 2.5 || !strings.Contains(how, "GOVERBS_TEST_SLOWDOWN") {
 		t.Fatalf("measure() = %v, %q; want 2.5 from GOVERBS_TEST_SLOWDOWN", f, how)
+	}
+}
+
+// A bound too large to stretch stays the largest Duration instead of
+// wrapping to a negative one (a deadline already passed).
+func TestScaleSaturates(t *testing.T) {
+	for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 / 2} {
+		if got := Scale(d); got < d {
+			t.Errorf("Scale(%d) = %d, want at least %d", d, got, d)
+		}
+	}
+}
+
+// An idle period too short for a tick (under 8 ns after scaling, zero or
+// negative) ends the context for want of progress instead of panicking
+// in the watchdog's goroutine.
+func TestWatchTinyIdle(t *testing.T) {
+	t.Setenv("GOVERBS_HANG_DUMP", "0")
+	for _, idle := range []time.Duration{-time.Second, 0, 1} {
+		ctx, w := Watch(context.Background(), "tiny", idle)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Minute): // the test's own hang bound
+			t.Fatalf("idle %v: watchdog did not fire within a minute", idle)
+		}
+		var e *Error
+		if !errors.As(Err(ctx), &e) {
+			t.Errorf("idle %v: cause %v, want *Error", idle, Err(ctx))
+		}
+		w.Stop()
 	}
 }
