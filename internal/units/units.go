@@ -12,9 +12,16 @@ var byteUnits = [...]string{"B", "KiB", "MiB", "GiB", "TiB"}
 // "512 B", "1 MiB", "63.8 MiB".
 func Bytes(n int64) string {
 	v, u := float64(n), 0
-	for (v >= 1024 || v <= -1024) && u < len(byteUnits)-1 {
+	s := oneDecimal(v)
+	// What rounds to 1024 of a unit (1023.96 KiB) is 1 of the next.
+	for (v >= 1024 || v <= -1024 || s == "1024" || s == "-1024") && u < len(byteUnits)-1 {
 		v /= 1024
 		u++
+		s = oneDecimal(v)
 	}
-	return strings.TrimSuffix(strconv.FormatFloat(v, 'f', 1, 64), ".0") + " " + byteUnits[u]
+	return s + " " + byteUnits[u]
+}
+
+func oneDecimal(v float64) string {
+	return strings.TrimSuffix(strconv.FormatFloat(v, 'f', 1, 64), ".0")
 }
