@@ -38,3 +38,10 @@ func closeHeldObj(o *uvobj.Once, t *uvobj.Table, obj interface{ Close() error },
 	}
 	return after()
 }
+
+// CheckModify is Modify's check of attr before the kernel sees it, on a
+// QP with no device: masks without port, AV or path MTU need none.
+func CheckModify(attr *Attr, mask AttrMask) error { return (&QP{}).check(attr, mask) }
+
+// CheckUD is PostSend's check of a UD batch, on a QP whose path MTU is 0.
+func CheckUD(wrs []SendWR) error { return (&QP{}).checkUD(wrs) }

@@ -186,10 +186,39 @@ func (q *QP) cleanCQs() {
 	}
 }
 
-// check validates what the kernel would only answer with EINVAL.
+// maxQPN is the largest QP number: the wire carries 24 bits (BTH).
+const maxQPN = 1<<24 - 1
+
+// checkRanges refuses attributes wider than their field on the wire or
+// in the spec, which rxe stores as given: a destination QPN over 24 bits
+// addresses the QP of its low 24 (bth_init masks it), a retry count over
+// 7 retries that many times and an RNR retry over 7 is not "infinite"
+// (only 7 is), an RNR timer over 31 goes out masked to 5 bits (32 is 0,
+// the longest); a timeout over 31 is EINVAL. Only the fields in mask.
+func checkRanges(attr *Attr, mask AttrMask) error {
+	switch {
+	case mask&MaskDestQPN != 0 && attr.DestQPN > maxQPN:
+		return fmt.Errorf("destination QPN %#x is over 24 bits", attr.DestQPN)
+	case mask&MaskTimeout != 0 && attr.Timeout > 31:
+		return fmt.Errorf("timeout %d out of range 0..31", attr.Timeout)
+	case mask&MaskRetryCnt != 0 && attr.RetryCnt > 7:
+		return fmt.Errorf("retry count %d out of range 0..7", attr.RetryCnt)
+	case mask&MaskRNRRetry != 0 && attr.RNRRetry > 7:
+		return fmt.Errorf("RNR retry %d out of range 0..7 (7: infinite)", attr.RNRRetry)
+	case mask&MaskMinRNRTimer != 0 && attr.MinRNRTimer > 31:
+		return fmt.Errorf("minimum RNR timer %d out of range 0..31", attr.MinRNRTimer)
+	}
+	return nil
+}
+
+// check validates what the kernel would only answer with EINVAL, or take
+// and misapply (checkRanges).
 func (q *QP) check(attr *Attr, mask AttrMask) error {
 	if mask&MaskState != 0 && attr.State > Err {
 		return fmt.Errorf("qp: QP %d: modify: unknown state %d", q.qpn, attr.State)
+	}
+	if err := checkRanges(attr, mask); err != nil {
+		return fmt.Errorf("qp: QP %d: modify: %w", q.qpn, err)
 	}
 	port := int(q.port)
 	if mask&MaskPort != 0 {
@@ -284,7 +313,8 @@ type ConnectOptions struct {
 	PSN      uint32     // our send PSN
 	Access   mr.Access  // remote access the peer may use on this QP
 	SL       uint8
-	// Timeouts and retries; zero means the default shown.
+	// Timeouts and retries; zero means the default shown. Timeout and
+	// MinRNRTimer take 0..31, RetryCnt and RNRRetry 0..7 (RC only).
 	Timeout     uint8 // 14 (4.096 us * 2^14 = 67 ms)
 	RetryCnt    uint8 // 7
 	RNRRetry    uint8 // 7 (infinite)
@@ -332,6 +362,16 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 	if o.MTU == 0 {
 		o.MTU = pa.ActiveMTU
 	}
+	// Before any state change, as the GID above: what the RTR and RTS
+	// steps would refuse only once the QP was reset.
+	ranges := MaskDestQPN
+	if q.cfg.Type == RC {
+		ranges |= MaskTimeout | MaskRetryCnt | MaskRNRRetry | MaskMinRNRTimer
+	}
+	if err := checkRanges(&Attr{DestQPN: remote.QPN, Timeout: o.Timeout, RetryCnt: o.RetryCnt, RNRRetry: o.RNRRetry,
+		MinRNRTimer: o.MinRNRTimer}, ranges); err != nil {
+		return fmt.Errorf("qp: QP %d: connect: %w", q.qpn, err)
+	}
 	av := AV{Port: o.Port, SL: o.SL, DLID: remote.LID, HopLimit: 1}
 	if remote.GID != nil && !remote.GID.Equal(net.IPv6zero) {
 		var g uverbs.GID
@@ -342,6 +382,11 @@ func (q *QP) Connect(remote Remote, o ConnectOptions) error {
 		}
 		if err != nil {
 			return err
+		}
+		// The address vector's sgid_index is 8 bits; rxe's GID table
+		// has 1024 entries: uint8 would name another GID.
+		if g.Index > 255 {
+			return fmt.Errorf("qp: QP %d: connect: GID index %d does not fit an address vector's 8 bits", q.qpn, g.Index)
 		}
 		av.IsGlobal, av.DGID, av.SGIDIndex = true, remote.GID.To16(), uint8(g.Index)
 	}

@@ -50,8 +50,8 @@ func (q *QP) ToRTS(o UDOptions) error {
 func (q *QP) MaxUDPayload() int { return int(q.orZero().udMTU.Load()) }
 
 // checkUD refuses UD sends larger than the path MTU, which the device would
-// otherwise drop or fail late, and sends without an address handle or
-// through a closed one (ErrClosed).
+// otherwise drop or fail late, sends to a remote QPN over 24 bits, and
+// sends without an address handle or through a closed one (ErrClosed).
 func (q *QP) checkUD(wrs []SendWR) error {
 	mtu := uint64(q.udMTU.Load())
 	for i := range wrs {
@@ -61,6 +61,10 @@ func (q *QP) checkUD(wrs []SendWR) error {
 		}
 		if n > mtu {
 			return fmt.Errorf("qp: UD send work request %d (id %d): %d bytes exceed the %d-byte path MTU", i, wrs[i].ID, n, mtu)
+		}
+		// rxe puts the low 24 bits on the wire: another QP's number.
+		if wrs[i].RemoteQPN > maxQPN {
+			return fmt.Errorf("qp: UD send work request %d (id %d): remote QPN %#x is over 24 bits", i, wrs[i].ID, wrs[i].RemoteQPN)
 		}
 		if wrs[i].AH == nil {
 			return fmt.Errorf("qp: UD send work request %d (id %d): no address handle", i, wrs[i].ID)

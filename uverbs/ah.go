@@ -64,6 +64,11 @@ func (pd *PD) CreateAH(a AHAttr) (*AH, error) {
 		if err != nil {
 			return nil, err
 		}
+		// sgid_index is 8 bits; rxe's GID table has 1024 entries:
+		// uint8 would name another GID.
+		if g.Index > 255 {
+			return nil, fmt.Errorf("uverbs: create AH: default GID index %d does not fit an address handle's 8 bits: set SGIDIndex and UseSGID", g.Index)
+		}
 		a.SGIDIndex = uint8(g.Index)
 	}
 	drv, err := c.pctx.NewAH()
