@@ -236,12 +236,12 @@ func userCommand(ioctl bool) asm.Instructions {
 }
 
 // storeStart is `start.stamp = bpf_ktime_get_ns(); gv_start[pid_tgid] =
-// start; return 0`.
+// start (counted if full: mapUpdateCounted); return 0`.
 func storeStart() asm.Instructions {
 	return seq(
 		asm.FnKtimeGetNs.Call(),
 		asm.StoreMem(asm.RFP, slotStart+startStamp, asm.R0, asm.DWord),
-		mapUpdate(mapStart, slotPidTgid, slotStart, bpfAny),
+		mapUpdateCounted(mapStart, slotPidTgid, slotStart),
 		ret0(),
 	)
 }
@@ -492,7 +492,8 @@ func cmdCount() asm.Instructions {
 //	if (path[0:22] != "/dev/infiniband/uverbs") return 0;
 //	n = path[22] - '0'; if (n > 9) return 0;
 //	if (path[23]) { d = path[23] - '0'; if (d > 9 || path[24]) return 0; n = 10*n + d; }
-//	gv_pending[bpf_get_current_pid_tgid()] = n; return 0;
+//	gv_pending[bpf_get_current_pid_tgid()] = n; // mapUpdateCounted
+//	return 0;
 //
 // Registers: R7 n.
 func openatEnter() asm.Instructions {
@@ -536,7 +537,7 @@ func openatEnter() asm.Instructions {
 		asm.StoreMem(asm.RFP, slotNewMinor, asm.R7, asm.Word).WithSymbol("num"),
 		asm.FnGetCurrentPidTgid.Call(),
 		asm.StoreMem(asm.RFP, slotPidTgid, asm.R0, asm.DWord),
-		mapUpdate(mapPending, slotPidTgid, slotNewMinor, bpfAny),
+		mapUpdateCounted(mapPending, slotPidTgid, slotNewMinor),
 		label("out", ret0()),
 	)
 }
@@ -545,7 +546,7 @@ func openatEnter() asm.Instructions {
 // gv_pending value, R6: ctx, fp[slotPidTgid]: pid_tgid).
 //
 //	minor = *r0; bpf_map_delete_elem(&gv_pending, &pid_tgid);
-//	if (ctx->ret >= 0) gv_fds[{tgid, fd = ret}] = minor;
+//	if (ctx->ret >= 0) gv_fds[{tgid, fd = ret}] = minor; // mapUpdateCounted
 //	return 0;
 func openatExit() asm.Instructions {
 	return seq(
@@ -558,7 +559,7 @@ func openatExit() asm.Instructions {
 		asm.LoadMem(asm.R1, asm.RFP, slotPidTgid, asm.DWord),
 		asm.RSh.Imm(asm.R1, 32),
 		asm.StoreMem(asm.RFP, slotFDKey, asm.R1, asm.Word),
-		mapUpdate(mapFDs, slotFDKey, slotMinor, bpfAny),
+		mapUpdateCounted(mapFDs, slotFDKey, slotMinor),
 		label("out", ret0()),
 	)
 }

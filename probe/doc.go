@@ -15,7 +15,9 @@
 // A *Probes from Attach: the maps, programs and links of one attachment.
 // Snapshot reads its counters, cumulative since Attach: a Command per
 // process, descriptor and command, a QP per rxe queue pair, CQEvents per
-// process and device, and the events raised per device. Status says, for
+// process and device, the events raised per device, and Dropped: per
+// map, the updates lost because it was full (those counts are low).
+// Status says, for
 // every probe Names lists, whether it is attached and how (Status.Via:
 // fentry/fexit, kprobes or raw tracepoints, the cheapest the kernel
 // allows) or why not. Devices and HWCounters list the devices and read

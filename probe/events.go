@@ -93,7 +93,7 @@ const (
 //	if (!rec) {                                       // a queue seen for the first time
 //		new = {.name = cq->device->name};
 //		bpf_map_update_elem(&gv_evq, &q, &new, BPF_NOEXIST);
-//		rec = gv_evq[q]; if (!rec) return 0;
+//		rec = gv_evq[q]; if (!rec) { countDrop(gv_evq); return 0; }
 //	}
 //	seq = atomic_fetch_add(&rec->raised, 1) + 1;
 //	rec->stamps[seq % evRing] = bpf_ktime_get_ns();
@@ -120,7 +120,8 @@ func compHandler(u *uverbsOffsets) asm.Instructions {
 		mapUpdate(mapEvQueues, slotQueueKey, slotNewQueue, bpfNoExist),
 		mapLookup(mapEvQueues, slotQueueKey),
 		asm.JNE.Imm(asm.R0, 0, "have_rec"),
-		asm.Return(), // r0 == 0
+		countDrop(mapEvQueues),
+		ret0(),
 		asm.Mov.Reg(asm.R8, asm.R0).WithSymbol("have_rec"),
 		asm.Mov.Imm(asm.R1, 1),
 		fetchAdd64(asm.R8, asm.R1, evqRaised), // r1 = events raised before this one
@@ -162,7 +163,8 @@ func compHandlerExit() asm.Instructions {
 // that pass the pid filter.
 //
 //	fp[slotSeq] = bpf_get_current_pid_tgid(); tgid = that >> 32; pidFilter;
-//	gv_evread[pid_tgid] = eventQueue(filp); return 0;
+//	gv_evread[pid_tgid] = eventQueue(filp); // mapUpdateCounted
+//	return 0;
 //
 // Registers: R6 ctx, R7 filp, R8 tgid.
 func compReadEnter(u *uverbsOffsets) asm.Instructions {
@@ -173,7 +175,7 @@ func compReadEnter(u *uverbsOffsets) asm.Instructions {
 		asm.LoadMem(asm.R7, asm.R6, u.regArg0, asm.DWord),
 		eventQueue(u, asm.R7, asm.R1),
 		asm.StoreMem(asm.RFP, slotReadQueue, asm.R1, asm.DWord),
-		mapUpdate(mapEvRead, slotSeq, slotReadQueue, bpfAny),
+		mapUpdateCounted(mapEvRead, slotSeq, slotReadQueue),
 		ret0(),
 	)
 }

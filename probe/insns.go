@@ -113,6 +113,21 @@ func mapDelete(name string, key int16) asm.Instructions {
 	return seq(mapPtr(asm.R1, name), fpAddr(asm.R2, key), asm.FnMapDeleteElem.Call())
 }
 
+// mapUpdateCounted is mapUpdate (BPF_ANY) for a map the program inserts
+// keys into, counting a failure (the map is full):
+//
+//	if (bpf_map_update_elem(&name, &fp[key], &fp[val], BPF_ANY)) countDrop(name);
+//
+// On success it costs one branch more than mapUpdate. Clobbers R0-R5.
+func mapUpdateCounted(name string, key, val int16) asm.Instructions {
+	return seq(
+		mapUpdate(name, key, val, bpfAny),
+		asm.JEq.Imm(asm.R0, 0, "upd_ok"),
+		countDrop(name),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("upd_ok"),
+	)
+}
+
 // lookupOrInit is
 //
 //	r0 = bpf_map_lookup_elem(&name, &fp[key]);
@@ -120,8 +135,10 @@ func mapDelete(name string, key int16) asm.Instructions {
 //		fp[zero : zero+size] = 0;
 //		bpf_map_update_elem(&name, &fp[key], &fp[zero], BPF_NOEXIST);
 //		r0 = bpf_map_lookup_elem(&name, &fp[key]);
-//		if (!r0) return 0;
+//		if (!r0) { countDrop(name); return 0; } // full: neither this nor a racing CPU inserted it
 //	}
+//
+// An existing key costs nothing more than its lookup.
 func lookupOrInit(name string, key, zero int16, size int) asm.Instructions {
 	return seq(
 		mapLookup(name, key),
@@ -130,8 +147,33 @@ func lookupOrInit(name string, key, zero int16, size int) asm.Instructions {
 		mapUpdate(name, key, zero, bpfNoExist),
 		mapLookup(name, key),
 		asm.JNE.Imm(asm.R0, 0, "loi_have"),
-		asm.Return(), // r0 == 0
+		countDrop(name),
+		ret0(),
 		asm.Mov.Reg(asm.R0, asm.R0).WithSymbol("loi_have"),
+	)
+}
+
+// slotDrop is countDrop's u32 gv_drops key, below every other slot (the
+// deepest, compReadEvent's zero gv_events value, ends at -416), so that
+// counting a drop overwrites nothing a program still needs.
+const slotDrop = -424
+
+// countDrop counts an insert into the map called name that failed, for
+// Snapshot.Dropped:
+//
+//	r0 = bpf_map_lookup_elem(&gv_drops, &dropIndex(name)); // fp[slotDrop]
+//	if (r0) __sync_fetch_and_add((u64 *)r0, 1);
+//	r0 = 0;
+//
+// Clobbers R0-R5.
+func countDrop(name string) asm.Instructions {
+	return seq(
+		asm.StoreImm(asm.RFP, slotDrop, int64(dropIndex(name)), asm.Word),
+		mapLookup(mapDrops, slotDrop),
+		asm.JEq.Imm(asm.R0, 0, "drop_none"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R0, asm.R1, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("drop_none"),
 	)
 }
 

@@ -65,6 +65,7 @@ type Probes struct {
 	closed  bool
 	devs    map[uint32]string // uverbs minor -> device name
 	started time.Time
+	fdDrops uint64 // uverbs fds found at Attach that gv_fds had no room for
 }
 
 // probeDef is one probe: programs that attach together.
@@ -163,6 +164,10 @@ var probeDefs = []probeDef{
 // kprobe programs too.
 var noTracing bool
 
+// mapSizes overrides maps' MaxEntries by name, so that tests can fill a
+// map with a few entries.
+var mapSizes map[string]uint32
+
 // Names lists the probes Attach knows, in order.
 func Names() []string {
 	var n []string
@@ -211,6 +216,9 @@ func Attach(opts Options) (*Probes, error) {
 	_ = rlimit.RemoveMemlock() // kernels before 5.11 charge maps to RLIMIT_MEMLOCK
 	p := &Probes{maps: map[string]*ebpf.Map{}, mapErrs: map[string]error{}, started: time.Now()}
 	for name, spec := range mapSpecs() {
+		if n, ok := mapSizes[name]; ok {
+			spec.MaxEntries = n
+		}
 		m, err := ebpf.NewMap(spec)
 		if err != nil && name == mapTStart {
 			// Task storage (5.11+): the fentry command programs need it
@@ -295,7 +303,9 @@ func Attach(opts Options) (*Probes, error) {
 					// The tracepoint programs know uverbs fds from
 					// openat; these processes opened theirs before.
 					for k, minor := range scanUverbsFDs() {
-						_ = p.maps[mapFDs].Put(k, minor)
+						if p.maps[mapFDs].Put(k, minor) != nil {
+							p.fdDrops++ // as the programs' own failed inserts
+						}
 					}
 				}
 				break
@@ -519,6 +529,15 @@ type Snapshot struct {
 	// EventsRaised is the completion events ib_uverbs raised per device
 	// (cq-events); events of closed channels are not counted.
 	EventsRaised map[string]uint64 `json:"events_raised"`
+	// Dropped is, per map (its name as bpftool shows it: gv_cmds,
+	// gv_qps, gv_events, gv_raised, gv_start, gv_fds, gv_pending,
+	// gv_evread, gv_evq), the inserts since Attach that failed because
+	// the map was full; nil when there were none. Each one is a count
+	// missing from the others: a command, QP, event or device not
+	// counted (gv_cmds, gv_qps, gv_events, gv_raised), a command not
+	// timed (gv_start), an fd whose commands have no device (gv_fds,
+	// gv_pending), a completion channel read not counted (gv_evread).
+	Dropped map[string]uint64 `json:"dropped,omitempty"`
 }
 
 // Snapshot reads the maps.
@@ -556,6 +575,9 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 	for _, r := range rs {
 		s.EventsRaised[r.dev] += r.n
 	}
+	if s.Dropped, err = p.dropped(); err != nil {
+		return nil, err
+	}
 	slices.SortFunc(s.Commands, compareCommands)
 	slices.SortFunc(s.CQEvents, func(a, b CQEvents) int {
 		if a.PID != b.PID {
@@ -573,6 +595,30 @@ func (p *Probes) Snapshot() (*Snapshot, error) {
 		return int(a.QPN) - int(b.QPN)
 	})
 	return s, nil
+}
+
+// dropped reads gv_drops: the failed inserts per map, only maps with
+// some, nil if none.
+func (p *Probes) dropped() (map[string]uint64, error) {
+	var d map[string]uint64
+	add := func(name string, n uint64) {
+		if n == 0 {
+			return
+		}
+		if d == nil {
+			d = map[string]uint64{}
+		}
+		d[name] += n
+	}
+	for i, name := range dropMaps {
+		var n uint64
+		if err := p.maps[mapDrops].Lookup(uint32(i), &n); err != nil {
+			return nil, fmt.Errorf("probe: read %s: %w", mapDrops, err)
+		}
+		add(name, n)
+	}
+	add(mapFDs, p.fdDrops)
+	return d, nil
 }
 
 // compareCommands orders a Snapshot's Commands by process, fd, device,

@@ -1,6 +1,8 @@
 package probe
 
 import (
+	"slices"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
@@ -45,6 +47,7 @@ const (
 	mapEvents   = "gv_events" // hash evKey {name[16], tgid, pad} -> evVal
 	mapRaised   = "gv_raised" // hash device name[16] -> u64 events raised
 	mapEvInfl   = "gv_evinfl" // array[1] s64: ib_uverbs_comp_handler calls in flight
+	mapDrops    = "gv_drops"  // array[len(dropMaps)] u64: failed inserts per map (countDrop)
 	maxEntries  = 16384
 	cmdKeySize  = 16
 	startSize   = 24
@@ -86,6 +89,22 @@ const (
 	numQPCounters
 )
 
+// dropMaps are the maps the programs insert keys into, in the order of
+// gv_drops' counters: an insert that fails (the map is full) adds 1 to
+// gv_drops[i] for dropMaps[i] (countDrop), and Snapshot.Dropped reports
+// them, so that counts that are low because a map filled up say so.
+// gv_evq is an LRU map: it evicts rather than fails.
+var dropMaps = []string{mapCmds, mapQPs, mapEvents, mapRaised, mapStart, mapFDs, mapPending, mapEvRead, mapEvQueues}
+
+// dropIndex is name's index in dropMaps, its gv_drops key.
+func dropIndex(name string) int {
+	i := slices.Index(dropMaps, name)
+	if i < 0 {
+		panic("probe: countDrop of " + name + ", not in dropMaps")
+	}
+	return i
+}
+
 func mapSpecs() map[string]*ebpf.MapSpec {
 	return map[string]*ebpf.MapSpec{
 		mapConfig:   {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
@@ -100,6 +119,7 @@ func mapSpecs() map[string]*ebpf.MapSpec {
 		mapEvents:   {Name: mapEvents, Type: ebpf.Hash, KeySize: evKeySize, ValueSize: 8 * evValWords, MaxEntries: maxEntries},
 		mapRaised:   {Name: mapRaised, Type: ebpf.Hash, KeySize: qpNameLen, ValueSize: 8, MaxEntries: 1024},
 		mapEvInfl:   {Name: mapEvInfl, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
+		mapDrops:    {Name: mapDrops, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: uint32(len(dropMaps))},
 		// Local storage maps need BTF: an int key, here a u64[3] value.
 		mapTStart: {Name: mapTStart, Type: ebpf.TaskStorage, KeySize: 4, ValueSize: startSize, Flags: unix.BPF_F_NO_PREALLOC,
 			Key:   &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed},

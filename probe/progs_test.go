@@ -109,3 +109,50 @@ func stackOffset(ins asm.Instruction) int64 {
 	}
 	return 0
 }
+
+// TestFailedInsertsCounted: every map a program inserts into with
+// bpf_map_update_elem is one of dropMaps, and the program counts a failed
+// insert of that map in gv_drops (countDrop with the map's index), so no
+// full map drops counts unseen; and gv_drops has a counter per map.
+func TestFailedInsertsCounted(t *testing.T) {
+	specs := mapSpecs()
+	if got := specs[mapDrops].MaxEntries; got != uint32(len(dropMaps)) {
+		t.Errorf("%s has %d counters for %d maps", mapDrops, got, len(dropMaps))
+	}
+	for _, name := range dropMaps {
+		if specs[name] == nil {
+			t.Errorf("dropMaps: no map %q", name)
+		}
+	}
+	inserted := map[string]bool{}
+	eachProgram(t, func(name string, insns asm.Instructions) {
+		updated, counted := map[string]bool{}, map[string]bool{}
+		r1, drop := "", int64(-1)
+		for _, ins := range insns {
+			switch {
+			case ins.IsLoadFromMap() && ins.Dst == asm.R1:
+				r1 = ins.Reference()
+				if r1 == mapDrops && drop >= 0 && drop < int64(len(dropMaps)) {
+					counted[dropMaps[drop]] = true
+				}
+			case ins.OpCode.Class() == asm.StClass && ins.Dst == asm.RFP && ins.Offset == slotDrop:
+				drop = ins.Constant
+			case ins.IsBuiltinCall() && ins.Constant == int64(asm.FnMapUpdateElem):
+				updated[r1] = true
+			}
+		}
+		for m := range updated {
+			inserted[m] = true
+			if !counted[m] {
+				t.Errorf("%s: inserts into %s without counting a failure (countDrop)", name, m)
+			}
+		}
+	})
+	// Some variant inserts into each (gv_fds and gv_pending: the raw
+	// tracepoint programs).
+	for _, m := range dropMaps {
+		if !inserted[m] {
+			t.Errorf("%s is in dropMaps, but no program inserts into it", m)
+		}
+	}
+}

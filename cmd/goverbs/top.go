@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -251,6 +252,10 @@ type topReport struct {
 	CQEvents     []topCQEvents  `json:"cq_events"`
 	Metrics      []topMetric    `json:"metrics,omitempty"`
 	MetricsError string         `json:"metrics_error,omitempty"`
+	// Dropped is probe.Snapshot.Dropped: per probe map, the inserts
+	// since the probes attached that failed because the map was full
+	// (the counts above are that much low); absent when none.
+	Dropped map[string]uint64 `json:"dropped,omitempty"`
 }
 
 type topDevice struct {
@@ -359,7 +364,8 @@ func topDiff(p *probe.Probes, prev, cur *topState) *topReport {
 		secs = 1e-9
 	}
 	r := &topReport{Time: cur.snap.Time, IntervalS: secs, Probes: p.Status(),
-		Devices: []topDevice{}, QPs: []topQP{}, Commands: []topCommand{}, CQEvents: []topCQEvents{}}
+		Devices: []topDevice{}, QPs: []topQP{}, Commands: []topCommand{}, CQEvents: []topCQEvents{},
+		Dropped: cur.snap.Dropped}
 	devs := map[string]*topDevice{}
 	dev := func(name string) *topDevice {
 		if name == "" {
@@ -701,6 +707,9 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 	if len(missing) > 0 {
 		pf("probes not attached: %s (see --once --json for reasons)", strings.Join(missing, ", "))
 	}
+	if line := droppedLine(r.Dropped); line != "" {
+		pf("%s", line)
+	}
 	if !o.perPacket {
 		pf("per-QP packets, retries and CQEs (-) need --per-packet; device packets and retransmits are rxe's hw_counters")
 	}
@@ -769,6 +778,24 @@ func (r *topReport) render(w io.Writer, o topOptions, live bool) {
 	if live {
 		fmt.Fprint(bw, "\x1b[J")
 	}
+}
+
+// droppedLine says which probe maps filled up and how many updates they
+// dropped since the probes attached, e.g. "probe maps full, 12 updates
+// dropped: gv_qps 12 (counts are low)"; "" when none did.
+func droppedLine(d map[string]uint64) string {
+	var total uint64
+	var per []string
+	for _, name := range slices.Sorted(maps.Keys(d)) {
+		if d[name] > 0 {
+			total += d[name]
+			per = append(per, fmt.Sprintf("%s %d", name, d[name]))
+		}
+	}
+	if total == 0 {
+		return ""
+	}
+	return fmt.Sprintf("probe maps full, %d updates dropped: %s (counts are low)", total, strings.Join(per, ", "))
 }
 
 // sparkline draws the non-empty range of a log2 histogram.

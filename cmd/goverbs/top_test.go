@@ -368,3 +368,23 @@ func TestTopTmux(t *testing.T) {
 		}
 	}
 }
+
+// TestTopDroppedLine: when probe maps filled up, the view says so on a
+// line of its own, with the total and the count per map; with nothing
+// dropped there is no such line.
+func TestTopDroppedLine(t *testing.T) {
+	o := topOptions{sort: "rate", rows: 15}
+	var buf bytes.Buffer
+	r := &topReport{Dropped: map[string]uint64{"gv_qps": 12, "gv_cmds": 3, "gv_fds": 0}}
+	r.render(&buf, o, false)
+	if want := "probe maps full, 15 updates dropped: gv_cmds 3, gv_qps 12 (counts are low)\n"; !strings.Contains(buf.String(), want) {
+		t.Errorf("view with drops:\n%s\nwant a line %q", buf.String(), want)
+	}
+	for _, d := range []map[string]uint64{nil, {"gv_qps": 0}} {
+		buf.Reset()
+		(&topReport{Dropped: d}).render(&buf, o, false)
+		if strings.Contains(buf.String(), "dropped") {
+			t.Errorf("view with drops %v:\n%s", d, buf.String())
+		}
+	}
+}
