@@ -160,8 +160,14 @@ func (r *runner) ensureDeps() error {
 				if err := r.aptGet("", "update"); err != nil {
 					return r.setupFail("apt-get update")
 				}
-				if err := r.aptGet("", append([]string{"install", "-y", "--no-install-recommends"}, debDeps...)...); err != nil {
-					return r.setupFail("apt-get install %s", strings.Join(debDeps, " "))
+				install := append([]string{"install", "-y", "--no-install-recommends"}, debDeps...)
+				if err := r.aptGet("", install...); err != nil {
+					// An install killed half-way (Ctrl-C on a first
+					// run) leaves dpkg "interrupted": every later
+					// apt-get install refuses until this runs.
+					if r.sh("", "dpkg", "--configure", "-a") != nil || r.aptGet("", install...) != nil {
+						return r.setupFail("apt-get install %s", strings.Join(debDeps, " "))
+					}
 				}
 			}
 		}
@@ -251,6 +257,7 @@ func (r *runner) setup() error {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return fail(ExitGuest, "lock %s: %v", lock.Name(), err)
 	}
+	removeStale(r.cache)
 	if err := r.ensureDeps(); err != nil {
 		return err
 	}
@@ -278,6 +285,19 @@ func (r *runner) setup() error {
 	}
 	r.kernel, r.initrd = k, p
 	return nil
+}
+
+// removeStale deletes what an interrupted setup left half-written (a
+// killed run's kernel download or unpack, hundreds of MB each time: its
+// deferred RemoveAll never ran). Only with the setup lock held: only its
+// holder writes these.
+func removeStale(cache string) {
+	for _, pat := range []string{filepath.Join(cache, "kernel", ".tmp.*"), filepath.Join(cache, "kernel", "*", "initrd-*.cpio.tmp")} {
+		m, _ := filepath.Glob(pat)
+		for _, p := range m {
+			os.RemoveAll(p)
+		}
+	}
 }
 
 // cachedKernel returns the kernel if it is in the cache (nil if not).
@@ -369,7 +389,23 @@ func (r *runner) fetchKernel() (*kernel, error) {
 		}
 		r.say("fetching %s (one time)", pkg)
 		if err := r.aptGet(tmp, "-o", "APT::Sandbox::User=root", "download", pkg); err != nil {
-			return nil, r.setupFail("apt-get download %s", pkg)
+			// Package lists older than the archive name a .deb that is
+			// gone (Debian keeps only the current ABI): update, resolve
+			// again, retry once.
+			if r.aptGet("", "update") != nil {
+				return nil, r.setupFail("apt-get download %s (and apt-get update failed)", pkg)
+			}
+			if p := r.resolveDebian(); p != "" && p != pkg {
+				pkg = p
+				version = strings.TrimPrefix(pkg, "linux-image-")
+				final = filepath.Join(r.cache, "kernel", version)
+				if exists(filepath.Join(final, "ok")) {
+					return r.makeCurrent(final)
+				}
+			}
+			if err := r.aptGet(tmp, "-o", "APT::Sandbox::User=root", "download", pkg); err != nil {
+				return nil, r.setupFail("apt-get download %s (after apt-get update)", pkg)
+			}
 		}
 		debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
 		if len(debs) != 1 {
@@ -423,9 +459,12 @@ func (r *runner) fetchKernel() (*kernel, error) {
 	if err := r.extractVmlinux(vmlinuz, filepath.Join(tmp, "vmlinux")); err != nil {
 		return nil, err
 	}
-	os.WriteFile(filepath.Join(tmp, "version"), []byte(version+"\n"), 0o644)
-	os.WriteFile(filepath.Join(tmp, "moddir"), []byte(modDir+"\n"), 0o644)
-	os.WriteFile(filepath.Join(tmp, "ok"), nil, 0o644)
+	// "ok" last, and only if the rest is whole: the fast path trusts it.
+	for _, f := range []struct{ name, data string }{{"version", version + "\n"}, {"moddir", modDir + "\n"}, {"ok", ""}} {
+		if err := os.WriteFile(filepath.Join(tmp, f.name), []byte(f.data), 0o644); err != nil {
+			return nil, fail(ExitGuest, "kernel cache: %v", err)
+		}
+	}
 	os.RemoveAll(final)
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, fail(ExitGuest, "%v", err)
