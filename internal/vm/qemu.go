@@ -210,6 +210,11 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	return out.Close()
 }
 
+// qopt escapes a value inside a qemu option list: a comma is doubled (a
+// --rw folder or $TMPDIR with a comma would otherwise end the value there
+// and qemu refuse the rest as an unknown parameter).
+func qopt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
 func (nd *node) args(shares []string) []string {
 	r := nd.r
 	cmdline := "console=ttyS0 quiet loglevel=4 edd=off panic=-1 oops=panic" +
@@ -239,21 +244,21 @@ func (nd *node) args(shares []string) []string {
 		"-device", "virtserialport,bus=vser.0,chardev=err,name=stderr",
 		"-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap",
 		"-device", "virtio-9p-pci,fsdev=root,mount_tag=root",
-		"-fsdev", "local,id=run,path="+nd.dir+",security_model=none",
+		"-fsdev", "local,id=run,path="+qopt(nd.dir)+",security_model=none",
 		"-device", "virtio-9p-pci,fsdev=run,mount_tag=run")
 	if r.Nodes > 1 {
-		a = append(a, "-fsdev", "local,id=cluster,path="+r.clusDir+",security_model=none",
+		a = append(a, "-fsdev", "local,id=cluster,path="+qopt(r.clusDir)+",security_model=none",
 			"-device", "virtio-9p-pci,fsdev=cluster,mount_tag=cluster")
 		for d := 0; d < r.Devices; d++ {
 			guest, sw := r.sw.paths(nd.idx, d)
 			id := fmt.Sprintf("n%d", d)
 			a = append(a,
-				"-netdev", fmt.Sprintf("dgram,id=%s,local.type=unix,local.path=%s,remote.type=unix,remote.path=%s", id, guest, sw),
+				"-netdev", fmt.Sprintf("dgram,id=%s,local.type=unix,local.path=%s,remote.type=unix,remote.path=%s", id, qopt(guest), qopt(sw)),
 				"-device", fmt.Sprintf("virtio-net-pci,netdev=%s,mac=52:54:00:77:%02x:%02x,romfile=", id, d, nd.idx))
 		}
 	}
 	for i, d := range shares {
-		a = append(a, "-fsdev", fmt.Sprintf("local,id=rw%d,path=%s,security_model=none,multidevs=remap", i, d),
+		a = append(a, "-fsdev", fmt.Sprintf("local,id=rw%d,path=%s,security_model=none,multidevs=remap", i, qopt(d)),
 			"-device", fmt.Sprintf("virtio-9p-pci,fsdev=rw%d,mount_tag=rw%d", i, i))
 	}
 	return a
@@ -267,6 +272,13 @@ func (nd *node) start(qemu string, shares []string) error {
 	r := nd.r
 	var files []*os.File // fds 3, 4, 5 in qemu
 	var closeAfter []*os.File
+	// Ours once qemu has them, and on every early return too: a pipe left
+	// open would keep its relay, and so wait() and the cleanup, waiting.
+	defer func() {
+		for _, f := range closeAfter {
+			f.Close()
+		}
+	}()
 	pipeTo := func(w io.Writer, prefix string, logf *os.File) error {
 		pr, pw, err := os.Pipe()
 		if err != nil {
@@ -323,6 +335,7 @@ func (nd *node) start(qemu string, shares []string) error {
 		conW = r.Stderr
 	}
 	if err := pipeTo(conW, fmt.Sprintf("[node%d console] ", nd.idx), con); err != nil {
+		con.Close()
 		return err
 	}
 	qlog, err := os.Create(filepath.Join(nd.dir, "qemu.log"))
@@ -350,11 +363,7 @@ func (nd *node) start(qemu string, shares []string) error {
 		cmd.Wait()
 		close(nd.exited)
 	}()
-	err = <-errc
-	for _, f := range closeAfter {
-		f.Close()
-	}
-	if err != nil {
+	if err = <-errc; err != nil {
 		nd.cmd = nil
 		return err
 	}
