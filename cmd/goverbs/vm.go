@@ -155,7 +155,7 @@ func parseVMFlags(args []string, stderr io.Writer) (vm.Options, []string, error)
 		n, p, ok := strings.Cut(l, "=")
 		node, err1 := vm.ParseNode(n, 0)
 		pct, err2 := strconv.ParseFloat(strings.TrimSuffix(p, "%"), 64)
-		if !ok || err1 != nil || err2 != nil || pct < 0 || pct > 100 {
+		if !ok || err1 != nil || err2 != nil || !(pct >= 0 && pct <= 100) { // NaN too
 			return o, nil, bad("--loss wants NODE=PCT (e.g. 2=5), not %q", l)
 		}
 		if o.Loss == nil {

@@ -101,7 +101,9 @@ func (s *netSwitch) lost(n int) bool {
 
 func (seg *segment) reader(i int, p *port) {
 	defer seg.sw.wg.Done()
-	buf := make([]byte, 65536)
+	// The largest frame: MaxMTU plus an Ethernet and a VLAN header (a
+	// shorter buffer truncates a datagram silently).
+	buf := make([]byte, MaxMTU+18)
 	for {
 		n, _, err := p.conn.ReadFromUnix(buf)
 		if err != nil {
@@ -232,7 +234,7 @@ func (s *netSwitch) apply(n int, f []string) error {
 		s.setDown(n, true)
 	case len(f) == 2 && f[0] == "loss":
 		p, err := strconv.ParseFloat(strings.TrimSuffix(f[1], "%"), 64)
-		if err != nil || p < 0 || p > 100 {
+		if err != nil || !(p >= 0 && p <= 100) { // NaN too: it would mean no loss
 			return fmt.Errorf("loss wants a percentage 0..100, not %q", f[1])
 		}
 		s.setLoss(n, p)
