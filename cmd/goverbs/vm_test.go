@@ -47,17 +47,21 @@ func TestVMBadInput(t *testing.T) {
 		{nil, []string{"vm", "--cpus", "x", "true"}, 2, "--cpus"},
 		{nil, []string{"vm", "--timeout", "abc", "true"}, 2, "--timeout"},
 		{nil, []string{"vm", "--loss", "1", "true"}, 2, "NODE=PCT"},
+		{nil, []string{"vm", "--nodes", "2", "--loss", "1=nan", "true"}, 2, "NODE=PCT"},
 		{nil, []string{"vm", "--loss", "1=5", "true"}, 2, "needs --nodes"},
 		{nil, []string{"vm", "--devices", "3", "true"}, 2, "--devices 3"},
 		{nil, []string{"vm", "--nodes", "99", "true"}, 2, "at most"},
 		{nil, []string{"vm", "--nodes", "0", "true"}, 2, "--nodes 0: at least 1"},
 		{nil, []string{"vm", "--hugepages", "-1", "true"}, 2, "--hugepages: huge pages: want a count"},
 		{nil, []string{"vm", "--hugepages", "many", "true"}, 2, "--hugepages"},
+		{nil, []string{"vm", "--hugepages", "1000", "true"}, 2, "1000 huge pages (2000 MiB) in a guest of 2G: at most half its memory, 512 pages"},
+		{[]string{"GOVERBS_VM_MEM=1G"}, []string{"vm", "--nodes", "2", "--hugepages", "257", "true"}, 2, "at most half its memory, 256 pages"},
 		{[]string{"GOVERBS_VM_HUGEPAGES=x"}, []string{"vm", "true"}, 2, "GOVERBS_VM_HUGEPAGES"},
 		{nil, []string{"vm", "--mtu", "100", "true"}, 2, "--mtu: MTU \"100\": want a number of bytes from 1280 to 65535"},
 		{nil, []string{"vm", "--mtu", "jumbo", "true"}, 2, "--mtu"},
 		{[]string{"GOVERBS_VM_MTU=70000"}, []string{"vm", "true"}, 2, "GOVERBS_VM_MTU"},
 		{nil, []string{"vm", "--nosuchflag", "true"}, 2, "not defined"},
+		{nil, []string{"vm", "--rw", "/nonexistent/out", "true"}, 2, "--rw /nonexistent/out (or GOVERBS_VM_RW): no such folder"},
 		{nil, []string{"vm", "--kernel", "/nonexistent/vmlinuz", "true"}, 2, "--kernel wants"},
 		{[]string{"GOVERBS_VM_QEMU=/nonexistent/qemu-system-x86_64"}, []string{"vm", "true"}, 125, "qemu not found"},
 		{[]string{"GOVERBS_VM=bogus"}, []string{"vm", "true"}, 125, "GOVERBS_VM must be"},
@@ -178,12 +182,13 @@ func TestVMHang(t *testing.T) {
 	// A guest whose clock runs fast (here: told the host started an hour
 	// from now) stops before the command; the host boots again, three
 	// times in all, then gives up with 125 and says why.
-	r = vmRun(t, 5*time.Minute, []string{"GOVERBS_VM_TEST_BADCLOCK=1"}, "--", "touch", "/tmp/goverbs-vm-badclock-ran")
+	// (A folder of this run's: two test runs at once share /tmp.)
+	ran := filepath.Join(t.TempDir(), "badclock-ran") // $TMPDIR or /tmp: writable in the guest
+	r = vmRun(t, 5*time.Minute, []string{"GOVERBS_VM_TEST_BADCLOCK=1"}, "--", "touch", ran)
 	if r.code != 125 || strings.Count(r.stderr, "clock ran fast during boot") != 2 || !strings.Contains(r.stderr, "booting again (3 of 3)") {
 		t.Errorf("bad clock: exit %d (want 125 after 3 boots)\n%s", r.code, r.stderr)
 	}
-	if _, err := os.Stat("/tmp/goverbs-vm-badclock-ran"); err == nil {
-		os.Remove("/tmp/goverbs-vm-badclock-ran")
+	if _, err := os.Stat(ran); err == nil {
 		t.Error("the command ran in a guest whose clock was broken")
 	}
 	// The command outlives --timeout: the guest stops it.

@@ -187,6 +187,32 @@ func HostHasRDMA() bool {
 	return false
 }
 
+// memMiB reads qemu's -m size ("2G", "1536", "size=2G,maxmem=4G"; no
+// suffix is MiB) in MiB; ok is false for what it does not know.
+func memMiB(m string) (int, bool) {
+	m, _, _ = strings.Cut(strings.TrimPrefix(m, "size="), ",")
+	mult := 1.0
+	if n := len(m); n > 0 {
+		switch m[n-1] {
+		case 'k', 'K':
+			mult = 1.0 / 1024
+		case 'm', 'M':
+		case 'g', 'G':
+			mult = 1024
+		case 't', 'T':
+			mult = 1024 * 1024
+		default:
+			n++
+		}
+		m = m[:n-1]
+	}
+	f, err := strconv.ParseFloat(m, 64)
+	if err != nil || !(f > 0) || f*mult > 1<<40 {
+		return 0, false
+	}
+	return int(f * mult), true
+}
+
 // Passthrough says whether argv should run on the host instead of in a
 // guest: GOVERBS_VM=off, or auto (the default) with an ACTIVE RDMA port on
 // the host. Only for a single guest: a cluster always boots.
@@ -278,6 +304,12 @@ func (r *runner) run(argv []string) (int, error) {
 	if r.HugePages < NoHugePages {
 		return 0, fail(ExitUsage, "huge pages %d: want a count, or NoHugePages", r.HugePages)
 	}
+	// The kernel reserves what it can and the guest is then left without
+	// memory for the command (OOM kills, or a boot that never ends).
+	if mb, ok := memMiB(r.Mem); ok && r.hugePages()*2 > mb/2 {
+		return 0, fail(ExitUsage, "%d huge pages (%d MiB) in a guest of %s: at most half its memory, %d pages; lower --hugepages or raise --mem",
+			r.hugePages(), 2*r.hugePages(), r.Mem, mb/4)
+	}
 	if r.Selftest {
 		argv = []string{"/run/vm/selftest"}
 	} else if !r.Setup && len(argv) == 0 {
@@ -296,6 +328,10 @@ func (r *runner) run(argv []string) (int, error) {
 		}
 	}
 
+	// Bad --rw folders before the setup and the wait for vCPUs.
+	if _, err := r.writableShares(); err != nil {
+		return 0, err
+	}
 	var err error
 	if r.cache, err = cacheDir(); err != nil {
 		return 0, fail(ExitGuest, "%v", err)
@@ -425,6 +461,10 @@ func (r *runner) boot(argv []string, qemu string, sigc chan os.Signal) (int, err
 // host-side timeouts, reacting to signals and to other nodes dying.
 func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 	bootTimeout := envSeconds("GOVERBS_VM_BOOT_TIMEOUT", 300)
+	// And a bound on the whole boot: a guest stuck before its command
+	// whose kernel keeps printing (RCU stall or hung-task warnings, every
+	// minute or two) would otherwise reset the silence bound forever.
+	bootMax := envSeconds("GOVERBS_VM_BOOT_MAX", 4*int(bootTimeout/time.Second))
 	grace := envSeconds("GOVERBS_VM_KILL_GRACE", 30)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -475,7 +515,7 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 				consoleSize, lastGrowth = n, now
 			}
 		}
-		if started.IsZero() && now.Sub(lastGrowth) > bootTimeout {
+		if started.IsZero() && (now.Sub(lastGrowth) > bootTimeout || now.Sub(r.tQemu) > bootMax) {
 			r.killAll()
 			r.waitAll()
 			stuck := n0
@@ -485,8 +525,12 @@ func (r *runner) supervise(sigc chan os.Signal) (int, error) {
 					break
 				}
 			}
-			stuck.consoleTail(fmt.Sprintf("guest hung: %s did not start the command, its console silent for %v (%v since qemu started)",
-				stuck.name(), bootTimeout, now.Sub(r.tQemu).Round(time.Second)))
+			why := fmt.Sprintf("its console silent for %v", bootTimeout)
+			if now.Sub(lastGrowth) <= bootTimeout {
+				why = fmt.Sprintf("its console still printing after %v (GOVERBS_VM_BOOT_MAX)", bootMax)
+			}
+			stuck.consoleTail(fmt.Sprintf("guest hung: %s did not start the command, %s (%v since qemu started)",
+				stuck.name(), why, now.Sub(r.tQemu).Round(time.Second)))
 			return ExitTimeout, nil
 		}
 		if !started.IsZero() && r.Timeout > 0 && now.Sub(started) > r.Timeout+grace {
@@ -585,7 +629,7 @@ func (r *runner) writableShares() ([]string, error) {
 			continue
 		}
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
-			return nil, fail(ExitGuest, "--rw %s: no such folder", d)
+			return nil, fail(ExitUsage, "--rw %s (or GOVERBS_VM_RW): no such folder: create it first", d)
 		}
 		dirs = append(dirs, d)
 	}

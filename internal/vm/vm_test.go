@@ -3,11 +3,13 @@ package vm
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,7 +278,187 @@ func TestSwitch(t *testing.T) {
 	if st := s.stats(); !strings.Contains(st, "node 2:") || !strings.Contains(st, "dropped 2") {
 		t.Errorf("stats:\n%s", st)
 	}
-	if err := s.apply(1, []string{"loss", "x"}); err == nil {
-		t.Error("loss x accepted")
+	for _, bad := range []string{"x", "nan", "NaN", "-1", "101"} {
+		if err := s.apply(1, []string{"loss", bad}); err == nil {
+			t.Errorf("loss %s accepted", bad)
+		}
+	}
+	// A frame as large as MaxMTU allows crosses whole.
+	big := frame(mac(2), mac(0), strings.Repeat("j", MaxMTU+4))
+	send(0, big)
+	g[2].SetReadDeadline(time.Now().Add(hang.Scale(10 * time.Second)))
+	buf := make([]byte, 2*len(big))
+	if n, _, err := g[2].ReadFromUnix(buf); err != nil || n != len(big) {
+		t.Errorf("a %d-byte frame arrived as %d bytes (%v)", len(big), n, err)
+	}
+}
+
+// fakeBoot boots a "guest" that is a shell script standing in for qemu
+// (it writes to the console pipe, fd 5, as the kernel would): the
+// supervisor's bounds and cleanup, without qemu.
+func fakeBoot(t *testing.T, script string) (*runner, chan os.Signal, chan int) {
+	t.Helper()
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	tmp, err := os.MkdirTemp("", "vmfake") // short: the run folder's base
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	t.Setenv("TMPDIR", tmp)
+	fake := filepath.Join(tmp, "qemu")
+	if err := os.WriteFile(fake, []byte("#!"+sh+"\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	r := &runner{Options: Options{Prog: "test", Nodes: 1, Devices: 2, CPUs: 1, Mem: "1G", MTU: DefaultMTU, Stdout: io.Discard, Stderr: &stderr},
+		kernel: &kernel{vmlinux: "/nonexistent/vmlinux", version: "0.0.0-fake", modDir: "/nonexistent"}, initrd: "/nonexistent/initrd", accel: "tcg"}
+	sigc := make(chan os.Signal, 1)
+	done := make(chan int, 1)
+	go func() {
+		code, err := r.boot([]string{"true"}, fake, sigc)
+		if err != nil {
+			t.Errorf("boot: %v", err)
+		}
+		done <- code
+	}()
+	return r, sigc, done
+}
+
+// A guest that never starts its command but whose console keeps growing
+// (a kernel printing stall warnings) is stopped at GOVERBS_VM_BOOT_MAX,
+// said so, and nothing is left running or on disk.
+func TestBootBoundChattyConsole(t *testing.T) {
+	// The silence bound well above the whole-boot one: a loaded host that
+	// stalls the fake's loop for a second must not make it the one that
+	// fires.
+	t.Setenv("GOVERBS_VM_BOOT_TIMEOUT", "20")
+	t.Setenv("GOVERBS_VM_BOOT_MAX", "3")
+	r, _, done := fakeBoot(t, `while :; do echo "rcu: INFO: rcu_sched self-detected stall" >&5; sleep 0.2; done`)
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(hang.Scale(60 * time.Second)):
+		t.Fatal("a guest whose console keeps printing was never stopped")
+	}
+	stderr := r.Stderr.(*bytes.Buffer).String()
+	if code != ExitTimeout || !strings.Contains(stderr, "still printing") || !strings.Contains(stderr, "self-detected stall") {
+		t.Errorf("exit %d (want %d), stderr:\n%s", code, ExitTimeout, stderr)
+	}
+	pid := r.nodes[0].cmd.Process.Pid
+	r.cleanup()
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Errorf("fake qemu %d still running", pid)
+	}
+	if exists(r.dir) {
+		t.Errorf("run folder %s left behind", r.dir)
+	}
+}
+
+// A signal stops the guest at once: 128+signal, the "qemu" gone.
+func TestBootSignal(t *testing.T) {
+	r, sigc, done := fakeBoot(t, `echo booting >&5; exec sleep 1000`)
+	deadline := time.Now().Add(hang.Scale(30 * time.Second))
+	for time.Now().Before(deadline) { // (r is boot's until done)
+		if m, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "goverbs-vm.*", "node0", "console.log")); len(m) == 1 {
+			if st, err := os.Stat(m[0]); err == nil && st.Size() > 0 {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sigc <- syscall.SIGTERM
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGTERM) {
+			t.Errorf("exit %d after SIGTERM", code)
+		}
+	case <-time.After(hang.Scale(30 * time.Second)):
+		t.Fatal("no exit after SIGTERM")
+	}
+	if err := syscall.Kill(r.nodes[0].cmd.Process.Pid, 0); err == nil {
+		t.Error("fake qemu still running after SIGTERM")
+	}
+	r.cleanup()
+	if exists(r.dir) {
+		t.Errorf("run folder %s left behind", r.dir)
+	}
+}
+
+// What an interrupted setup left half-written goes; the finished cache
+// stays.
+func TestRemoveStale(t *testing.T) {
+	c := t.TempDir()
+	keep := []string{"kernel/6.1.0-9-amd64/ok", "kernel/6.1.0-9-amd64/vmlinux", "kernel/6.1.0-9-amd64/initrd-0123.cpio", "lock"}
+	stale := []string{"kernel/.tmp.123/root/boot/vmlinuz-6.1.0-9-amd64", "kernel/.tmp.456/linux-image.deb", "kernel/6.1.0-9-amd64/initrd-0123.cpio.tmp"}
+	for _, f := range append(append([]string{}, keep...), stale...) {
+		p := filepath.Join(c, f)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeStale(c)
+	for _, f := range keep {
+		if !exists(filepath.Join(c, f)) {
+			t.Errorf("%s removed", f)
+		}
+	}
+	for _, f := range append(stale, "kernel/.tmp.123", "kernel/.tmp.456") {
+		if exists(filepath.Join(c, f)) {
+			t.Errorf("%s left", f)
+		}
+	}
+}
+
+// Folders with a comma reach qemu escaped (",,"), or qemu would end the
+// path at the comma and refuse the rest.
+func TestArgsCommaPath(t *testing.T) {
+	r := &runner{Options: Options{Nodes: 1, CPUs: 1, Mem: "1G"}, kernel: &kernel{vmlinux: "/k/vmlinux"}, initrd: "/k/initrd"}
+	nd := &node{r: r, dir: "/tmp/a,b/goverbs-vm.1/node0"}
+	args := strings.Join(nd.args([]string{"/tmp", "/data/x,y"}), " ")
+	for _, want := range []string{"path=/tmp/a,,b/goverbs-vm.1/node0,security_model=none", "path=/data/x,,y,security_model=none"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("qemu args lack %q:\n%s", want, args)
+		}
+	}
+}
+
+func TestMemMiB(t *testing.T) {
+	for s, want := range map[string]int{"2G": 2048, "1g": 1024, "1536": 1536, "512M": 512, "1.5G": 1536, "size=2G,maxmem=4G": 2048, "1048576K": 1024} {
+		if n, ok := memMiB(s); !ok || n != want {
+			t.Errorf("memMiB(%q) = %d, %v; want %d", s, n, ok, want)
+		}
+	}
+	for _, s := range []string{"", "G", "x", "-1G", "0", "NaN"} {
+		if n, ok := memMiB(s); ok {
+			t.Errorf("memMiB(%q) = %d, ok", s, n)
+		}
+	}
+}
+
+// A node whose start fails half-way (here: console.log cannot be
+// created) must not leave a relay waiting on a pipe: wait, and with it
+// the cleanup, returns.
+func TestStartFailureReleasesRelays(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "console.log"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{Options: Options{Nodes: 1, CPUs: 1, Mem: "1G", Stdout: io.Discard, Stderr: io.Discard},
+		kernel: &kernel{vmlinux: "/k/vmlinux"}, initrd: "/k/initrd"}
+	nd := &node{r: r, dir: dir, exited: make(chan struct{})}
+	r.nodes = []*node{nd}
+	if err := nd.start("/nonexistent/qemu", nil); err == nil {
+		t.Fatal("start succeeded")
+	}
+	done := make(chan struct{})
+	go func() { r.killAll(); r.waitAll(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(hang.Scale(10 * time.Second)):
+		t.Fatal("waitAll hangs after a failed start: a relay still reads an open pipe")
 	}
 }
