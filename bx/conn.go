@@ -359,6 +359,17 @@ func (e *Endpoint) peerFor(ctx context.Context, addr string) (*Peer, error) {
 		return nil, err
 	}
 	e.mu.Lock()
+	if q := e.dialed[addr]; q != nil && q != p && q.state.Load() != stateDead {
+		// A DialConn to addr running alongside dialed it too, and was
+		// first: share its peer. Kept, ours would be a second peer to
+		// addr that no later DialConn reuses and nothing closes until the
+		// endpoint does, each holding Lanes QPs and a MaxPeers place
+		// there (a net/http Transport's first burst of requests dials
+		// once per request).
+		e.mu.Unlock()
+		p.Close()
+		return q, nil
+	}
 	e.dialed[addr] = p
 	e.mu.Unlock()
 	return p, nil

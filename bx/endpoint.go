@@ -369,11 +369,22 @@ type Endpoint struct {
 	// (unbuffered: a send succeeds only if one waits); backlog holds what
 	// arrives while all Config.Workers are busy. Every queued request holds
 	// a receive buffer or a rendezvous target the peer's window admitted,
-	// so the backlog, sized to both, never fills and the progress
-	// goroutine never blocks on it.
-	work    chan work
-	backlog chan work
-	workers atomic.Int32
+	// and the backlog is sized to both. Not so the sends queued without a
+	// request's buffer (an inline handler's response that found no
+	// credit, whose request went back at once; a close answer, a Conn's
+	// read count): a peer that holds our credits (its user does not
+	// Release our responses) and keeps calling an inline handler queues
+	// one each call. What finds the backlog full waits in overflow
+	// instead (unbounded, in order behind it), so that the goroutine
+	// that queues, the progress goroutine holding pollMu, never blocks:
+	// it did, and every peer of the endpoint stalled.
+	work     chan work
+	backlog  chan work
+	workers  atomic.Int32
+	overMu   sync.Mutex
+	overflow []work        // under overMu
+	overN    atomic.Int32  // len(overflow)
+	overKick chan struct{} // cap 1: overflow has work for an idle worker
 
 	// pollMu is held by whoever polls the CQ and completes what it found:
 	// the progress goroutine, or a Call waiting for its response (one at a
@@ -502,7 +513,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{cfg: cfg, peers: map[*Peer]struct{}{}, byQPN: map[uint32]*lane{},
 		handlers: map[uint32]handler{}, accepted: make(chan *Peer, cfg.MaxPeers), kick: make(chan struct{}, 1),
 		resume: make(chan struct{}, 1), wc: make([]cq.WC, 64),
-		work: make(chan work)}
+		work: make(chan work), overKick: make(chan struct{}, 1)}
 	var idb [8]byte
 	rand.Read(idb[:])
 	e.id = binary.LittleEndian.Uint64(idb[:]) | 1
@@ -1564,7 +1575,44 @@ func (e *Endpoint) queue(w work) {
 		return
 	}
 	e.workers.Add(-1)
-	e.backlog <- w
+	if e.overN.Load() == 0 {
+		select {
+		case e.backlog <- w:
+			return
+		default:
+		}
+	}
+	e.overMu.Lock()
+	e.overflow = append(e.overflow, w)
+	e.overN.Store(int32(len(e.overflow)))
+	e.overMu.Unlock()
+	select {
+	case e.overKick <- struct{}{}:
+	default:
+	}
+}
+
+// next takes queued work, if there is any: the backlog's first, then
+// overflow's, which came after it.
+func (e *Endpoint) next() (work, bool) {
+	select {
+	case w := <-e.backlog:
+		return w, true
+	default:
+	}
+	if e.overN.Load() == 0 {
+		return work{}, false
+	}
+	e.overMu.Lock()
+	defer e.overMu.Unlock()
+	if len(e.overflow) == 0 {
+		return work{}, false
+	}
+	w := e.overflow[0]
+	e.overflow[0] = work{}
+	e.overflow = e.overflow[1:]
+	e.overN.Store(int32(len(e.overflow)))
+	return w, true
 }
 
 // worker runs w, then whatever comes next, until the endpoint closes.
@@ -1577,18 +1625,20 @@ func (e *Endpoint) worker(w work) {
 			w.p.serve(w.h, w.req)
 		}
 		e.busy.Add(-1)
-		// The backlog first: what waits there queued before anything
-		// that could come through e.work now.
-		select {
-		case w = <-e.backlog:
-			continue
-		default:
-		}
-		select {
-		case w = <-e.backlog:
-		case w = <-e.work:
-		case <-e.stopCh.Done():
-			return
+		// The backlog (and overflow) first: what waits there queued
+		// before anything that could come through e.work now.
+		var ok bool
+		for w, ok = e.next(); !ok; {
+			select {
+			case w = <-e.backlog:
+				ok = true
+			case w = <-e.work:
+				ok = true
+			case <-e.overKick:
+				w, ok = e.next()
+			case <-e.stopCh.Done():
+				return
+			}
 		}
 	}
 }

@@ -477,3 +477,6 @@ func (p *Peer) SendAcrossRecoveryForTest(s uint32, data []byte, between func()) 
 	between()
 	return p.postOut(l, s, header{Type: typData, Length: uint32(len(data))}, &o, epoch)
 }
+
+// ReadersForTest is how many Recvs wait on the stream.
+func (s *Stream) ReadersForTest() int32 { return s.readers.Load() }

@@ -311,8 +311,17 @@ func (e *Endpoint) Accept(ctx context.Context) (*Peer, error) {
 	if ctx == nil {
 		return nil, errors.New("bx: Accept: nil context")
 	}
+	// Closed first: Close shuts down the peers still queued here, and a
+	// select among ready cases picks one at random, so a closed endpoint's
+	// Accept returned such a dead peer with no error about half the time.
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
 	select {
 	case p := <-e.accepted:
+		if e.closed.Load() {
+			return nil, ErrClosed // shut down by Close meanwhile
+		}
 		return p, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -589,6 +598,17 @@ func (e *Endpoint) handshakeConn(ctx context.Context, c net.Conn, dialer bool, g
 		e.mu.Unlock()
 		p.destroyLanes()
 		return nil, ErrClosed
+	}
+	if len(e.peers) >= e.cfg.MaxPeers {
+		// Again, now that it counts: concurrent handshakes all passed the
+		// check above, and every peer beyond MaxPeers is granted receive
+		// buffers the SRQ does not have (MaxPeers*Credits are posted) and
+		// backlog entries the worker pool's queue has no room for.
+		e.mu.Unlock()
+		p.destroyLanes()
+		err := fmt.Errorf("bx: endpoint full (%d peers)", e.cfg.MaxPeers)
+		writeCtl(c, ctlBye, byeReason(err), d)
+		return nil, err
 	}
 	e.peers[p] = struct{}{}
 	e.mu.Unlock()

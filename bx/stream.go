@@ -191,10 +191,16 @@ type Buffer struct {
 
 // Alloc returns a buffer for an n-byte message. Messages above EagerSize
 // use rendezvous memory, written from there straight into the receiver's
-// buffer.
+// buffer. After Close it fails with ErrClosed.
 func (e *Endpoint) Alloc(n int) (*Buffer, error) {
 	if e.bad() {
 		return nil, errNilEndpoint
+	}
+	if e.closed.Load() {
+		// Else it handed out a buffer of a pool whose regions Close
+		// deregistered (pools a held Msg or Buffer kept mapped), or an
+		// allocator's error for one it unmapped.
+		return nil, fmt.Errorf("bx: Alloc: %w", ErrClosed)
 	}
 	b, err := e.alloc(n)
 	if err != nil {
@@ -420,7 +426,7 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 	for {
 		s.mu.Lock()
 		if err := s.cl.local; err != nil {
-			s.mu.Unlock()
+			s.passWake()
 			return nil, err
 		}
 		if len(s.q) > 0 {
@@ -431,20 +437,26 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 			s.q[n] = nil
 			s.q = s.q[:n]
 			last := n == 0 && s.cl.peer
+			// Another Recv waits and a message is left: it may have come
+			// with ours under one notification (cap 1, taken by us), and
+			// that Recv would sleep beside it until the next message.
+			more := n > 0 && s.readers.Load() > 0
 			s.mu.Unlock()
+			if more {
+				s.wake()
+			}
 			if last {
 				s.p.forgetStream(s) // closed on both sides and read: its id is free
 			}
 			return m, nil
 		}
 		err := s.err
-		if err == nil {
-			s.readers.Add(1)
-		}
-		s.mu.Unlock()
 		if err != nil {
+			s.passWake()
 			return nil, err
 		}
+		s.readers.Add(1)
+		s.mu.Unlock()
 		// A reader waits for a message as a Call waits for its
 		// response: it polls the CQ itself for a while (pollUntil), and
 		// the progress goroutine keeps polling longer while one waits,
@@ -467,6 +479,18 @@ func (s *Stream) Recv(ctx context.Context) (*Msg, error) {
 		if !woke {
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// passWake unlocks s.mu for a Recv that returns an error, and passes the
+// notification on to another Recv waiting: Close and a failure notify
+// once (cap 1), and the other Recvs would wait beside the error until
+// their contexts end.
+func (s *Stream) passWake() {
+	more := s.readers.Load() > 0
+	s.mu.Unlock()
+	if more {
+		s.wake()
 	}
 }
 
