@@ -761,6 +761,16 @@ func (p *Peer) shutdown(why error, bye bool) {
 		(*f)(p)
 	}
 	for _, l := range p.lanes {
+		// The windows go first: they close the targets to the peer, and
+		// a QP with a window bound on it cannot be destroyed.
+		p.unbindLane(l)
+	}
+	p.destroyLanes()
+	// The unacknowledged sends' buffers only now, with the QPs gone: a
+	// live QP may still read one (rxe retransmits from the buffer), and
+	// freed, it is the next Alloc's, of this peer or another: its bytes
+	// would go to this peer as the old message's.
+	for _, l := range p.lanes {
 		l.mu.Lock()
 		for i := range l.outs {
 			p.freeOut(l, &l.outs[i])
@@ -770,11 +780,7 @@ func (p *Peer) shutdown(why error, bye bool) {
 		l.outs, l.outBase = nil, nil
 		l.mu.Unlock()
 		l.win.Close()
-		// The windows go first: they close the targets to the peer, and
-		// a QP with a window bound on it cannot be destroyed.
-		p.unbindLane(l)
 	}
-	p.destroyLanes()
 	// With the QPs gone nothing writes into rendezvous targets any more.
 	for _, l := range p.lanes {
 		l.rmu.Lock()
