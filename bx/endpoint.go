@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -1367,6 +1368,9 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 	// Call reads no clock for it.
 	seen := now
 	defer func() {
+		if r := recover(); r != nil {
+			pollerPanic(r)
+		}
 		e.selfWaiting.Store(false)
 		e.callerPolls.Store(false)
 		if got && lazyResume && !e.serves.Load() && e.waiting.Load() <= 1 {
@@ -1439,6 +1443,21 @@ func (e *Endpoint) pollUntilAt(ctx context.Context, now time.Time, done func() b
 		}
 		y.empty()
 	}
+}
+
+// pollerPanic ends the process for a panic raised while a Call's or a
+// Recv's goroutine polled the CQ: an inline handler it ran for a peer (or
+// a completion it handled) panicked with pollMu held and completions
+// half handled. Recovered up that goroutine's stack (net/http recovers
+// its handlers' panics), it left every peer of the endpoint stalled for
+// good and said nothing; so it crashes the process, as the same panic
+// does on the progress goroutine or a worker, with the stack where it was
+// raised.
+func pollerPanic(r any) {
+	stack := debug.Stack()
+	msg := fmt.Sprintf("bx: panic while a Call or Recv polled the endpoint's CQ (an inline handler?): %v\n\n%s", r, stack)
+	go func() { panic(msg) }()
+	select {} // until the process dies
 }
 
 // yielder yields the P of a goroutine polling an empty CQ every

@@ -3,7 +3,11 @@ package bx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,4 +280,93 @@ func TestConcurrentRecv(t *testing.T) {
 			t.Fatalf("Recv when the peer went: %v; want the peer's error", hang.Cause(ctx, err))
 		}
 	}
+}
+
+// TestInlinePanicOnCaller: an inline handler that panics while a Call's
+// goroutine polls the CQ (and so runs it) ends the process, as it does on
+// the progress goroutine or a worker. Before, the panic left pollMu held;
+// recovered up the caller's stack (net/http recovers its handlers'
+// panics), every later Call of the endpoint waited for ever. The scenario
+// runs in a child process: A's Call to B makes B's handler call A back,
+// A's inline handler panics, A's caller recovers and calls B again.
+func TestInlinePanicOnCaller(t *testing.T) {
+	if os.Getenv("GOVERBS_BX_PANIC_CHILD") == "1" {
+		os.Exit(inlinePanicChild(t))
+	}
+	rxetest.Pair(t)                           // the devices, or the skip (a required failure) here
+	ctx, wd := hang.For(t, "", 2*time.Minute) // a hang bound (no progress), not a speed bound
+	defer wd.Stop()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestInlinePanicOnCaller$")
+	cmd.Env = append(os.Environ(), "GOVERBS_BX_PANIC_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	code := -1
+	if cmd.ProcessState != nil {
+		code = cmd.ProcessState.ExitCode()
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("child: %v", hang.Err(ctx))
+	}
+	// 2: the runtime's exit for a panic; 3: the child's own, stalled.
+	if code != 2 || !strings.Contains(string(out), "handler boom") {
+		t.Fatalf("child exit %d (%v), want 2 (the panic ends the process); output:\n%s", code, err, out)
+	}
+}
+
+// inlinePanicChild is TestInlinePanicOnCaller's process: 0 if a Call after
+// the recovered panic succeeds, 3 if it stalls, 1 on a setup error; the
+// fixed code panics the process (2) before either.
+func inlinePanicChild(t *testing.T) int {
+	da, db := rxetest.Pair(t)
+	a, err := bx.New(bx.Config{Device: da, Token: token})
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	b, err := bx.New(bx.Config{Device: db, Token: token})
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	a.HandleInline(7, func(context.Context, *bx.Peer, *bx.Msg) ([]byte, error) {
+		panic("handler boom")
+	})
+	b.Handle(1, func(ctx context.Context, p *bx.Peer, req *bx.Msg) ([]byte, error) {
+		if m, err := p.Call(ctx, 7, []byte("back")); err == nil { // runs A's inline handler
+			m.Release()
+		}
+		return req.Data(), nil
+	})
+	b.Handle(2, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) {
+		return req.Data(), nil
+	})
+	addr, err := b.Listen(listenAddr(t, db))
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := a.Dial(ctx, addr.String())
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	func() {
+		defer func() { fmt.Println("recovered:", recover()) }()
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		defer ccancel()
+		if m, err := p.Call(cctx, 1, []byte("x")); err == nil {
+			m.Release()
+		}
+	}()
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	m, err := p.Call(cctx, 2, []byte("after"))
+	if err != nil {
+		fmt.Println("stalled:", err)
+		return 3
+	}
+	m.Release()
+	fmt.Println("served after the panic")
+	return 0
 }
