@@ -147,6 +147,9 @@ func (q *QP) Modify(attr *Attr, mask AttrMask) error {
 	if mask&MaskPort != 0 {
 		q.port = attr.Port
 	}
+	if mask&MaskMaxQPRdAtomic != 0 && q.cfg.Type == RC {
+		q.noReads.Store(attr.MaxRdAtomic == 0) // before the state, as udMTU
+	}
 	if mask&MaskState != 0 {
 		if udMTU != 0 {
 			q.udMTU.Store(udMTU) // before the state: a sender that sees RTS sees it

@@ -140,7 +140,12 @@ type QP struct {
 	port   uint8
 	user   uint64
 	udMTU  atomic.Uint32
-	once   uvobj.Once // Close once; its lock serialises Close with what must not run beside it
+	// noReads: an RC QP moved to RTS with MaxRdAtomic 0 (MaskMaxQPRdAtomic
+	// is required there, and 0 is Attr's zero value): rxe holds an RDMA
+	// READ or atomic, and every request behind it, for ever (its
+	// requester waits for a read slot it has none of). Refused instead.
+	noReads atomic.Bool
+	once    uvobj.Once // Close once; its lock serialises Close with what must not run beside it
 }
 
 // Create makes a QP in pd. Its capabilities are checked against the
@@ -399,6 +404,15 @@ func (q *QP) checkSend(op string, wrs []SendWR) error {
 	}
 	if q.cfg.Type == UD {
 		return q.checkUD(wrs)
+	}
+	if q.noReads.Load() {
+		for i := range wrs {
+			switch wrs[i].Opcode {
+			case OpRDMARead, OpAtomicCmpAndSwp, OpAtomicFetchAndAdd:
+				return fmt.Errorf("qp: QP %d: %s: work request %d (id %d): %v on a QP whose MaxRdAtomic is 0 (set at the move to RTS): the device would hold it, and every request after it, for ever",
+					q.qpn, op, i, wrs[i].ID, wrs[i].Opcode)
+			}
+		}
 	}
 	return nil
 }

@@ -3,7 +3,10 @@ package qp_test
 import (
 	"testing"
 
+	"github.com/goverbs/goverbs/internal/rxetest"
+	"github.com/goverbs/goverbs/mr"
 	"github.com/goverbs/goverbs/qp"
+	"github.com/goverbs/goverbs/uverbs"
 	"github.com/goverbs/goverbs/uverbs/rxe"
 )
 
@@ -85,4 +88,57 @@ func TestConnectBadRanges(t *testing.T) {
 	}
 	a.waitOK(t, 1)
 	b.waitOK(t, 1)
+}
+
+// TestReadWithoutReadSlots: an RC QP brought to RTS by hand with
+// MaxRdAtomic 0 (the mask bit is required there, and 0 is Attr's zero
+// value) refuses an RDMA READ or atomic, naming it; rxe took it and held
+// it, and every request behind it, for ever. A SEND still goes, and a QP
+// moved to RTS with MaxRdAtomic 1 reads.
+func TestReadWithoutReadSlots(t *testing.T) {
+	na, nb := rxetest.Pair(t)
+	a, b := newSide(t, na, pairOpts{}), newSide(t, nb, pairOpts{})
+	acc := mr.RemoteWrite | mr.RemoteRead | mr.RemoteAtomic
+	if err := b.qp.Connect(qp.Remote{QPN: a.qp.QPN(), PSN: 0x1111, GID: a.gid.GID}, qp.ConnectOptions{PSN: 0x2222, Access: acc}); err != nil {
+		t.Fatal(err)
+	}
+	up := func(rd uint8, psn uint32) { // psn: where b expects a's next request
+		t.Helper()
+		if err := a.qp.Modify(&qp.Attr{State: qp.Reset}, qp.MaskState); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.Init(1, acc); err != nil {
+			t.Fatal(err)
+		}
+		av := qp.AV{Port: 1, IsGlobal: true, DGID: b.gid.GID, SGIDIndex: uint8(a.gid.Index), HopLimit: 1}
+		if err := a.qp.Modify(&qp.Attr{State: qp.RTR, AV: av, PathMTU: uverbs.MTU1024, DestQPN: b.qp.QPN(), RQPSN: 0x2222,
+			MaxDestRdAtomic: 1, MinRNRTimer: 12}, qp.MaskState|qp.MaskAV|qp.MaskPathMTU|qp.MaskDestQPN|qp.MaskRQPSN|
+			qp.MaskMaxDestRdAtomic|qp.MaskMinRNRTimer); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.Modify(&qp.Attr{State: qp.RTS, SQPSN: psn, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: rd},
+			qp.MaskState|qp.MaskSQPSN|qp.MaskTimeout|qp.MaskRetryCnt|qp.MaskRNRRetry|qp.MaskMaxQPRdAtomic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := qp.SendWR{ID: 5, Opcode: qp.OpRDMARead, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: []qp.SGE{a.sge(t, srcOff, 64)}}
+	up(0, 0x1111)
+	send := qp.SendWR{ID: 4, Opcode: qp.OpSend, Flags: qp.Signaled, SGEs: []qp.SGE{a.sge(t, 0, 8)}}
+	wantErr(t, a.qp.PostSend([]qp.SendWR{send, read}), "work request 1 (id 5): RDMA_READ on a QP whose MaxRdAtomic is 0")
+	faa := qp.SendWR{ID: 6, Opcode: qp.OpAtomicFetchAndAdd, Flags: qp.Signaled, RemoteAddr: b.addr(dstOff), RKey: b.mr.RKey(), SGEs: []qp.SGE{a.sge(t, srcOff, 8)}}
+	wantErr(t, a.qp.PostSend([]qp.SendWR{faa}), "MaxRdAtomic is 0")
+	// Nothing of the refused batch went: the SEND alone does.
+	if err := b.qp.PostRecv([]qp.RecvWR{{ID: 1, SGEs: []qp.SGE{b.sge(t, dstOff, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend([]qp.SendWR{send}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOK(t, 1)
+	b.waitOK(t, 1)
+	up(1, 0x1112) // after the SEND
+	if err := a.qp.PostSend([]qp.SendWR{read}); err != nil {
+		t.Fatalf("READ with MaxRdAtomic 1: %v", err)
+	}
+	a.waitOK(t, 1)
 }
