@@ -551,7 +551,10 @@ func (e *Endpoint) Handle(stream uint32, h Handler) {
 // be quick and must not block (no Call, no Send, no waiting on locks held
 // across such), or every peer of the endpoint stalls behind it. A
 // response that cannot go out at once (no credit or window yet) goes
-// through the worker pool.
+// through the worker pool. A handler that panics ends the process, as a
+// Handle handler's panic on a worker does, also when a Call's goroutine
+// ran it (a recover up that goroutine's stack does not catch it: the
+// endpoint's poller was left half way).
 func (e *Endpoint) HandleInline(stream uint32, h Handler) {
 	if e.bad() {
 		return
