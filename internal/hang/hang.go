@@ -145,7 +145,7 @@ type Watchdog struct {
 	what   string
 	idle   time.Duration
 	start  time.Time
-	last   atomic.Int64 // unix nanoseconds of the last progress
+	last   atomic.Int64 // the last progress, as time since start (monotonic: a wall clock step, NTP in a guest, is no hang)
 	steps  atomic.Int64
 	note   atomic.Pointer[string]
 	cancel context.CancelCauseFunc
@@ -160,7 +160,6 @@ type Watchdog struct {
 func Watch(parent context.Context, what string, idle time.Duration) (context.Context, *Watchdog) {
 	ctx, cancel := context.WithCancelCause(parent)
 	w := &Watchdog{what: what, idle: Scale(idle), start: time.Now(), cancel: cancel, done: make(chan struct{})}
-	w.last.Store(w.start.UnixNano())
 	go w.run(ctx)
 	return ctx, w
 }
@@ -187,7 +186,7 @@ func (w *Watchdog) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			if now.Sub(time.Unix(0, w.last.Load())) >= w.idle {
+			if now.Sub(w.start)-time.Duration(w.last.Load()) >= w.idle {
 				e := w.err(now)
 				dumpStacks(e)
 				w.cancel(e)
@@ -264,7 +263,7 @@ func OnDump(f func(io.Writer)) {
 // Progress records one step of progress.
 func (w *Watchdog) Progress() {
 	w.steps.Add(1)
-	w.last.Store(time.Now().UnixNano())
+	w.last.Store(int64(time.Since(w.start)))
 }
 
 // Note records progress and says what was done, for the failure message.
