@@ -298,8 +298,10 @@ func (e *Endpoint) DialConn(ctx context.Context, addr string) (net.Conn, error) 
 			c.s.mu.Unlock()
 		}
 		// Otherwise the peer may have queued it (our wait ended first):
-		// the close tells it.
-		c.s.Close()
+		// the close tells it, without waiting for a credit (Close waited
+		// up to HandshakeTimeout for one, past the caller's context,
+		// when the context had ended for want of one).
+		c.s.close(false)
 		return nil, fmt.Errorf("bx: DialConn %s: %w", addr, err)
 	}
 	return c, nil
