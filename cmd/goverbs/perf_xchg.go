@@ -264,9 +264,13 @@ func parseKeys(b []byte, gid bool) (perfQPInfo, error) {
 		return bad()
 	}
 	var v [6]uint64
-	for i := range v {
-		x, err := strconv.ParseUint(f[i], 16, 64)
+	for i, bits := range [6]int{16, 16, 24, 24, 32, 64} { // perftest's fields
+		x, err := strconv.ParseUint(f[i], 16, bits)
 		if err != nil {
+			if errors.Is(err, strconv.ErrRange) {
+				name := [6]string{"LID", "outstanding reads", "QPN", "PSN", "rkey", "address"}[i]
+				return perfQPInfo{}, fmt.Errorf("the peer's %s %s in %q is wider than %d bits", name, f[i], s, bits)
+			}
 			return bad()
 		}
 		v[i] = x
@@ -344,6 +348,9 @@ func (p *ptConn) bwReport(mine perfBWResult) (perfBWResult, error) {
 	if err != nil {
 		return out, err
 	}
+	if size > math.MaxInt64 || iters > math.MaxInt64 {
+		return out, fmt.Errorf("the peer's report of %d iterations of %d bytes is out of range", iters, size)
+	}
 	var d [3]float64
 	for i, x := range []float64{mine.BWPeak, mine.BWAvg, mine.MsgRate} {
 		r, err := u("report", math.Float64bits(x))
@@ -351,6 +358,9 @@ func (p *ptConn) bwReport(mine perfBWResult) (perfBWResult, error) {
 			return out, err
 		}
 		d[i] = math.Float64frombits(r)
+		if math.IsNaN(d[i]) || math.IsInf(d[i], 0) || d[i] < 0 {
+			return out, fmt.Errorf("the peer's report has %v for %s", d[i], [3]string{"BW peak", "BW average", "message rate"}[i])
+		}
 	}
 	return perfBWResult{Bytes: int(size), Iterations: int(iters), BWPeak: d[0], BWAvg: d[1], MsgRate: d[2]}, nil
 }
