@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -908,12 +909,21 @@ func (t *perfTCP) read() ([]byte, error) {
 	if n < 0 || n > perfMaxSize {
 		return nil, fmt.Errorf("frame of %d bytes", n)
 	}
-	if cap(t.resp) < n {
-		t.resp = make([]byte, n)
+	// Grown as the bytes arrive, not to n at once: n is the peer's claim,
+	// and one that claimed 8 MiB and sent nothing more held that much on
+	// each connection.
+	t.resp = t.resp[:0]
+	for len(t.resp) < n {
+		if len(t.resp) == cap(t.resp) {
+			t.resp = slices.Grow(t.resp, min(n, max(2*cap(t.resp), 64<<10))-len(t.resp))
+		}
+		m, err := io.ReadFull(t.r, t.resp[len(t.resp):min(n, cap(t.resp))])
+		t.resp = t.resp[:len(t.resp)+m]
+		if err != nil {
+			return t.resp, err
+		}
 	}
-	t.resp = t.resp[:n]
-	_, err := io.ReadFull(t.r, t.resp)
-	return t.resp, err
+	return t.resp, nil
 }
 
 func (t *perfTCP) call(req []byte) ([]byte, error) {
