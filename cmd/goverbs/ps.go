@@ -1233,6 +1233,11 @@ func (b *psBencher) result(rate float64, wps []*wproc, before, after []ps.Server
 	res.CPU = res.ServerCPU + res.WorkerCPU
 	res.Duration = float64(wall) / 1e9
 	total := pull.N + push.N
+	if total > 0 && wall <= 0 {
+		// Operations in no time: a rate of +Inf, which --json cannot
+		// encode (a worker's bad report, not a result).
+		return benchResult{}, fmt.Errorf("workers reported %d operations in a measured time of %d ns", total, wall)
+	}
 	for _, op := range []struct {
 		name string
 		h    *hist.Fine
