@@ -1,6 +1,8 @@
 package hist
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"math/bits"
 	"slices"
@@ -23,6 +25,41 @@ type Fine struct {
 	C   map[int]int64 `json:"c"` // count per bucket (FineBucket)
 	Sum float64       `json:"sum"`
 	N   int64         `json:"n"`
+}
+
+// fineMaxBucket is the largest bucket, FineBucket(math.MaxUint64).
+const fineMaxBucket = 57*64 + 127
+
+// UnmarshalJSON decodes a Fine as it is encoded, refusing what Add and
+// Merge never make (it comes from another process): a bucket outside
+// 0..FineBucket(math.MaxUint64), a negative count, counts that overflow or
+// do not add up to n, a negative sum.
+func (h *Fine) UnmarshalJSON(b []byte) error {
+	type plain Fine // without this method
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	var n int64
+	for k, c := range p.C {
+		switch {
+		case k < 0 || k > fineMaxBucket:
+			return fmt.Errorf("hist: Fine: bucket %d outside 0..%d", k, fineMaxBucket)
+		case c < 0:
+			return fmt.Errorf("hist: Fine: bucket %d has a count of %d", k, c)
+		case c > math.MaxInt64-n:
+			return fmt.Errorf("hist: Fine: the bucket counts overflow")
+		}
+		n += c
+	}
+	if p.N != n {
+		return fmt.Errorf("hist: Fine: n is %d, the buckets count %d", p.N, n)
+	}
+	if !(p.Sum >= 0) {
+		return fmt.Errorf("hist: Fine: sum %v", p.Sum)
+	}
+	*h = Fine(p)
+	return nil
 }
 
 // NewFine returns an empty Fine.
