@@ -145,8 +145,13 @@ func (s scraped) Gather() ([]*dto.MetricFamily, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("metrics: scrape %s: %s", s.url, resp.Status)
 	}
+	return s.parse(resp.Body)
+}
+
+// parse is Gather's reading of what the endpoint answered.
+func (s scraped) parse(r io.Reader) ([]*dto.MetricFamily, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: scrape %s: %w", s.url, err)
 	}
