@@ -62,11 +62,10 @@ func FuzzParseKeys(f *testing.F) {
 	f.Add([]byte("done\x00"), true)
 	f.Add([]byte(strings.Repeat(":", 23)), true)
 	f.Fuzz(func(t *testing.T, b []byte, gid bool) {
-		var a perfQPInfo
-		var err error
-		if n := allocated(func() { a, err = parseKeys(b, gid) }); n > 64*uint64(len(b))+16<<10 {
-			t.Fatalf("parsing %d bytes allocated %d", len(b), n)
-		}
+		// No allocation check here (ReadMemStats stops the world: 20000
+		// inputs took a minute): the keys are a fixed-size read, with no
+		// length the peer claims.
+		a, err := parseKeys(b, gid)
 		if err != nil {
 			if !strings.Contains(err.Error(), "peer") {
 				t.Fatalf("error without context: %v", err)
