@@ -34,14 +34,23 @@ func RunChecked(m *testing.M) int {
 }
 
 // Resources returns what `rdma resource show` prints (a line per device
-// with its pd, cq, qp, mr, ctx and cm_id counts), or false when there is
+// with its pd, cq, qp, mr, ctx and cm_id counts, less the device's index),
+// or false when there is
 // no rdma tool or no device.
 func Resources() (string, bool) {
 	out, err := exec.Command("rdma", "resource", "show").Output()
 	if err != nil || len(out) == 0 {
 		return "", false
 	}
-	return strings.TrimSpace(string(out)), true
+	// Without the device index ("1: rxe1: pd 1 ..."): a device deleted
+	// and added back (RemoveDevice) has a new one.
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for i, l := range lines {
+		if k := strings.Index(l, ": "); k > 0 && strings.Trim(l[:k], "0123456789") == "" {
+			lines[i] = l[k+2:]
+		}
+	}
+	return strings.Join(lines, "\n"), true
 }
 
 // OpenFDs returns how many file descriptors the process has open.
