@@ -238,18 +238,18 @@ func (e *Endpoint) alloc(n int) (Buffer, error) {
 	if n <= e.cfg.EagerSize {
 		h, err := e.eager.Alloc(HeaderSize + n)
 		if err != nil {
-			return Buffer{}, err
+			return Buffer{}, e.allocErr(err)
 		}
 		return Buffer{e: e, head: h, n: n}, nil
 	}
 	h, err := e.eager.Alloc(HeaderSize + rndvSize)
 	if err != nil {
-		return Buffer{}, err
+		return Buffer{}, e.allocErr(err)
 	}
 	rv, err := e.rndv.Alloc(n)
 	if err != nil {
 		e.eager.Free(h)
-		return Buffer{}, err
+		return Buffer{}, e.allocErr(err)
 	}
 	return Buffer{e: e, head: h, rv: rv, n: n, big: true}, nil
 }
