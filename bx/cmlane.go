@@ -120,6 +120,8 @@ type endpointCM struct {
 	ln    *cm.ID
 	addr  netip.AddrPort       // the listener's address, once listening
 	waits map[[16]byte]*cmWait // peers being set up or recovered, by key
+
+	removed error // the device's removal (removal.go), once reported
 }
 
 // cmWait is an acceptor's peer that may get lane connections: while it
@@ -226,6 +228,10 @@ func (e *Endpoint) serveCM(ln *cm.ID) {
 	for {
 		ev, err := ln.GetRequest(e.stopCh)
 		if err != nil {
+			if errors.Is(err, cm.ErrDeviceRemoved) {
+				e.deviceRemoved()
+				return
+			}
 			var ee *cm.EventError
 			if errors.As(err, &ee) && e.stopCh.Err() == nil {
 				continue // an error event of the listener's: it keeps listening
@@ -343,6 +349,11 @@ func (p *Peer) checkCM(remote setup) error {
 			acc, dial = dial, acc
 		}
 		return fmt.Errorf("%w: the acceptor sets lanes up with Config.LaneSetup %v, the dialer with %v", ErrProtocol, acc, dial)
+	}
+	if p.e.lcm != nil {
+		if err := p.e.lcm.removedErr(); err != nil {
+			return err
+		}
 	}
 	if p.e.lcm != nil && p.dialer {
 		if !remote.CM.Addr.IsValid() {
@@ -501,6 +512,7 @@ func (p *Peer) dialLane(ctx context.Context, l *lane, epoch uint32) error {
 	if _, err := id.Connect(ctx, cmConnParam(cmConnectData(p.lcm.key, epoch, l.idx))); err != nil {
 		return err // the lane's ID goes with the lane (closeQP)
 	}
+	e.watchLane(id)
 	return nil
 }
 
@@ -550,6 +562,7 @@ func (p *Peer) acceptLanes(ctx context.Context, epoch uint32) error {
 			r.id.Reject(nil, 0)
 			return fmt.Errorf("lane %d: %w", r.lane, err)
 		}
+		p.e.watchLane(r.id)
 		done[r.lane] = true
 		left--
 	}
