@@ -157,11 +157,11 @@ const (
 	MaxParts          = 32
 )
 
-// parts is how many eager messages an n-byte payload takes split: the
-// first carries its size (rndvSize) ahead of its payload.
-// backlog is the most handler calls and responses that wait for a worker
-// (the endpoint's backlog queue, allocated by New at about 150 bytes an
-// entry): what every peer may have in flight to us and we to it.
+// backlog is the size of the endpoint's backlog queue of handler calls
+// and responses waiting for a worker (allocated by New at about 150 bytes
+// an entry): what every peer may have in flight to us and we to it.
+// Responses queued without a request's buffer can outgrow it; they wait in
+// the overflow list behind it (Endpoint.overflow).
 func (c *Config) backlog() int64 {
 	return int64(c.MaxPeers) * (int64(c.Credits) + int64(c.Lanes)*c.LaneMsgs)
 }
@@ -174,6 +174,8 @@ const (
 	maxBacklog = 1 << 22
 )
 
+// parts is how many eager messages an n-byte payload takes split: the
+// first carries its size (rndvSize) ahead of its payload.
 func (c *Config) parts(n int) int { return (n + rndvSize + c.EagerSize - 1) / c.EagerSize }
 
 // partsMax is the most parts a split message may take: half of the
@@ -358,6 +360,7 @@ type Endpoint struct {
 	conns    chan *Conn
 
 	listeners int // under mu: open Listeners; with none, DialConn is refused
+	joining   int // under mu: handshakes under way, each holding a MaxPeers place
 
 	// waiting counts Calls waiting for their response: the progress
 	// goroutine polls while there are any.

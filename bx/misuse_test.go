@@ -34,18 +34,41 @@ func TestMaxPeersConcurrentDials(t *testing.T) {
 	}
 	ctx, wd := hang.For(t, "", time.Minute) // a hang bound (no progress), not a speed bound
 	defer wd.Stop()
+	srv.Handle(1, func(_ context.Context, _ *bx.Peer, req *bx.Msg) ([]byte, error) { return req.Data(), nil })
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var dialed []*bx.Peer
 	start := make(chan struct{})
 	for range dials {
 		wg.Go(func() {
 			<-start
-			if _, err := cli.Dial(ctx, addr.String()); err != nil {
-				t.Logf("dial: %v", err)
+			p, err := cli.Dial(ctx, addr.String())
+			if err != nil {
+				if !strings.Contains(err.Error(), "endpoint full (2 peers)") {
+					t.Errorf("a refused Dial: %v; want it to say the endpoint is full", err)
+				}
+				return
 			}
+			mu.Lock()
+			dialed = append(dialed, p)
+			mu.Unlock()
 		})
 	}
 	close(start)
 	wg.Wait()
+	// A Dial that succeeded has a peer the server kept: it answers (a
+	// refusal after the dialer's side had finished, with a bye, made Dial
+	// succeed and the first call fail).
+	if len(dialed) == 0 || len(dialed) > maxPeers {
+		t.Errorf("%d of %d Dials succeeded, want 1..%d", len(dialed), dials, maxPeers)
+	}
+	for _, p := range dialed {
+		m, err := p.Call(ctx, 1, []byte("here"))
+		if err != nil {
+			t.Fatalf("a call on a dialed peer: %v", hang.Cause(ctx, err))
+		}
+		m.Release()
+	}
 	// Every handshake the server ran ends as a peer or as a failure.
 	eventually(t, "the server's handshakes done", func() bool {
 		s := srv.Snapshot()
@@ -344,7 +367,7 @@ func inlinePanicChild(t *testing.T) int {
 		fmt.Println("error:", err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), hang.Scale(time.Minute)) // hang bounds of the child's own
 	defer cancel()
 	p, err := a.Dial(ctx, addr.String())
 	if err != nil {
@@ -353,13 +376,13 @@ func inlinePanicChild(t *testing.T) int {
 	}
 	func() {
 		defer func() { fmt.Println("recovered:", recover()) }()
-		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		cctx, ccancel := context.WithTimeout(ctx, hang.Scale(30*time.Second))
 		defer ccancel()
 		if m, err := p.Call(cctx, 1, []byte("x")); err == nil {
 			m.Release()
 		}
 	}()
-	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, ccancel := context.WithTimeout(ctx, hang.Scale(30*time.Second))
 	defer ccancel()
 	m, err := p.Call(cctx, 2, []byte("after"))
 	if err != nil {

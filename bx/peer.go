@@ -473,13 +473,30 @@ func (e *Endpoint) handshakeConn(ctx context.Context, c net.Conn, dialer bool, g
 	if err != nil {
 		return nil, err
 	}
+	// A place among MaxPeers is taken here, for the whole handshake:
+	// concurrent handshakes that each counted only the registered peers all
+	// got in, and each peer beyond MaxPeers was granted receive buffers
+	// the SRQ does not have (MaxPeers*Credits are posted) and backlog
+	// entries the worker pool's queue has no room for.
 	e.mu.Lock()
-	if len(e.peers) >= e.cfg.MaxPeers {
+	if len(e.peers)+e.joining >= e.cfg.MaxPeers {
 		e.mu.Unlock()
-		writeCtl(c, ctlFail, nil, d)
-		return nil, fmt.Errorf("bx: endpoint full (%d peers)", e.cfg.MaxPeers)
+		// With the reason (both sides are authenticated): the dialer's
+		// error said "expected setup, got control message 8".
+		err := fmt.Errorf("bx: endpoint full (%d peers)", e.cfg.MaxPeers)
+		writeCtl(c, ctlBye, byeReason(err), d)
+		return nil, err
 	}
+	e.joining++
 	e.mu.Unlock()
+	joined := false
+	defer func() {
+		if !joined {
+			e.mu.Lock()
+			e.joining--
+			e.mu.Unlock()
+		}
+	}()
 	p := &Peer{e: e, ctl: c, dialer: dialer, streams: map[uint32]*Stream{}, calls: map[uint64]chan *Msg{},
 		down: make(chan struct{}), ready: make(chan struct{}), recAck: make(chan setup, 1), askCh: make(chan struct{}, 1)}
 	p.initSlots()
@@ -599,18 +616,19 @@ func (e *Endpoint) handshakeConn(ctx context.Context, c net.Conn, dialer bool, g
 		p.destroyLanes()
 		return nil, ErrClosed
 	}
-	if len(e.peers) >= e.cfg.MaxPeers {
-		// Again, now that it counts: concurrent handshakes all passed the
-		// check above, and every peer beyond MaxPeers is granted receive
-		// buffers the SRQ does not have (MaxPeers*Credits are posted) and
-		// backlog entries the worker pool's queue has no room for.
-		e.mu.Unlock()
-		p.destroyLanes()
-		err := fmt.Errorf("bx: endpoint full (%d peers)", e.cfg.MaxPeers)
-		writeCtl(c, ctlBye, byeReason(err), d)
-		return nil, err
+	if e.lcm != nil {
+		if err := e.lcm.removedErr(); err != nil {
+			// The device went while we set up (removal.go): its
+			// shutdown of the peers did not see this one.
+			e.mu.Unlock()
+			p.destroyLanes()
+			writeCtl(c, ctlBye, byeReason(err), d)
+			return nil, err
+		}
 	}
 	e.peers[p] = struct{}{}
+	e.joining--
+	joined = true
 	e.mu.Unlock()
 	close(p.ready)
 	go p.control()
