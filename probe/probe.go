@@ -531,8 +531,10 @@ type Snapshot struct {
 	EventsRaised map[string]uint64 `json:"events_raised"`
 	// Dropped is, per map (its name as bpftool shows it: gv_cmds,
 	// gv_qps, gv_events, gv_raised, gv_start, gv_fds, gv_pending,
-	// gv_evread, gv_evq), the inserts since Attach that failed because
-	// the map was full; nil when there were none. Each one is a count
+	// gv_evread, gv_evq), the inserts since Attach that failed (a full
+	// map, almost always; any error of bpf_map_update_elem counts, e.g.
+	// EBUSY of a bucket lock taken by a nested program); nil when there
+	// were none. Each one is a count
 	// missing from the others: a command, QP, event or device not
 	// counted (gv_cmds, gv_qps, gv_events, gv_raised), a command not
 	// timed (gv_start), an fd whose commands have no device (gv_fds,
