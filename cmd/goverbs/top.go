@@ -628,8 +628,14 @@ func topScrapeCtx(ctx context.Context, url string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
+	return topSamples(resp.Body)
+}
+
+// topSamples reads a metrics page's goverbs_ samples, name with labels to
+// value; lines it does not understand are passed over.
+func topSamples(r io.Reader) (map[string]float64, error) {
 	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
