@@ -48,9 +48,9 @@ func tryFor(try func() bool) bool {
 }
 
 func (e *Endpoint) dumpState(w io.Writer) {
-	fmt.Fprintf(w, "bx endpoint %x on %s: waiting calls %d, caller polls %v, live msgs %d, user buffers %d, workers %d (backlog %d), ticks %d, cq %+v empty %v, kick %d\n",
+	fmt.Fprintf(w, "bx endpoint %x on %s: waiting calls %d, caller polls %v, live msgs %d, user buffers %d, workers %d (backlog %d, overflow %d), ticks %d, cq %+v empty %v, kick %d\n",
 		e.id, e.cfg.Device, e.waiting.Load(), e.callerPolls.Load(), e.liveMsgs.Load(), e.userBufs.Load(),
-		e.workers.Load(), len(e.backlog), e.ticks.Load(), e.cq.Stats(), e.cq.Empty(), len(e.kick))
+		e.workers.Load(), len(e.backlog), e.overN.Load(), e.ticks.Load(), e.cq.Stats(), e.cq.Empty(), len(e.kick))
 	if tryFor(e.grants.mu.TryLock) {
 		fmt.Fprintf(w, "  rendezvous windows: %d allocated (%d of them lane fences), %d free; %d target regions\n", len(e.grants.all), e.grants.fences, len(e.grants.free), len(e.grants.mrs))
 		e.grants.mu.Unlock()
