@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/goverbs/goverbs/internal/hang"
+	"github.com/goverbs/goverbs/uverbs"
 )
 
 // Removal is an `rdma link delete` of an rxe device under way. The kernel
@@ -70,13 +71,15 @@ func RemoveDevice(t *testing.T, dev string) *Removal {
 	if _, err := exec.LookPath("rdma"); err != nil {
 		skip(t, "no rdma tool (iproute2) to delete a device: "+err.Error())
 	}
-	netdev, err := rxeNetdev(dev)
+	// The netdev and the IPv4-mapped GID as they are now: what the
+	// restored device must have again.
+	d, err := uverbs.Lookup(dev)
 	if err != nil {
 		t.Fatalf("remove %s: %v", dev, err)
 	}
-	ip, err := netdevIPv4(netdev)
-	if err != nil {
-		t.Fatalf("remove %s: %v", dev, err)
+	netdev, ip := d.Parent, ipv4GID(&d)
+	if netdev == "" || ip == nil {
+		t.Fatalf("remove %s: want an rxe device on a netdev with an IPv4-mapped GID on port 1, have parent %q, GIDs %v", dev, netdev, d.Port(1))
 	}
 	r := &Removal{Dev: dev, Netdev: netdev, Addr: ip, done: make(chan struct{})}
 	t.Cleanup(func() { r.restore(t) })
@@ -129,31 +132,35 @@ func (r *Removal) restore(t *testing.T) {
 // for its port ACTIVE with the IPv4-mapped GID of ip, as the guest's init
 // (rxe_ready) does.
 func Restore(dev, netdev string, ip net.IP) error {
-	if _, err := os.Stat("/sys/class/infiniband/" + dev); err != nil {
+	if _, err := uverbs.LookupWithoutGIDs(dev); err != nil {
 		if out, err := exec.Command("rdma", "link", "add", dev, "type", "rxe", "netdev", netdev).CombinedOutput(); err != nil {
 			return fmt.Errorf("rdma link add %s type rxe netdev %s: %v: %s", dev, netdev, err, bytes.TrimSpace(out))
 		}
 	}
-	ip4 := ip.To4()
-	gid := fmt.Sprintf("0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", ip4[0], ip4[1], ip4[2], ip4[3])
 	wait := hang.Scale(20 * time.Second)
 	deadline := time.Now().Add(wait)
-	p := "/sys/class/infiniband/" + dev + "/ports/1"
 	for {
-		st, _ := os.ReadFile(p + "/state")
-		if bytes.Contains(st, []byte("ACTIVE")) {
-			for i := range 8 {
-				g, _ := os.ReadFile(fmt.Sprintf("%s/gids/%d", p, i))
-				if strings.TrimSpace(string(g)) == gid {
-					return nil
-				}
-			}
+		d, err := uverbs.Lookup(dev)
+		if err == nil && d.Port(1) != nil && d.Port(1).State == "ACTIVE" && ip.Equal(ipv4GID(&d)) {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ACTIVE with GID %s %v after it was added (state %q)", dev, gid, wait, bytes.TrimSpace(st))
+			return fmt.Errorf("%s not ACTIVE with the GID of %s %v after it was added (%v, port %+v)", dev, ip, wait, err, d.Port(1))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ipv4GID is the address of port 1's first IPv4-mapped GID, or nil.
+func ipv4GID(d *uverbs.DeviceInfo) net.IP {
+	if p := d.Port(1); p != nil {
+		for _, g := range p.GIDs {
+			if g.IsIPv4() {
+				return g.GID.To4()
+			}
+		}
+	}
+	return nil
 }
 
 // Table is `rdma link` and `rdma resource show`, for a failure's message.
@@ -161,37 +168,4 @@ func Table() string {
 	a, _ := exec.Command("rdma", "link").CombinedOutput()
 	b, _ := exec.Command("rdma", "resource", "show").CombinedOutput()
 	return string(a) + string(b)
-}
-
-// rxeNetdev returns the netdev of an rxe device (`rdma link show DEV/1`:
-// "link rxe1/1 state ACTIVE physical_state LINK_UP netdev v1").
-func rxeNetdev(dev string) (string, error) {
-	out, err := exec.Command("rdma", "link", "show", dev+"/1").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("rdma link show %s/1: %v: %s", dev, err, bytes.TrimSpace(out))
-	}
-	f := strings.Fields(string(out))
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "netdev" {
-			return f[i+1], nil
-		}
-	}
-	return "", fmt.Errorf("rdma link show %s/1 names no netdev: %s", dev, bytes.TrimSpace(out))
-}
-
-func netdevIPv4(name string) (net.IP, error) {
-	ifi, err := net.InterfaceByName(name)
-	if err != nil {
-		return nil, err
-	}
-	addrs, err := ifi.Addrs()
-	if err != nil {
-		return nil, err
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
-			return n.IP.To4(), nil
-		}
-	}
-	return nil, fmt.Errorf("netdev %s has no IPv4 address", name)
 }
