@@ -686,10 +686,7 @@ func (e *Endpoint) Close() error {
 	}
 	e.mu.Lock()
 	lns := e.lns
-	peers := make([]*Peer, 0, len(e.peers))
-	for p := range e.peers {
-		peers = append(peers, p)
-	}
+	peers := e.appendPeersLocked(nil)
 	e.mu.Unlock()
 	for _, l := range lns {
 		l.Close()

@@ -30,13 +30,7 @@ func (e *Endpoint) deviceRemoved() {
 	c.removed = fmt.Errorf("%w: %w: %s (rdma_cm DEVICE_REMOVAL); close the endpoint, the removal waits for it", ErrPeerGone, cm.ErrDeviceRemoved, e.cfg.Device)
 	why := c.removed
 	c.mu.Unlock()
-	e.mu.Lock()
-	peers := make([]*Peer, 0, len(e.peers))
-	for p := range e.peers {
-		peers = append(peers, p)
-	}
-	e.mu.Unlock()
-	for _, p := range peers {
+	for _, p := range e.peerList() {
 		p.shutdown(why, true)
 	}
 }
