@@ -27,8 +27,8 @@ type Fine struct {
 	N   int64         `json:"n"`
 }
 
-// fineMaxBucket is the largest bucket, FineBucket(math.MaxUint64).
-const fineMaxBucket = 57*64 + 127
+// fineMaxBucket is the largest bucket.
+var fineMaxBucket = FineBucket(math.MaxUint64)
 
 // UnmarshalJSON decodes a Fine as it is encoded, refusing what Add and
 // Merge never make (it comes from another process): a bucket outside
